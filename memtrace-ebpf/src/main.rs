@@ -1,0 +1,417 @@
+//! memtrace's kernel side: uprobes on every glibc allocator entry point.
+//!
+//! Entry probes remember the arguments per (thread, function); return probes turn the result into an
+//! allocation, a free or a failure and update per-process totals. Only the outermost allocator call of a
+//! thread counts: glibc's realloc(NULL, n) and memalign call malloc, reallocarray calls realloc, and
+//! realloc(p, 0) calls free, and none of those inner calls is a second allocation.
+#![no_std]
+#![no_main]
+// The prebuilt `core` for bpfel has no atomic read-modify-write types; the counters use BPF atomics directly.
+#![feature(asm_experimental_arch)]
+
+use core::arch::asm;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap},
+    programs::{ProbeContext, RetProbeContext},
+};
+use memtrace_common::{
+    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProcessStats,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_PENDING_CALLS, MAX_PROCESSES,
+};
+
+#[map]
+static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+
+#[map]
+static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
+    HashMap::with_max_entries(DEFAULT_MAX_LIVE_ALLOCATIONS, 0);
+
+#[map]
+static PENDING: HashMap<PendingKey, PendingCall> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0);
+
+/// Allocator calls in progress per thread; present only while a thread is inside one.
+#[map]
+static DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0);
+
+#[map]
+static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
+
+const EEXIST: i32 = 17;
+
+struct Caller {
+    tgid: u32,
+    tid: u32,
+}
+
+fn caller() -> Caller {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    Caller { tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 }
+}
+
+/// Atomically adds `n` to a counter in a map value and returns the counter's previous value. Atomic
+/// because threads of one process update the same value from different CPUs.
+fn fetch_add(counter: *const u64, n: u64) -> u64 {
+    let mut value = n;
+    // SAFETY: `counter` points into a map value, which stays valid while the program runs.
+    unsafe {
+        asm!(
+            "{value} = atomic_fetch_add((u64 *)({counter} + 0), {value})",
+            counter = in(reg) counter,
+            value = inout(reg) value,
+        );
+    }
+    value
+}
+
+/// Atomically replaces `*target` with `new` if it still holds `expected`; returns what it held.
+fn compare_exchange(target: *const u64, expected: u64, new: u64) -> u64 {
+    let mut seen = expected;
+    // SAFETY: as for fetch_add.
+    unsafe {
+        asm!(
+            "r0 = cmpxchg_64({target} + 0, r0, {new})",
+            target = in(reg) target,
+            new = in(reg) new,
+            inout("r0") seen,
+        );
+    }
+    seen
+}
+
+fn add(counter: &u64, n: u64) {
+    fetch_add(counter, n);
+}
+
+/// Adds a signed change and returns the new value.
+fn add_signed(counter: &i64, n: i64) -> i64 {
+    fetch_add(counter as *const i64 as *const u64, n as u64) as i64 + n
+}
+
+fn count_global_loss() {
+    if let Some(lost) = LOST_EVENTS.get_ptr_mut(GLOBAL_LOST_SLOT) {
+        add(unsafe { &*lost }, 1);
+    }
+}
+
+/// The totals of a process, created on its first event. None (and a global loss) when the map is full.
+fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
+    if let Some(stats) = STATS.get_ptr(tgid) {
+        return Some(unsafe { &*stats });
+    }
+    let _ = STATS.insert(tgid, ProcessStats::default(), u64::from(BPF_NOEXIST));
+    match STATS.get_ptr(tgid) {
+        Some(stats) => Some(unsafe { &*stats }),
+        None => {
+            count_global_loss();
+            None
+        }
+    }
+}
+
+fn raise_peak(stats: &ProcessStats, live: i64) {
+    let peak = &stats.peak_live_bytes as *const i64 as *const u64;
+    let mut seen = unsafe { core::ptr::read_volatile(peak) } as i64;
+    // Bounded for the verifier; losing four races in a row only delays the peak to the next allocation.
+    for _ in 0..4 {
+        if live <= seen {
+            return;
+        }
+        let previous = compare_exchange(peak, seen as u64, live as u64) as i64;
+        if previous == seen {
+            return;
+        }
+        seen = previous;
+    }
+}
+
+/// Marks the thread as inside one more allocator call; true when this call is the outermost one.
+fn enter_call(tid: u32) -> bool {
+    if let Some(depth) = DEPTH.get_ptr_mut(tid) {
+        unsafe { *depth += 1 };
+        return false;
+    }
+    DEPTH.insert(tid, 1, 0).is_ok()
+}
+
+/// Leaves an allocator call; true when it was the outermost one.
+fn leave_call(tid: u32) -> bool {
+    let Some(depth) = DEPTH.get_ptr_mut(tid) else {
+        return false;
+    };
+    unsafe {
+        if *depth > 1 {
+            *depth -= 1;
+            return false;
+        }
+    }
+    let _ = DEPTH.remove(tid);
+    true
+}
+
+fn inside_allocator(tid: u32) -> bool {
+    DEPTH.get_ptr(tid).is_some()
+}
+
+fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
+    let Caller { tgid, tid } = caller();
+    if !enter_call(tid) {
+        return 0;
+    }
+    let key = PendingKey { tid, function: function as u32 };
+    if PENDING.insert(key, PendingCall { size, address }, 0).is_err() {
+        if let Some(stats) = stats_of(tgid) {
+            add(&stats.lost_events, 1);
+        }
+    }
+    0
+}
+
+/// The pending call of an outermost allocator call that is returning now.
+fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
+    let Caller { tgid, tid } = caller();
+    if !leave_call(tid) {
+        return None;
+    }
+    let key = PendingKey { tid, function: function as u32 };
+    let call = unsafe { *PENDING.get_ptr(key)? };
+    let _ = PENDING.remove(key);
+    Some((tgid, call))
+}
+
+fn record_allocation(tgid: u32, size: u64, address: u64) {
+    let Some(stats) = stats_of(tgid) else { return };
+    if address == 0 {
+        add(&stats.failed_allocations, 1);
+        return;
+    }
+    add(&stats.allocations, 1);
+    add(&stats.allocated_bytes, size);
+    let key = AllocationKey { tgid, _pad: 0, address };
+    let allocation = Allocation { size, timestamp_ns: unsafe { bpf_ktime_get_ns() } };
+    let mut growth = size as i64;
+    match ALLOCATIONS.insert(key, allocation, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            add_signed(&stats.live_allocations, 1);
+        }
+        Err(err) if err == -EEXIST => {
+            // A block handed out again without a free we saw: the old record is stale, replace it.
+            if let Some(stale) = ALLOCATIONS.get_ptr(key) {
+                growth -= unsafe { (*stale).size } as i64;
+            }
+            if ALLOCATIONS.insert(key, allocation, 0).is_err() {
+                add(&stats.lost_events, 1);
+                return;
+            }
+        }
+        Err(_) => {
+            add(&stats.lost_events, 1);
+            return;
+        }
+    }
+    let live = add_signed(&stats.live_bytes, growth);
+    raise_peak(stats, live);
+}
+
+fn record_free(tgid: u32, address: u64) {
+    if address == 0 {
+        return;
+    }
+    let Some(stats) = stats_of(tgid) else { return };
+    let key = AllocationKey { tgid, _pad: 0, address };
+    let Some(allocation) = ALLOCATIONS.get_ptr(key) else {
+        add(&stats.untracked_frees, 1);
+        return;
+    };
+    let size = unsafe { (*allocation).size };
+    if ALLOCATIONS.remove(key).is_err() {
+        // Another thread freed the same block first (a double free in the target).
+        add(&stats.untracked_frees, 1);
+        return;
+    }
+    add(&stats.frees, 1);
+    add(&stats.freed_bytes, size);
+    add_signed(&stats.live_allocations, -1);
+    add_signed(&stats.live_bytes, -(size as i64));
+}
+
+fn record_realloc(tgid: u32, call: PendingCall, result: u64) {
+    match (call.address, result) {
+        (0, _) => record_allocation(tgid, call.size, result),
+        // glibc's realloc(p, 0) frees p and returns NULL.
+        (old, 0) if call.size == 0 => record_free(tgid, old),
+        // A failed realloc leaves the old block live.
+        (_, 0) => record_allocation(tgid, call.size, 0),
+        (old, new) => {
+            record_free(tgid, old);
+            record_allocation(tgid, call.size, new);
+        }
+    }
+}
+
+/// n * size as calloc and reallocarray compute it, saturated: an overflowing request fails in glibc,
+/// and a wrapped product of 0 would make a failed reallocarray look like a free.
+fn array_size(n: u64, size: u64) -> u64 {
+    // In 32-bit halves: u64::checked_mul and every overflow test LLVM recognises as one would need a
+    // 128-bit multiply, which BPF lacks.
+    let (n_high, n_low) = (n >> 32, n & 0xffff_ffff);
+    let (size_high, size_low) = (size >> 32, size & 0xffff_ffff);
+    if n_high != 0 && size_high != 0 {
+        return u64::MAX;
+    }
+    let cross = n_high * size_low + size_high * n_low;
+    if cross >> 32 != 0 {
+        return u64::MAX;
+    }
+    let low = n_low * size_low;
+    let product = low.wrapping_add(cross << 32);
+    if product < low {
+        u64::MAX
+    } else {
+        product
+    }
+}
+
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
+    let Some((tgid, call)) = take_pending(function) else { return 0 };
+    let result: u64 = ctx.ret();
+    match function {
+        AllocatorFunction::Realloc | AllocatorFunction::Reallocarray => {
+            record_realloc(tgid, call, result)
+        }
+        AllocatorFunction::PosixMemalign => {
+            // posix_memalign returns 0 on success and stores the block through its first argument.
+            if result as i32 != 0 {
+                record_allocation(tgid, call.size, 0);
+            } else {
+                match unsafe { bpf_probe_read_user(call.address as *const u64) } {
+                    Ok(block) => record_allocation(tgid, call.size, block),
+                    Err(_) => {
+                        if let Some(stats) = stats_of(tgid) {
+                            add(&stats.lost_events, 1);
+                        }
+                    }
+                }
+            }
+        }
+        _ => record_allocation(tgid, call.size, result),
+    }
+    0
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Malloc, arg(&ctx, 0), 0)
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Calloc, array_size(arg(&ctx, 0), arg(&ctx, 1)), 0)
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Realloc, arg(&ctx, 1), arg(&ctx, 0))
+}
+
+#[uprobe]
+pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    let size = array_size(arg(&ctx, 1), arg(&ctx, 2));
+    on_enter(AllocatorFunction::Reallocarray, size, arg(&ctx, 0))
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::PosixMemalign, arg(&ctx, 2), arg(&ctx, 0))
+}
+
+#[uprobe]
+pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::AlignedAlloc, arg(&ctx, 1), 0)
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Memalign, arg(&ctx, 1), 0)
+}
+
+#[uprobe]
+pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Valloc, arg(&ctx, 0), 0)
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    on_enter(AllocatorFunction::Pvalloc, arg(&ctx, 0), 0)
+}
+
+#[uretprobe]
+pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Malloc)
+}
+
+#[uretprobe]
+pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Calloc)
+}
+
+#[uretprobe]
+pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Realloc)
+}
+
+#[uretprobe]
+pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Reallocarray)
+}
+
+#[uretprobe]
+pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::PosixMemalign)
+}
+
+#[uretprobe]
+pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::AlignedAlloc)
+}
+
+#[uretprobe]
+pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Memalign)
+}
+
+#[uretprobe]
+pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Valloc)
+}
+
+#[uretprobe]
+pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx, AllocatorFunction::Pvalloc)
+}
+
+/// free needs no return probe. It may be attached past a leading `test %rdi,%rdi` (which the kernel
+/// would single-step); the pointer is still in the first argument register there.
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let Caller { tgid, tid } = caller();
+    // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
+    if inside_allocator(tid) {
+        return 0;
+    }
+    record_free(tgid, arg(&ctx, 0));
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,94 @@
+//! The command line: what to trace, for how long, and where the results go.
+
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use clap::{ArgGroup, Parser};
+use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "memtrace",
+    version,
+    about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
+    group(ArgGroup::new("target").required(true).args(["pids", "command"])),
+    after_help = "Examples:\n  sudo memtrace --pid 4242\n  sudo memtrace -o run.json --summary run-summary.json -- ./server --port 8080"
+)]
+pub struct Cli {
+    /// Attach to a running process (repeatable)
+    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pids: Vec<u32>,
+
+    /// Trace file to write (Chrome trace-event JSON) [default: memtrace-<date>-<time>.json]
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// How often to sample the counters, e.g. 250ms, 1s, 2s
+    #[arg(short, long, value_name = "DUR", default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+
+    /// Stop tracing after this long, e.g. 30s, 5m
+    #[arg(short, long, value_name = "DUR", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Write a JSON summary of the run here at the end
+    #[arg(long, value_name = "PATH")]
+    pub summary: Option<PathBuf>,
+
+    /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_LIVE_ALLOCATIONS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_allocations: u32,
+
+    /// Command to run and trace from its first instruction
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Parses a human duration such as `250ms`, `2s`, `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|err| {
+        format!(
+            "`{text}` is not a duration ({err}); write a number with a unit, e.g. 250ms, 2s, 1m"
+        )
+    })
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < Duration::from_millis(1) {
+        return Err(format!("interval `{text}` is too short; use at least 1ms"));
+    }
+    Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{error::ErrorKind, CommandFactory};
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").unwrap_err().contains("e.g. 250ms"));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_interval("0s").is_err());
+    }
+
+    #[test]
+    fn needs_exactly_one_kind_of_target() {
+        Cli::command().debug_assert();
+        let missing = Cli::try_parse_from(["memtrace"]).unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
+        let both = Cli::try_parse_from(["memtrace", "--pid", "1", "--", "true"]).unwrap_err();
+        assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
+        let cli =
+            Cli::try_parse_from(["memtrace", "-p", "1", "--pid", "2", "-i", "250ms"]).unwrap();
+        assert_eq!(cli.pids, [1, 2]);
+        assert_eq!(cli.interval, Duration::from_millis(250));
+        let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
+        assert_eq!(cli.command, ["ls", "-l"]);
+        assert!(Cli::try_parse_from(["memtrace", "-p", "0"]).is_err());
+    }
+}

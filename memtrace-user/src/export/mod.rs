@@ -1,0 +1,19 @@
+//! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
+
+pub mod report;
+pub mod summary;
+pub mod trace;
+
+use anyhow::Result;
+
+use crate::model::{Model, RunEnd, Sample};
+
+pub trait Exporter {
+    /// Called after every sample with the model as of that moment.
+    fn sample(&mut self, _model: &Model, _sample: Sample) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called once when the run ends, after the last sample.
+    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()>;
+}

@@ -1,0 +1,112 @@
+//! The short text report printed on stderr at the end of a run.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+
+use super::Exporter;
+use crate::model::{Model, RunEnd};
+
+pub struct TextReport;
+
+impl Exporter for TextReport {
+    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
+        eprint!("{}", render(model, end));
+        Ok(())
+    }
+}
+
+pub fn render(model: &Model, end: RunEnd) -> String {
+    let mut text = String::new();
+    let processes = model.processes.len();
+    let _ = writeln!(
+        text,
+        "memtrace: traced {processes} process{} for {:.2} s",
+        if processes == 1 { "" } else { "es" },
+        end.duration.as_secs_f64()
+    );
+    for process in model.processes.values() {
+        let stats = &process.stats;
+        let _ = writeln!(
+            text,
+            "  pid {} ({}){} via {}",
+            process.pid,
+            process.comm,
+            if process.exited { ", exited" } else { "" },
+            process.allocator.display()
+        );
+        let _ = writeln!(
+            text,
+            "    live {} in {} allocations, peak {}, rss {}",
+            bytes(stats.live_bytes.max(0) as u64),
+            stats.live_allocations,
+            bytes(stats.peak_live_bytes.max(0) as u64),
+            bytes(process.rss_bytes)
+        );
+        let _ = writeln!(
+            text,
+            "    {} allocations ({}), {} frees ({}), {} untracked frees, {} failed allocations, {} lost",
+            stats.allocations,
+            bytes(stats.allocated_bytes),
+            stats.frees,
+            bytes(stats.freed_bytes),
+            stats.untracked_frees,
+            stats.failed_allocations,
+            stats.lost_events
+        );
+    }
+    let lost = model.lost_events();
+    if lost > 0 {
+        let _ = writeln!(
+            text,
+            "memtrace: warning: {lost} events could not be recorded; figures are incomplete \
+             (raise --max-allocations if the live-allocation table filled up)"
+        );
+    }
+    text
+}
+
+/// Bytes with a binary unit, exact below 10 KiB.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 10 * 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(10_239), "10239 B");
+        assert_eq!(bytes(10 * 1024), "10.0 KiB");
+        assert_eq!(bytes(3 * 1024 * 1024), "3.0 MiB");
+    }
+
+    #[test]
+    fn report_names_each_process_and_any_loss() {
+        let mut model = Model::default();
+        model.add_process(7, "server".into(), "/lib/libc.so.6".into());
+        model.processes.get_mut(&7).unwrap().stats.untracked_frees = 3;
+        let end = RunEnd {
+            duration: Duration::from_secs(2),
+        };
+        let text = render(&model, end);
+        assert!(text.contains("pid 7 (server) via /lib/libc.so.6"), "{text}");
+        assert!(text.contains("3 untracked frees"), "{text}");
+        assert!(!text.contains("warning"));
+        model.unattributed_lost_events = 5;
+        assert!(render(&model, end).contains("warning: 5 events could not be recorded"));
+    }
+}

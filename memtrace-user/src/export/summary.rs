@@ -1,0 +1,166 @@
+//! The machine-readable end of a run (`--summary PATH`), in the format of the output contract.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::Exporter;
+use crate::model::{Model, Process, RunEnd};
+
+pub const SUMMARY_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub version: u32,
+    pub duration_s: f64,
+    pub lost_events: u64,
+    pub processes: Vec<ProcessSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessSummary {
+    pub pid: u32,
+    pub comm: String,
+    pub allocator: PathBuf,
+    pub allocations: u64,
+    pub frees: u64,
+    pub allocated_bytes: u64,
+    pub freed_bytes: u64,
+    pub live_allocations: i64,
+    pub live_bytes: i64,
+    pub peak_live_bytes: i64,
+    pub untracked_frees: u64,
+    pub failed_allocations: u64,
+    pub lost_events: u64,
+    pub rss_bytes: u64,
+    pub subsystems: BTreeMap<String, i64>,
+    pub leaks: Vec<Leak>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Leak {
+    pub bytes: u64,
+    pub allocations: u64,
+    pub stack: Vec<String>,
+}
+
+impl Summary {
+    pub fn of(model: &Model, end: RunEnd) -> Self {
+        Self {
+            version: SUMMARY_VERSION,
+            duration_s: (end.duration.as_secs_f64() * 1000.0).round() / 1000.0,
+            lost_events: model.lost_events(),
+            processes: model.processes.values().map(ProcessSummary::of).collect(),
+        }
+    }
+}
+
+impl ProcessSummary {
+    fn of(process: &Process) -> Self {
+        let stats = &process.stats;
+        Self {
+            pid: process.pid,
+            comm: process.comm.clone(),
+            allocator: process.allocator.clone(),
+            allocations: stats.allocations,
+            frees: stats.frees,
+            allocated_bytes: stats.allocated_bytes,
+            freed_bytes: stats.freed_bytes,
+            live_allocations: stats.live_allocations,
+            live_bytes: stats.live_bytes,
+            peak_live_bytes: stats.peak_live_bytes,
+            untracked_frees: stats.untracked_frees,
+            failed_allocations: stats.failed_allocations,
+            lost_events: stats.lost_events,
+            rss_bytes: process.rss_bytes,
+            subsystems: BTreeMap::new(),
+            leaks: Vec::new(),
+        }
+    }
+}
+
+/// Writes the summary at the end of the run into a file opened at the start, so that an unwritable
+/// path is reported before anything is traced.
+pub struct SummaryFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl SummaryFile {
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).with_context(|| {
+            format!(
+                "cannot write the summary to {}; choose another path with --summary",
+                path.display()
+            )
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
+    }
+}
+
+impl Exporter for SummaryFile {
+    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
+        let mut text = serde_json::to_string_pretty(&Summary::of(model, end))?;
+        text.push('\n');
+        self.file
+            .write_all(text.as_bytes())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn summary_has_the_contract_fields() {
+        let mut model = Model::default();
+        model.add_process(7, "server".into(), "/lib/libc.so.6".into());
+        let process = model.processes.get_mut(&7).unwrap();
+        process.stats.allocations = 10;
+        process.stats.live_bytes = 100;
+        process.stats.lost_events = 2;
+        model.unattributed_lost_events = 1;
+        let value = serde_json::to_value(Summary::of(
+            &model,
+            RunEnd {
+                duration: Duration::from_millis(1500),
+            },
+        ))
+        .unwrap();
+        assert_eq!(value["version"], 1);
+        assert_eq!(value["duration_s"], 1.5);
+        assert_eq!(value["lost_events"], 3);
+        let process = &value["processes"][0];
+        for field in [
+            "pid",
+            "comm",
+            "allocations",
+            "frees",
+            "allocated_bytes",
+            "freed_bytes",
+            "live_allocations",
+            "live_bytes",
+            "peak_live_bytes",
+            "untracked_frees",
+            "failed_allocations",
+            "rss_bytes",
+            "subsystems",
+            "leaks",
+        ] {
+            assert!(process.get(field).is_some(), "missing {field}");
+        }
+        assert_eq!(process["comm"], "server");
+        assert_eq!(process["allocations"], 10);
+    }
+}

@@ -1,0 +1,268 @@
+//! Chrome trace-event JSON (array format), streamed: every sample is written and flushed at once, so
+//! a trace cut short, even by SIGKILL, still loads. Events are separated by a comma at the start of
+//! the next write, so the file always ends with a whole event and only `]` is ever missing.
+
+use std::{
+    collections::BTreeSet,
+    fs::File,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use super::Exporter;
+use crate::model::{Model, Process, RunEnd, Sample};
+
+pub struct TraceFile {
+    path: PathBuf,
+    file: File,
+    events_written: usize,
+    named: BTreeSet<u32>,
+    /// Processes whose final (post-exit) figures are already in the trace.
+    closed: BTreeSet<u32>,
+}
+
+impl TraceFile {
+    pub fn create(path: &Path) -> Result<Self> {
+        let mut file = File::create(path).with_context(|| {
+            format!(
+                "cannot write the trace to {}; choose another path with -o/--output",
+                path.display()
+            )
+        })?;
+        file.write_all(b"[")?;
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            events_written: 0,
+            named: BTreeSet::new(),
+            closed: BTreeSet::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write_events(&mut self, events: &[Value]) -> Result<()> {
+        let mut text = String::new();
+        for event in events {
+            text.push_str(if self.events_written == 0 {
+                "\n"
+            } else {
+                ",\n"
+            });
+            text.push_str(&event.to_string());
+            self.events_written += 1;
+        }
+        self.file
+            .write_all(text.as_bytes())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+impl Exporter for TraceFile {
+    fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
+        let mut events = Vec::new();
+        for process in model.processes.values() {
+            if self.closed.contains(&process.pid) {
+                continue;
+            }
+            if self.named.insert(process.pid) {
+                events.push(process_name(process));
+            }
+            events.extend(process_events(process, sample));
+            if process.exited {
+                self.closed.insert(process.pid);
+            }
+        }
+        self.write_events(&events)
+    }
+
+    fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
+        self.file.write_all(b"\n]\n")?;
+        self.file
+            .sync_data()
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+fn process_name(process: &Process) -> Value {
+    json!({"name": "process_name", "ph": "M", "pid": process.pid, "tid": process.pid,
+           "args": {"name": process.comm}})
+}
+
+fn counter(process: &Process, ts_us: u64, name: &str, args: Value) -> Value {
+    json!({"name": name, "ph": "C", "ts": ts_us, "pid": process.pid, "tid": process.pid, "args": args})
+}
+
+fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
+    let stats = &process.stats;
+    let live_bytes = stats.live_bytes.max(0) as u64;
+    let live_allocations = stats.live_allocations.max(0) as u64;
+    vec![
+        counter(
+            process,
+            sample.ts_us,
+            "heap",
+            json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
+        ),
+        counter(
+            process,
+            sample.ts_us,
+            "rss",
+            json!({"rss_bytes": process.rss_bytes}),
+        ),
+        memory_dump(process, sample, live_bytes, live_allocations),
+    ]
+}
+
+/// A MemoryInfra process dump, for chrome://tracing's memory view.
+fn memory_dump(process: &Process, sample: Sample, live_bytes: u64, live_allocations: u64) -> Value {
+    json!({
+        "name": "periodic_interval", "cat": "disabled-by-default-memory-infra", "ph": "v",
+        "ts": sample.ts_us, "pid": process.pid, "tid": process.pid, "id": format!("0x{:x}", sample.dump_id),
+        "args": {"dumps": {
+            "level_of_detail": "detailed",
+            "process_totals": {"resident_set_bytes": hex(process.rss_bytes)},
+            "allocators": {"malloc": {"attrs": {
+                "size": scalar(live_bytes, "bytes"),
+                "allocated_objects_size": scalar(live_bytes, "bytes"),
+                "allocated_objects_count": scalar(live_allocations, "objects"),
+            }}},
+        }},
+    })
+}
+
+fn scalar(value: u64, units: &str) -> Value {
+    json!({"type": "scalar", "units": units, "value": hex(value)})
+}
+
+/// MemoryInfra writes sizes as hexadecimal strings without `0x`.
+fn hex(value: u64) -> String {
+    format!("{value:x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn model() -> Model {
+        let mut model = Model::default();
+        model.add_process(42, "demo".into(), "/lib/libc.so.6".into());
+        let process = model.processes.get_mut(&42).unwrap();
+        process.stats.live_bytes = 4096;
+        process.stats.live_allocations = 2;
+        process.rss_bytes = 0x10000;
+        model
+    }
+
+    fn read_lines(path: &Path) -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn trace_is_valid_json_when_finished_and_when_cut_short() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap();
+        let mut model = model();
+        trace
+            .sample(
+                &model,
+                Sample {
+                    ts_us: 1000,
+                    dump_id: 1,
+                },
+            )
+            .unwrap();
+
+        // Cut short: only the closing bracket is missing.
+        let cut = std::fs::read_to_string(&path).unwrap() + "]";
+        let events: Vec<Value> = serde_json::from_str(&cut).unwrap();
+        assert_eq!(events.len(), 4);
+
+        model.processes.get_mut(&42).unwrap().exited = true;
+        trace
+            .sample(
+                &model,
+                Sample {
+                    ts_us: 2000,
+                    dump_id: 2,
+                },
+            )
+            .unwrap();
+        trace
+            .sample(
+                &model,
+                Sample {
+                    ts_us: 3000,
+                    dump_id: 3,
+                },
+            )
+            .unwrap();
+        trace
+            .finish(
+                &model,
+                RunEnd {
+                    duration: Duration::from_secs(3),
+                },
+            )
+            .unwrap();
+
+        let events: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            events.len(),
+            7,
+            "an exited process gets one final sample, then no more"
+        );
+        assert_eq!(events[0]["ph"], "M");
+        assert_eq!(events[0]["args"]["name"], "demo");
+        let heap = &events[1];
+        assert_eq!(
+            (
+                heap["name"].as_str(),
+                heap["ph"].as_str(),
+                heap["ts"].as_u64()
+            ),
+            (Some("heap"), Some("C"), Some(1000))
+        );
+        assert_eq!(heap["args"]["live_bytes"], 4096);
+        assert_eq!(heap["args"]["live_allocations"], 2);
+        assert_eq!(events[2]["args"]["rss_bytes"], 0x10000);
+        let dump = &events[3];
+        assert_eq!(dump["ph"], "v");
+        assert_eq!(dump["id"], "0x1");
+        assert_eq!(
+            dump["args"]["dumps"]["process_totals"]["resident_set_bytes"],
+            "10000"
+        );
+        assert_eq!(
+            dump["args"]["dumps"]["allocators"]["malloc"]["attrs"]["size"]["value"],
+            "1000"
+        );
+
+        let lines = read_lines(&path);
+        assert_eq!(lines.first().map(String::as_str), Some("["));
+        assert_eq!(lines.last().map(String::as_str), Some("]"));
+        assert_eq!(lines.len(), 9, "one event per line");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unwritable_path_names_the_fix() {
+        let err = TraceFile::create(Path::new("/nonexistent-dir/trace.json"))
+            .err()
+            .unwrap();
+        assert!(format!("{err:#}").contains("-o/--output"));
+    }
+}

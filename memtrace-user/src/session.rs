@@ -1,0 +1,312 @@
+//! One tracing run: set up targets and probes, sample at every interval until the targets exit, the
+//! duration ends or a signal arrives, then hand the results to every exporter.
+
+use std::{
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{bail, Context, Result};
+use nix::{
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+    sys::{
+        signal::{kill, SigSet, Signal},
+        signalfd::{SfdFlags, SignalFd},
+    },
+    unistd::Pid,
+};
+
+use crate::{
+    allocator::Allocator,
+    cli::Cli,
+    collector,
+    export::{report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter},
+    model::{Model, RunEnd, Sample},
+    privileges,
+    probes::Probes,
+    procfs,
+    target::{resolve_program, HeldCommand, Watched},
+};
+
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    privileges::check()?;
+    for &pid in &cli.pids {
+        if !procfs::exists(pid) {
+            bail!("no process with pid {pid}; check the pid with `ps -p {pid}`");
+        }
+    }
+    let signals = block_termination_signals()?;
+    let output = cli.output.clone().unwrap_or_else(default_output_path);
+    let trace = TraceFile::create(&output)?;
+    let trace_path = trace.path().to_owned();
+    let mut exporters: Vec<Box<dyn Exporter>> = vec![Box::new(trace)];
+    if let Some(path) = &cli.summary {
+        exporters.push(Box::new(SummaryFile::create(path)?));
+    }
+    exporters.push(Box::new(TextReport));
+
+    let mut probes = Probes::load(cli.max_allocations)?;
+    let mut model = Model::default();
+    let mut targets = Vec::new();
+    let held = if cli.command.is_empty() {
+        for &pid in &cli.pids {
+            let allocator = Allocator::of_process(pid)?;
+            probes.attach(&allocator, pid)?;
+            targets.push(Watched::new(pid, false)?);
+            model.add_process(pid, procfs::comm(pid).unwrap_or_default(), allocator.path);
+        }
+        None
+    } else {
+        let program = resolve_program(&cli.command[0])?;
+        let allocator = Allocator::of_command(&program)?;
+        let held = HeldCommand::spawn(&program, &cli.command)?;
+        probes.attach(&allocator, held.pid)?;
+        targets.push(Watched::new(held.pid, true)?);
+        model.add_process(held.pid, command_name(&program), allocator.path);
+        Some(held)
+    };
+    eprintln!(
+        "memtrace: tracing {}; writing {}",
+        describe(&model),
+        trace_path.display()
+    );
+    if let Some(held) = held {
+        held.release()?;
+    }
+
+    let mut run = Run {
+        cli: &cli,
+        probes,
+        model,
+        exporters,
+        targets,
+        signals,
+        started: Instant::now(),
+        samples: 0,
+    };
+    let ending = run.trace()?;
+    let duration = run.started.elapsed();
+    run.finish(duration)?;
+    eprintln!(
+        "memtrace: trace written to {} (open it in Perfetto UI or chrome://tracing)",
+        trace_path.display()
+    );
+    if let Some(summary) = &cli.summary {
+        eprintln!("memtrace: summary written to {}", summary.display());
+    }
+    let Run {
+        probes, targets, ..
+    } = run;
+    // Detach before waiting on a command that outlives the trace.
+    drop(probes);
+    exit_code(ending, &targets)
+}
+
+/// Why tracing stopped.
+enum Ending {
+    TargetsExited,
+    DurationReached,
+    Signal(Signal),
+}
+
+struct Run<'a> {
+    cli: &'a Cli,
+    probes: Probes,
+    model: Model,
+    exporters: Vec<Box<dyn Exporter>>,
+    targets: Vec<Watched>,
+    signals: SignalFd,
+    started: Instant,
+    samples: u64,
+}
+
+impl Run<'_> {
+    fn trace(&mut self) -> Result<Ending> {
+        let deadline = self.cli.duration.map(|duration| self.started + duration);
+        let mut next_sample = self.started + self.cli.interval;
+        let mut forwarded_signal = false;
+        loop {
+            let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
+            let (signal, exited) = self.wait_until(wake)?;
+            if let Some(signal) = signal {
+                match self.running_child() {
+                    // The command decides how to end; its exit ends the trace.
+                    Some(child) if !forwarded_signal => {
+                        let _ = kill(Pid::from_raw(child as i32), signal);
+                        forwarded_signal = true;
+                    }
+                    _ => return Ok(Ending::Signal(signal)),
+                }
+            }
+            let now = Instant::now();
+            if exited || now >= next_sample {
+                self.sample()?;
+                while next_sample <= now {
+                    next_sample += self.cli.interval;
+                }
+            }
+            if self.targets.iter().all(|target| target.exited) {
+                return Ok(Ending::TargetsExited);
+            }
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Ok(Ending::DurationReached);
+            }
+        }
+    }
+
+    /// Waits for a signal, a target's exit or `wake`; marks exited targets.
+    fn wait_until(&mut self, wake: Instant) -> Result<(Option<Signal>, bool)> {
+        let timeout = wake.saturating_duration_since(Instant::now());
+        let timeout_ms = i32::try_from(timeout.as_millis() + 1).unwrap_or(i32::MAX);
+        let live: Vec<usize> = (0..self.targets.len())
+            .filter(|&i| !self.targets[i].exited)
+            .collect();
+        let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+        fds.extend(
+            live.iter()
+                .map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)),
+        );
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => return Err(err).context("waiting for the traced processes"),
+        }
+        let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+        let signal_ready = ready(&fds[0]);
+        let exited: Vec<usize> = live
+            .iter()
+            .zip(&fds[1..])
+            .filter(|(_, fd)| ready(fd))
+            .map(|(&i, _)| i)
+            .collect();
+        drop(fds);
+        let signal = if signal_ready {
+            self.signals
+                .read_signal()?
+                .and_then(|info| Signal::try_from(info.ssi_signo as i32).ok())
+        } else {
+            None
+        };
+        for &i in &exited {
+            self.targets[i].exited = true;
+            if let Some(process) = self.model.processes.get_mut(&self.targets[i].pid) {
+                process.exited = true;
+            }
+        }
+        Ok((signal, !exited.is_empty()))
+    }
+
+    fn running_child(&self) -> Option<u32> {
+        self.targets
+            .iter()
+            .find(|t| t.is_child && !t.exited)
+            .map(|t| t.pid)
+    }
+
+    fn sample(&mut self) -> Result<()> {
+        collector::sample(&self.probes, &mut self.model)?;
+        self.samples += 1;
+        let sample = Sample {
+            ts_us: self.started.elapsed().as_micros() as u64,
+            dump_id: self.samples,
+        };
+        for exporter in &mut self.exporters {
+            exporter.sample(&self.model, sample)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, duration: Duration) -> Result<()> {
+        self.sample()?;
+        for exporter in &mut self.exporters {
+            exporter.finish(&self.model, RunEnd { duration })?;
+        }
+        Ok(())
+    }
+}
+
+fn exit_code(ending: Ending, targets: &[Watched]) -> Result<ExitCode> {
+    let Some(child) = targets.iter().find(|t| t.is_child) else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let status = match ending {
+        Ending::TargetsExited => child.reap()?,
+        Ending::DurationReached => {
+            eprintln!(
+                "memtrace: --duration reached; tracing stopped, waiting for the command to exit"
+            );
+            child.reap()?
+        }
+        // A second signal: the command is still running and memtrace leaves it be.
+        Ending::Signal(signal) if !child.exited => 128 + signal as i32,
+        Ending::Signal(_) => child.reap()?,
+    };
+    Ok(ExitCode::from(u8::try_from(status).unwrap_or(1)))
+}
+
+/// SIGINT and SIGTERM end the run cleanly: they are read from a descriptor, never delivered.
+fn block_termination_signals() -> Result<SignalFd> {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGINT);
+    mask.add(Signal::SIGTERM);
+    mask.thread_block().context("blocking SIGINT and SIGTERM")?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .context("creating a signalfd")
+}
+
+fn default_output_path() -> PathBuf {
+    // 2026-11-29T11:09:11Z -> memtrace-20261129-110911.json
+    let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
+    let (date, time) = digits.split_at(digits.len().min(8));
+    PathBuf::from(format!("memtrace-{date}-{time}.json"))
+}
+
+/// The name the kernel will give the command: its file name, cut to 15 bytes.
+fn command_name(program: &Path) -> String {
+    let name = program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.char_indices()
+        .take_while(|&(i, c)| i + c.len_utf8() <= 15)
+        .map(|(_, c)| c)
+        .collect()
+}
+
+fn describe(model: &Model) -> String {
+    let processes: Vec<String> = model
+        .processes
+        .values()
+        .map(|p| format!("pid {} ({}) via {}", p.pid, p.comm, p.allocator.display()))
+        .collect();
+    processes.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_output_is_timestamped() {
+        let name = default_output_path().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("memtrace-") && name.ends_with(".json"),
+            "{name}"
+        );
+        assert_eq!(name.len(), "memtrace-20261129-110911.json".len(), "{name}");
+    }
+
+    #[test]
+    fn command_names_are_cut_like_the_kernel_does() {
+        assert_eq!(
+            command_name(Path::new("/usr/bin/a-very-long-program-name")),
+            "a-very-long-pro"
+        );
+        assert_eq!(command_name(Path::new("./demo")), "demo");
+    }
+}
