@@ -1,0 +1,138 @@
+//! `cargo xtask <task>`: memtrace's developer tasks. Each task installs what it needs when missing.
+
+mod bench;
+mod toolchain;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "memtrace's developer tasks")]
+struct Xtask {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the BPF toolchain (Debian's rustc-web + bpf-linker) and test dependencies when missing
+    Setup,
+    /// Build target/release/memtrace with its BPF programs embedded
+    Build,
+    /// Build, then trace the bundled demo program and say where the trace is
+    Demo,
+    /// Run every check: formatting, clippy, unit tests and the integration tests against the kernel
+    Test,
+    /// Measure what tracing costs a malloc/free loop, as a ratio from one run
+    Bench,
+}
+
+fn main() -> Result<()> {
+    match Xtask::parse().task {
+        Task::Setup => toolchain::setup(),
+        Task::Build => build().map(drop),
+        Task::Demo => demo(),
+        Task::Test => test(),
+        Task::Bench => bench::run(&build()?),
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_owned()
+}
+
+/// Runs a command in the workspace root, failing with its command line when it fails.
+pub fn run(command: &mut Command) -> Result<()> {
+    command.current_dir(workspace_root());
+    let status = command.status().with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn build() -> Result<PathBuf> {
+    toolchain::setup()?;
+    eprintln!("xtask: building memtrace (release)");
+    run(cargo().args(["build", "--release", "-p", "memtrace-user"]))?;
+    Ok(workspace_root().join("target/release/memtrace"))
+}
+
+/// Compiles a C program from the workspace into target/<dir>/.
+pub fn compile_c(source: &str, dir: &str, extra_flags: &[&str]) -> Result<PathBuf> {
+    let root = workspace_root();
+    let source = root.join(source);
+    let out_dir = root.join("target").join(dir);
+    std::fs::create_dir_all(&out_dir)?;
+    let output = out_dir.join(source.file_stem().context("C source without a name")?);
+    run(Command::new("cc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-o"])
+        .arg(&output)
+        .arg(&source)
+        .args(extra_flags))?;
+    Ok(output)
+}
+
+/// memtrace needs root; run it through sudo when xtask itself is not root.
+pub fn as_root(program: &Path) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg(program);
+        sudo
+    }
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| line.strip_prefix("Uid:")).map(|uids| {
+                uids.split_whitespace().nth(1) == Some("0")
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn demo() -> Result<()> {
+    let memtrace = build()?;
+    let demo = compile_c("examples/demo.c", "demo", &[])?;
+    let out = workspace_root().join("target/demo");
+    let trace = out.join("demo-trace.json");
+    let summary = out.join("demo-summary.json");
+    eprintln!("xtask: tracing the demo program with memtrace");
+    run(as_root(&memtrace)
+        .args(["--interval", "250ms", "--output"])
+        .arg(&trace)
+        .arg("--summary")
+        .arg(&summary)
+        .arg("--")
+        .arg(&demo))?;
+    println!("trace:   {}  (open it in Perfetto UI or chrome://tracing)", trace.display());
+    println!("summary: {}", summary.display());
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    let memtrace = build()?;
+    if !is_root() {
+        bail!("the integration tests load BPF programs into the kernel: run `sudo cargo xtask test`");
+    }
+    eprintln!("xtask: checking formatting");
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args(["fmt", "--manifest-path", "memtrace-ebpf/Cargo.toml", "--", "--check"]))?;
+    eprintln!("xtask: clippy");
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    eprintln!("xtask: unit and integration tests");
+    run(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))
+}

@@ -1,0 +1,80 @@
+//! The BPF toolchain: Rust for bpfel-unknown-none plus bpf-linker, installed when missing.
+//!
+//! Two routes build the BPF programs (memtrace-user/build.rs picks one): Debian's rustc-web with its
+//! prebuilt `core` for bpfel-unknown-none, or rustup's nightly with rust-src. Debian's packages are
+//! always reachable here, so that is the route `setup` installs; a machine that already has nightly
+//! with rust-src needs only bpf-linker.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Result};
+
+use crate::{cargo, is_root, run};
+
+const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+const DEBIAN_BPF_CORE: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+/// Debian 12 packages of the verified route: rustc 1.96 with LLVM 22 and a prebuilt BPF `core`, and
+/// the LLVM 22 libraries bpf-linker links against.
+const BPF_PACKAGES: &[&str] =
+    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
+/// What the test fixtures are built with.
+const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
+
+pub fn setup() -> Result<()> {
+    let mut missing: Vec<&str> = Vec::new();
+    if !has_debian_bpf_rust() && !has_nightly_rust_src() {
+        missing.extend(BPF_PACKAGES);
+    } else if !on_path("bpf-linker") && !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
+        missing.extend(&BPF_PACKAGES[2..]);
+    }
+    if !on_path("cc") {
+        missing.extend(FIXTURE_PACKAGES);
+    }
+    if !missing.is_empty() {
+        apt_install(&missing)?;
+    }
+    if !on_path("bpf-linker") {
+        eprintln!("xtask: installing bpf-linker 0.13 from crates.io, linked against LLVM 22 (takes a few minutes)");
+        run(cargo()
+            .args(["install", "bpf-linker", "--locked", "--version", "^0.13"])
+            .args(["--no-default-features", "--features", "llvm-22"])
+            .env("LLVM_PREFIX", LLVM_PREFIX))?;
+    }
+    Ok(())
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    if !is_root() {
+        bail!(
+            "missing Debian packages: {}; install them as root (`sudo cargo xtask setup`)",
+            packages.join(" ")
+        );
+    }
+    eprintln!("xtask: installing Debian packages: {}", packages.join(" "));
+    run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn has_debian_bpf_rust() -> bool {
+    Path::new(DEBIAN_RUSTC).exists()
+        && std::fs::read_dir(DEBIAN_BPF_CORE).is_ok_and(|entries| {
+            entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
+        })
+}
+
+fn has_nightly_rust_src() -> bool {
+    let Ok(output) = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output() else {
+        return false;
+    };
+    let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    output.status.success() && Path::new(&sysroot).join("lib/rustlib/src/rust/library/core").exists()
+}
+
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
