@@ -9,6 +9,8 @@
 enum { ROUNDS = 20, WORKING_SET = 64 };
 
 static void *cache[ROUNDS];
+/* Volatile, so the compiler cannot drop the leaking allocation as unused. */
+static void *volatile leaked;
 
 static void pause_ms(long ms) {
     struct timespec delay = {0, ms * 1000000L};
@@ -23,8 +25,7 @@ int main(void) {
             memset(working[i], round, 1024);
         }
         cache[round] = calloc(1, 4096);
-        void *leak = malloc(100);
-        memset(leak, 0, 100);
+        leaked = malloc(100);
         pause_ms(100);
         for (int i = 0; i < WORKING_SET; i++)
             free(working[i]);
