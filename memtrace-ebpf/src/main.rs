@@ -9,18 +9,24 @@
 // The prebuilt `core` for bpfel has no atomic read-modify-write types; the counters use BPF atomics directly.
 #![feature(asm_experimental_arch)]
 
+mod usdt;
+
 use core::arch::asm;
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_stack,
+    },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use memtrace_common::{
     Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProcessStats,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_PENDING_CALLS, MAX_PROCESSES,
+    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
+    MAX_PENDING_CALLS, MAX_PROCESSES, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
 };
 
 #[map]
@@ -40,6 +46,22 @@ static DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0
 #[map]
 static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
+#[map]
+static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(MAX_STACKS, BPF_F_NO_PREALLOC);
+
+#[map]
+static STACK_TOTALS: HashMap<StackKey, StackTotals> =
+    HashMap::with_max_entries(MAX_STACK_TOTALS, 0);
+
+/// A stack is 1 KiB, more than the BPF stack holds: it is captured here first.
+#[map]
+static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+
+/// Set by the loader: 0 when run with --no-stacks.
+#[no_mangle]
+static CAPTURE_STACKS: u8 = 1;
+
 const EEXIST: i32 = 17;
 
 struct Caller {
@@ -49,7 +71,10 @@ struct Caller {
 
 fn caller() -> Caller {
     let pid_tgid = bpf_get_current_pid_tgid();
-    Caller { tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 }
+    Caller {
+        tgid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+    }
 }
 
 /// Atomically adds `n` to a counter in a map value and returns the counter's previous value. Atomic
@@ -161,8 +186,14 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     if !enter_call(tid) {
         return 0;
     }
-    let key = PendingKey { tid, function: function as u32 };
-    if PENDING.insert(key, PendingCall { size, address }, 0).is_err() {
+    let key = PendingKey {
+        tid,
+        function: function as u32,
+    };
+    if PENDING
+        .insert(key, PendingCall { size, address }, 0)
+        .is_err()
+    {
         if let Some(stats) = stats_of(tgid) {
             add(&stats.lost_events, 1);
         }
@@ -176,13 +207,92 @@ fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
     if !leave_call(tid) {
         return None;
     }
-    let key = PendingKey { tid, function: function as u32 };
+    let key = PendingKey {
+        tid,
+        function: function as u32,
+    };
     let call = unsafe { *PENDING.get_ptr(key)? };
     let _ = PENDING.remove(key);
     Some((tgid, call))
 }
 
-fn record_allocation(tgid: u32, size: u64, address: u64) {
+/// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
+/// frame-pointer walk starts at the allocator's caller.
+fn capture_stack(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
+    if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
+        return NO_STACK;
+    }
+    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return NO_STACK;
+    };
+    let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
+    let size = core::mem::size_of::<StackFrames>() as u32;
+    // bpf_get_stack zeroes what it does not fill, so equal stacks are equal bytes.
+    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, flags) };
+    if copied <= 0 {
+        add(&stats.lost_events, 1);
+        return NO_STACK;
+    }
+    let words = scratch as *const u64;
+    let used_words = copied as usize / 8;
+    // FNV-1a over the frames: 64 bits make collisions between distinct stacks negligible.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..STACK_DEPTH * 4 {
+        if i >= used_words {
+            break;
+        }
+        hash ^= unsafe { *words.add(i) };
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    if hash == NO_STACK {
+        hash = 1;
+    }
+    if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
+        add(&stats.lost_events, 1);
+        return NO_STACK;
+    }
+    hash
+}
+
+/// Adds an allocation (or, with a negative count, a free) to its stack's totals.
+fn count_in_stack(
+    tgid: u32,
+    stats: &ProcessStats,
+    stack: u64,
+    live_allocations: i64,
+    live_bytes: i64,
+) {
+    if stack == NO_STACK {
+        return;
+    }
+    let key = StackKey {
+        tgid,
+        _pad: 0,
+        stack,
+    };
+    let totals = match STACK_TOTALS.get_ptr(key) {
+        Some(totals) => totals,
+        None => {
+            let _ = STACK_TOTALS.insert(key, StackTotals::default(), u64::from(BPF_NOEXIST));
+            match STACK_TOTALS.get_ptr(key) {
+                Some(totals) => totals,
+                None => {
+                    add(&stats.lost_events, 1);
+                    return;
+                }
+            }
+        }
+    };
+    let totals = unsafe { &*totals };
+    if live_allocations > 0 {
+        add(&totals.allocations, 1);
+        add(&totals.allocated_bytes, live_bytes as u64);
+    }
+    add_signed(&totals.live_allocations, live_allocations);
+    add_signed(&totals.live_bytes, live_bytes);
+}
+
+fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
     let Some(stats) = stats_of(tgid) else { return };
     if address == 0 {
         add(&stats.failed_allocations, 1);
@@ -190,8 +300,16 @@ fn record_allocation(tgid: u32, size: u64, address: u64) {
     }
     add(&stats.allocations, 1);
     add(&stats.allocated_bytes, size);
-    let key = AllocationKey { tgid, _pad: 0, address };
-    let allocation = Allocation { size, timestamp_ns: unsafe { bpf_ktime_get_ns() } };
+    let key = AllocationKey {
+        tgid,
+        _pad: 0,
+        address,
+    };
+    let allocation = Allocation {
+        size,
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        stack,
+    };
     let mut growth = size as i64;
     match ALLOCATIONS.insert(key, allocation, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
@@ -200,7 +318,9 @@ fn record_allocation(tgid: u32, size: u64, address: u64) {
         Err(err) if err == -EEXIST => {
             // A block handed out again without a free we saw: the old record is stale, replace it.
             if let Some(stale) = ALLOCATIONS.get_ptr(key) {
-                growth -= unsafe { (*stale).size } as i64;
+                let stale = unsafe { *stale };
+                growth -= stale.size as i64;
+                count_in_stack(tgid, stats, stale.stack, -1, -(stale.size as i64));
             }
             if ALLOCATIONS.insert(key, allocation, 0).is_err() {
                 add(&stats.lost_events, 1);
@@ -212,6 +332,7 @@ fn record_allocation(tgid: u32, size: u64, address: u64) {
             return;
         }
     }
+    count_in_stack(tgid, stats, stack, 1, size as i64);
     let live = add_signed(&stats.live_bytes, growth);
     raise_peak(stats, live);
 }
@@ -221,33 +342,38 @@ fn record_free(tgid: u32, address: u64) {
         return;
     }
     let Some(stats) = stats_of(tgid) else { return };
-    let key = AllocationKey { tgid, _pad: 0, address };
+    let key = AllocationKey {
+        tgid,
+        _pad: 0,
+        address,
+    };
     let Some(allocation) = ALLOCATIONS.get_ptr(key) else {
         add(&stats.untracked_frees, 1);
         return;
     };
-    let size = unsafe { (*allocation).size };
+    let allocation = unsafe { *allocation };
     if ALLOCATIONS.remove(key).is_err() {
         // Another thread freed the same block first (a double free in the target).
         add(&stats.untracked_frees, 1);
         return;
     }
     add(&stats.frees, 1);
-    add(&stats.freed_bytes, size);
+    add(&stats.freed_bytes, allocation.size);
     add_signed(&stats.live_allocations, -1);
-    add_signed(&stats.live_bytes, -(size as i64));
+    add_signed(&stats.live_bytes, -(allocation.size as i64));
+    count_in_stack(tgid, stats, allocation.stack, -1, -(allocation.size as i64));
 }
 
-fn record_realloc(tgid: u32, call: PendingCall, result: u64) {
+fn record_realloc(tgid: u32, call: PendingCall, result: u64, stack: u64) {
     match (call.address, result) {
-        (0, _) => record_allocation(tgid, call.size, result),
+        (0, _) => record_allocation(tgid, call.size, result, stack),
         // glibc's realloc(p, 0) frees p and returns NULL.
         (old, 0) if call.size == 0 => record_free(tgid, old),
         // A failed realloc leaves the old block live.
-        (_, 0) => record_allocation(tgid, call.size, 0),
+        (_, 0) => record_allocation(tgid, call.size, 0, stack),
         (old, new) => {
             record_free(tgid, old);
-            record_allocation(tgid, call.size, new);
+            record_allocation(tgid, call.size, new, stack);
         }
     }
 }
@@ -280,19 +406,27 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 }
 
 fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
-    let Some((tgid, call)) = take_pending(function) else { return 0 };
+    let Some((tgid, call)) = take_pending(function) else {
+        return 0;
+    };
     let result: u64 = ctx.ret();
+    let stack = match (function, result) {
+        // Nothing is allocated on failure, and realloc(p, 0) only frees.
+        (AllocatorFunction::PosixMemalign, 0) => stack_of(ctx, tgid),
+        (AllocatorFunction::PosixMemalign, _) | (_, 0) => NO_STACK,
+        _ => stack_of(ctx, tgid),
+    };
     match function {
         AllocatorFunction::Realloc | AllocatorFunction::Reallocarray => {
-            record_realloc(tgid, call, result)
+            record_realloc(tgid, call, result, stack)
         }
         AllocatorFunction::PosixMemalign => {
             // posix_memalign returns 0 on success and stores the block through its first argument.
             if result as i32 != 0 {
-                record_allocation(tgid, call.size, 0);
+                record_allocation(tgid, call.size, 0, stack);
             } else {
                 match unsafe { bpf_probe_read_user(call.address as *const u64) } {
-                    Ok(block) => record_allocation(tgid, call.size, block),
+                    Ok(block) => record_allocation(tgid, call.size, block, stack),
                     Err(_) => {
                         if let Some(stats) = stats_of(tgid) {
                             add(&stats.lost_events, 1);
@@ -301,9 +435,16 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
                 }
             }
         }
-        _ => record_allocation(tgid, call.size, result),
+        _ => record_allocation(tgid, call.size, result, stack),
     }
     0
+}
+
+fn stack_of(ctx: &RetProbeContext, tgid: u32) -> u64 {
+    match stats_of(tgid) {
+        Some(stats) => capture_stack(ctx, stats),
+        None => NO_STACK,
+    }
 }
 
 #[uprobe]
@@ -313,7 +454,11 @@ pub fn malloc_enter(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Calloc, array_size(arg(&ctx, 0), arg(&ctx, 1)), 0)
+    on_enter(
+        AllocatorFunction::Calloc,
+        array_size(arg(&ctx, 0), arg(&ctx, 1)),
+        0,
+    )
 }
 
 #[uprobe]

@@ -11,6 +11,9 @@ use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
     group(ArgGroup::new("target").required(true).args(["pids", "command"])),
+    // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true,
     after_help = "Examples:\n  sudo memtrace --pid 4242\n  sudo memtrace -o run.json --summary run-summary.json -- ./server --port 8080"
 )]
 pub struct Cli {
@@ -39,9 +42,56 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_allocations: u32,
 
+    /// Do not record call stacks (cheaper; no leak report, pprof or flamegraph)
+    #[arg(long)]
+    pub no_stacks: bool,
+
+    /// Count as leaked only live blocks at least this old at the end, e.g. 10s
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
+    pub older: Duration,
+
+    /// How many leaking call stacks the report and the summary list
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+
+    /// Write a gzipped pprof profile (alloc_objects, alloc_space, inuse_objects, inuse_space)
+    #[arg(long, value_name = "PATH")]
+    pub pprof: Option<PathBuf>,
+
+    /// Write an SVG flamegraph of live bytes by call stack
+    #[arg(long, value_name = "PATH")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// Count hits of a USDT probe, or track its argument N (arg0 is the first) as a counter; PATH
+    /// limits it to one executable or library (repeatable), e.g. myapp:request or ./libfoo.so:foo:alloc=arg1
+    #[arg(long = "usdt", value_name = "[PATH:]PROVIDER:NAME[=argN]",
+          value_parser = crate::usdt::UsdtRequest::parse)]
+    pub usdt: Vec<crate::usdt::UsdtRequest>,
+
     /// Command to run and trace from its first instruction
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+
+    #[command(subcommand)]
+    pub subcommand: Option<Subcommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Subcommand {
+    /// List the USDT probes of a running process or of a file, with their argument specs
+    Usdt(UsdtListArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["pid", "path"])))]
+pub struct UsdtListArgs {
+    /// Every object the process maps
+    #[arg(short, long, value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Option<u32>,
+
+    /// An executable or a shared library
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
 }
 
 /// Parses a human duration such as `250ms`, `2s`, `1m30s`.
@@ -90,5 +140,41 @@ mod tests {
         let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
         assert_eq!(cli.command, ["ls", "-l"]);
         assert!(Cli::try_parse_from(["memtrace", "-p", "0"]).is_err());
+    }
+
+    #[test]
+    fn usdt_options_and_subcommand() {
+        let cli = Cli::try_parse_from([
+            "memtrace",
+            "--usdt",
+            "app:tick",
+            "--usdt",
+            "./lib.so:app:size=arg1",
+            "--",
+            "usdt",
+        ])
+        .unwrap();
+        assert_eq!(cli.usdt.len(), 2);
+        assert_eq!(cli.usdt[1].argument, Some(1));
+        assert_eq!(
+            cli.command,
+            ["usdt"],
+            "after -- a command may be called usdt"
+        );
+        assert!(cli.subcommand.is_none());
+        let bad = Cli::try_parse_from(["memtrace", "--usdt", "tick", "--", "x"]).unwrap_err();
+        assert_eq!(bad.kind(), ErrorKind::ValueValidation);
+        let cli = Cli::try_parse_from(["memtrace", "usdt", "--pid", "7"]).unwrap();
+        let Some(Subcommand::Usdt(args)) = cli.subcommand else {
+            panic!("no subcommand");
+        };
+        assert_eq!((args.pid, args.path), (Some(7), None));
+        let cli = Cli::try_parse_from(["memtrace", "usdt", "/bin/true"]).unwrap();
+        let Some(Subcommand::Usdt(args)) = cli.subcommand else {
+            panic!("no subcommand");
+        };
+        assert_eq!(args.path, Some(PathBuf::from("/bin/true")));
+        assert!(Cli::try_parse_from(["memtrace", "usdt"]).is_err());
+        assert!(Cli::try_parse_from(["memtrace", "usdt", "--pid", "7", "/bin/true"]).is_err());
     }
 }

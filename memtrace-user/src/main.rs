@@ -9,7 +9,9 @@ mod privileges;
 mod probes;
 mod procfs;
 mod session;
+mod symbolize;
 mod target;
+mod usdt;
 
 use std::process::ExitCode;
 
@@ -18,7 +20,13 @@ use clap::Parser;
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.
     let cli = cli::Cli::parse();
-    match session::run(cli) {
+    let result = match &cli.subcommand {
+        Some(cli::Subcommand::Usdt(args)) => {
+            usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
+        }
+        None => session::run(cli),
+    };
+    match result {
         Ok(code) => code,
         Err(err) => {
             eprintln!("memtrace: error: {err:#}");

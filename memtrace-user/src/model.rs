@@ -2,7 +2,9 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use memtrace_common::ProcessStats;
+use memtrace_common::{ProcessStats, StackTotals};
+
+use crate::{procfs::Mapping, symbolize::Frame};
 
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -14,6 +16,25 @@ pub struct Process {
     /// Last resident set size read while the process was alive.
     pub rss_bytes: u64,
     pub exited: bool,
+    /// File mappings as last read while the process was alive, to place address-only frames.
+    pub mappings: Vec<Mapping>,
+    /// Call stacks that allocated, filled in at the end of the run (empty with --no-stacks).
+    pub stacks: Vec<StackProfile>,
+    /// What the process's USDT probes reported.
+    pub usdt: UsdtFigures,
+}
+
+/// One call stack of one process: what it allocated, what it still holds, and how old that is.
+#[derive(Debug, Clone)]
+pub struct StackProfile {
+    /// Innermost first, starting at the allocator's caller.
+    pub frames: Vec<Frame>,
+    pub totals: StackTotals,
+    /// Live blocks from this stack that count as leaked (older than --older, when given).
+    pub leaked_bytes: u64,
+    pub leaked_allocations: u64,
+    /// Age of the oldest live block from this stack at the end of the run.
+    pub oldest_age: Option<Duration>,
 }
 
 /// One reading of every process, taken at one moment.
@@ -30,6 +51,8 @@ pub struct Model {
     pub processes: BTreeMap<u32, Process>,
     /// Losses the kernel could not charge to a process.
     pub unattributed_lost_events: u64,
+    /// USDT reports the kernel could not record (a full map, an unreadable argument).
+    pub usdt_lost_events: u64,
 }
 
 impl Model {
@@ -43,12 +66,16 @@ impl Model {
                 stats: ProcessStats::default(),
                 rss_bytes: 0,
                 exited: false,
+                mappings: Vec::new(),
+                stacks: Vec::new(),
+                usdt: UsdtFigures::default(),
             },
         );
     }
 
     pub fn lost_events(&self) -> u64 {
         self.unattributed_lost_events
+            + self.usdt_lost_events
             + self
                 .processes
                 .values()
@@ -61,4 +88,136 @@ impl Model {
 #[derive(Debug, Clone, Copy)]
 pub struct RunEnd {
     pub duration: Duration,
+}
+
+/// Bytes per function, as a profiler reports time: exclusive where the function called the
+/// allocator itself, inclusive where it is anywhere on the stack.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionTotals {
+    pub name: String,
+    pub live_inclusive_bytes: i64,
+    pub live_exclusive_bytes: i64,
+    pub allocated_inclusive_bytes: u64,
+    pub allocated_exclusive_bytes: u64,
+}
+
+impl Process {
+    /// Every function on any stack, most live bytes (inclusive) first.
+    pub fn function_totals(&self) -> Vec<FunctionTotals> {
+        let mut by_name: BTreeMap<String, FunctionTotals> = BTreeMap::new();
+        for stack in &self.stacks {
+            let mut seen = std::collections::HashSet::new();
+            for (depth, frame) in stack.frames.iter().enumerate() {
+                let name = frame.name();
+                // A recursive function counts once per stack.
+                if !seen.insert(name.clone()) {
+                    continue;
+                }
+                let totals = by_name
+                    .entry(name.clone())
+                    .or_insert_with(|| FunctionTotals {
+                        name,
+                        ..FunctionTotals::default()
+                    });
+                totals.live_inclusive_bytes += stack.totals.live_bytes;
+                totals.allocated_inclusive_bytes += stack.totals.allocated_bytes;
+                if depth == 0 {
+                    totals.live_exclusive_bytes += stack.totals.live_bytes;
+                    totals.allocated_exclusive_bytes += stack.totals.allocated_bytes;
+                }
+            }
+        }
+        let mut functions: Vec<_> = by_name.into_values().collect();
+        functions.sort_by(|a, b| {
+            (b.live_inclusive_bytes, b.allocated_inclusive_bytes)
+                .cmp(&(a.live_inclusive_bytes, a.allocated_inclusive_bytes))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        functions
+    }
+
+    /// Stacks holding leaked bytes, most first, at most `top`.
+    pub fn leaks(&self, top: usize) -> impl Iterator<Item = &StackProfile> {
+        let mut leaks: Vec<&StackProfile> =
+            self.stacks.iter().filter(|s| s.leaked_bytes > 0).collect();
+        leaks.sort_by_key(|leak| std::cmp::Reverse(leak.leaked_bytes));
+        leaks.into_iter().take(top)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbolize::Frame;
+
+    fn frame(name: &str) -> Frame {
+        Frame {
+            function: Some(name.into()),
+            file: None,
+            line: None,
+            module: "m".into(),
+            offset: 0,
+        }
+    }
+
+    fn stack(names: &[&str], live: i64, allocated: u64) -> StackProfile {
+        StackProfile {
+            frames: names.iter().map(|n| frame(n)).collect(),
+            totals: StackTotals {
+                allocations: 1,
+                allocated_bytes: allocated,
+                live_allocations: 1,
+                live_bytes: live,
+            },
+            leaked_bytes: live as u64,
+            leaked_allocations: 1,
+            oldest_age: None,
+        }
+    }
+
+    #[test]
+    fn inclusive_and_exclusive_bytes_per_function() {
+        let mut model = Model::default();
+        model.add_process(1, "p".into(), "/libc".into());
+        let process = model.processes.get_mut(&1).unwrap();
+        process.stacks = vec![
+            stack(&["leaf_a", "middle", "main"], 100, 300),
+            stack(&["leaf_b", "middle", "main"], 10, 20),
+            stack(&["middle", "main"], 1, 1),
+            stack(&["recurse", "recurse", "main"], 5, 5),
+        ];
+        let functions = process.function_totals();
+        let get = |name: &str| functions.iter().find(|f| f.name == name).unwrap().clone();
+        assert_eq!(functions[0].name, "main");
+        assert_eq!(get("main").live_inclusive_bytes, 116);
+        assert_eq!(get("main").live_exclusive_bytes, 0);
+        assert_eq!(get("middle").live_inclusive_bytes, 111);
+        assert_eq!(get("middle").live_exclusive_bytes, 1);
+        assert_eq!(get("middle").allocated_inclusive_bytes, 321);
+        assert_eq!(get("leaf_a").allocated_exclusive_bytes, 300);
+        assert_eq!(
+            get("recurse").live_inclusive_bytes,
+            5,
+            "recursion counts once"
+        );
+        let leaks: Vec<_> = process.leaks(2).map(|s| s.leaked_bytes).collect();
+        assert_eq!(leaks, [100, 10]);
+    }
+}
+
+/// What one process's USDT probes reported, as of the latest sample.
+#[derive(Debug, Clone, Default)]
+pub struct UsdtFigures {
+    /// memtrace:report_total / report_delta: the current bytes of each subsystem, by name.
+    pub subsystems: BTreeMap<String, i64>,
+    /// The `--usdt` counters, by the option as written.
+    pub probes: BTreeMap<String, UsdtProbeCounter>,
+}
+
+/// A `--usdt` counter of one process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsdtProbeCounter {
+    pub hits: u64,
+    /// The tracked argument at the latest hit (`=argN` only).
+    pub value: Option<i64>,
 }

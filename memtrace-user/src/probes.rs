@@ -10,7 +10,10 @@ use aya::{
     programs::{uprobe::UProbeScope, UProbe},
     Ebpf, EbpfLoader,
 };
-use memtrace_common::{AllocatorFunction, ProcessStats, GLOBAL_LOST_SLOT};
+use memtrace_common::{
+    Allocation, AllocationKey, AllocatorFunction, ProcessStats, StackFrames, StackKey, StackTotals,
+    GLOBAL_LOST_SLOT,
+};
 
 use crate::allocator::Allocator;
 
@@ -35,13 +38,16 @@ fn program_names(function: AllocatorFunction) -> (&'static str, Option<&'static 
 
 pub struct Probes {
     ebpf: Ebpf,
+    /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
+    pub usdt: crate::usdt::UsdtProbes,
 }
 
 impl Probes {
     /// Loads every program into the kernel; `max_allocations` sizes the live-allocation table.
-    pub fn load(max_allocations: u32) -> Result<Self> {
+    pub fn load(max_allocations: u32, capture_stacks: bool) -> Result<Self> {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("ALLOCATIONS", max_allocations)
+            .override_global("CAPTURE_STACKS", &u8::from(capture_stacks), true)
             .load(BPF_OBJECT)
             .context("loading the BPF programs into the kernel")?;
         for (name, program) in ebpf.programs_mut() {
@@ -52,7 +58,10 @@ impl Probes {
                 .load()
                 .with_context(|| format!("verifying BPF program {name}"))?;
         }
-        Ok(Self { ebpf })
+        Ok(Self {
+            ebpf,
+            usdt: crate::usdt::UsdtProbes::default(),
+        })
     }
 
     /// Attaches to every entry point of `allocator`, for process `pid` only.
@@ -109,9 +118,58 @@ impl Probes {
         Ok(lost.get(&GLOBAL_LOST_SLOT, 0)?)
     }
 
-    fn map(&self, name: &str) -> Result<&aya::maps::Map> {
+    /// Every live allocation the kernel knows, of every traced process.
+    pub fn live_allocations(&self) -> Result<Vec<(AllocationKey, Allocation)>> {
+        let allocations: HashMap<&MapData, AllocationKey, Allocation> =
+            HashMap::try_from(self.map("ALLOCATIONS")?)?;
+        collect_entries(allocations.iter(), "the live-allocation map")
+    }
+
+    /// What each (process, call stack) allocated and still holds.
+    pub fn stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
+        let totals: HashMap<&MapData, StackKey, StackTotals> =
+            HashMap::try_from(self.map("STACK_TOTALS")?)?;
+        collect_entries(totals.iter(), "the per-stack totals map")
+    }
+
+    pub fn stack(&self, stack: u64) -> Result<Option<StackFrames>> {
+        let stacks: HashMap<&MapData, u64, StackFrames> = HashMap::try_from(self.map("STACKS")?)?;
+        match stacks.get(&stack, 0) {
+            Ok(frames) => Ok(Some(frames)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(err) => Err(err).context("reading the stack map"),
+        }
+    }
+
+    pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
         self.ebpf
             .map(name)
             .with_context(|| format!("the BPF object has no map {name}"))
     }
+
+    pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .with_context(|| format!("the BPF object has no map {name}"))
+    }
+
+    /// A loaded program's descriptor, for links memtrace creates itself: aya cannot attach a
+    /// uprobe with a USDT semaphore.
+    pub fn program_fd(&self, name: &str) -> Result<aya::programs::ProgramFd> {
+        let program = self
+            .ebpf
+            .program(name)
+            .with_context(|| format!("the BPF object has no program {name}"))?;
+        Ok(program.fd()?.try_clone()?)
+    }
+}
+
+fn collect_entries<K, V>(
+    entries: impl Iterator<Item = Result<(K, V), MapError>>,
+    what: &str,
+) -> Result<Vec<(K, V)>> {
+    entries
+        .filter(|entry| !matches!(entry, Err(MapError::KeyNotFound)))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("reading {what}"))
 }

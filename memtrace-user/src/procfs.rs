@@ -5,8 +5,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub fn exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// The process (thread group) a pid or thread id belongs to.
+pub fn tgid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The kernel's short name of the process (at most 15 bytes).
@@ -124,7 +131,7 @@ mod tests {
     #[test]
     fn own_process_is_readable() {
         let pid = std::process::id();
-        assert!(exists(pid));
+        assert_eq!(tgid(pid), Some(pid));
         assert!(rss_bytes(pid).unwrap() > 0);
         assert!(!comm(pid).unwrap().is_empty());
         assert!(mappings(pid).unwrap().iter().any(|m| m.executable));

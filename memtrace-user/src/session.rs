@@ -21,8 +21,11 @@ use nix::{
 use crate::{
     allocator::Allocator,
     cli::Cli,
-    collector,
-    export::{report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter},
+    collector::Collector,
+    export::{
+        flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
+        trace::TraceFile, Exporter,
+    },
     model::{Model, RunEnd, Sample},
     privileges,
     probes::Probes,
@@ -32,28 +35,33 @@ use crate::{
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
     privileges::check()?;
-    for &pid in &cli.pids {
-        if !procfs::exists(pid) {
-            bail!("no process with pid {pid}; check the pid with `ps -p {pid}`");
-        }
-    }
+    let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     let output = cli.output.clone().unwrap_or_else(default_output_path);
     let trace = TraceFile::create(&output)?;
     let trace_path = trace.path().to_owned();
     let mut exporters: Vec<Box<dyn Exporter>> = vec![Box::new(trace)];
     if let Some(path) = &cli.summary {
-        exporters.push(Box::new(SummaryFile::create(path)?));
+        exporters.push(Box::new(SummaryFile::create(path, cli.top)?));
     }
-    exporters.push(Box::new(TextReport));
+    if let Some(path) = &cli.pprof {
+        exporters.push(Box::new(PprofFile::create(path)?));
+    }
+    if let Some(path) = &cli.flamegraph {
+        exporters.push(Box::new(FlamegraphFile::create(path)?));
+    }
+    exporters.push(Box::new(TextReport { top: cli.top }));
 
-    let mut probes = Probes::load(cli.max_allocations)?;
+    let mut probes = Probes::load(cli.max_allocations, !cli.no_stacks)?;
+    probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
+    let mut collector = Collector::default();
     let mut model = Model::default();
     let mut targets = Vec::new();
     let held = if cli.command.is_empty() {
-        for &pid in &cli.pids {
+        for &pid in &pids {
             let allocator = Allocator::of_process(pid)?;
             probes.attach(&allocator, pid)?;
+            crate::usdt::attach_process(&mut probes, pid)?;
             targets.push(Watched::new(pid, false)?);
             model.add_process(pid, procfs::comm(pid).unwrap_or_default(), allocator.path);
         }
@@ -61,12 +69,19 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         let program = resolve_program(&cli.command[0])?;
         let allocator = Allocator::of_command(&program)?;
+        collector.index_object(&program);
+        collector.index_object(&allocator.host_path);
         let held = HeldCommand::spawn(&program, &cli.command)?;
         probes.attach(&allocator, held.pid)?;
+        crate::usdt::attach_command(&mut probes, &program, held.pid)?;
         targets.push(Watched::new(held.pid, true)?);
         model.add_process(held.pid, command_name(&program), allocator.path);
         Some(held)
     };
+    // Read every target's mappings now: a process may exit before the first interval, and its
+    // stacks are symbolized through the files it mapped.
+    collector.sample(&probes, &mut model)?;
+    crate::usdt::check_requests_found(&probes, &describe(&model))?;
     eprintln!(
         "memtrace: tracing {}; writing {}",
         describe(&model),
@@ -79,6 +94,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let mut run = Run {
         cli: &cli,
         probes,
+        collector,
         model,
         exporters,
         targets,
@@ -104,6 +120,26 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     exit_code(ending, &targets)
 }
 
+/// The processes behind the --pid arguments: each once, by its process id even when given a thread id.
+fn processes_to_attach(pids: &[u32]) -> Result<Vec<u32>> {
+    let mut processes = Vec::new();
+    for &pid in pids {
+        let Some(tgid) = procfs::tgid(pid) else {
+            bail!("no process with pid {pid}; check the pid with `ps -p {pid}`");
+        };
+        if tgid == std::process::id() {
+            bail!("pid {pid} is memtrace itself; give the pid of the process to trace");
+        }
+        if tgid != pid {
+            eprintln!("memtrace: {pid} is a thread of process {tgid}; tracing the whole process");
+        }
+        if !processes.contains(&tgid) {
+            processes.push(tgid);
+        }
+    }
+    Ok(processes)
+}
+
 /// Why tracing stopped.
 enum Ending {
     TargetsExited,
@@ -114,6 +150,7 @@ enum Ending {
 struct Run<'a> {
     cli: &'a Cli,
     probes: Probes,
+    collector: Collector,
     model: Model,
     exporters: Vec<Box<dyn Exporter>>,
     targets: Vec<Watched>,
@@ -208,7 +245,7 @@ impl Run<'_> {
     }
 
     fn sample(&mut self) -> Result<()> {
-        collector::sample(&self.probes, &mut self.model)?;
+        self.collector.sample(&self.probes, &mut self.model)?;
         self.samples += 1;
         let sample = Sample {
             ts_us: self.started.elapsed().as_micros() as u64,
@@ -222,6 +259,10 @@ impl Run<'_> {
 
     fn finish(&mut self, duration: Duration) -> Result<()> {
         self.sample()?;
+        if !self.cli.no_stacks {
+            self.collector
+                .collect_stacks(&self.probes, &mut self.model, self.cli.older)?;
+        }
         for exporter in &mut self.exporters {
             exporter.finish(&self.model, RunEnd { duration })?;
         }

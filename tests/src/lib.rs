@@ -1,1 +1,667 @@
+//! Helpers shared by memtrace's integration tests: find the `memtrace` binary, compile the C fixtures,
+//! run memtrace in a temporary directory of its own and read back what it wrote.
+//!
+//! The tests load BPF programs into the running kernel, so they must run as root; every entry point
+//! that starts memtrace asserts that instead of skipping.
 
+use std::{
+    ffi::{OsStr, OsString},
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// How long any wait in a test may last before the test fails instead of hanging.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// The interval every test run samples at, so that short runs still see several samples.
+pub const INTERVAL: &str = "100ms";
+
+/// The workspace this crate belongs to.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives inside the workspace")
+        .to_owned()
+}
+
+fn target_dir() -> PathBuf {
+    workspace_root().join("target")
+}
+
+/// Fails the test unless it runs as root: it loads BPF programs into the kernel.
+pub fn assert_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "memtrace's integration tests load BPF programs and must run as root \
+         (e.g. `sudo cargo xtask test`); this test runs as uid {euid}"
+    );
+}
+
+/// The `memtrace` binary under test: `$MEMTRACE_BIN`, or the release build of this workspace.
+pub fn memtrace_bin() -> PathBuf {
+    let path = std::env::var_os("MEMTRACE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("release/memtrace"));
+    assert!(
+        path.is_file(),
+        "no memtrace binary at {}: build it with `cargo xtask build` (or point MEMTRACE_BIN at one)",
+        path.display()
+    );
+    path
+}
+
+/// Compiles `tests/fixtures/<name>.c` into `target/fixtures/<name>` unless that is up to date, and
+/// returns the program's path. Safe when tests compile the same fixture in parallel: each compiles
+/// to a name of its own and renames the result into place.
+pub fn fixture(name: &str) -> PathBuf {
+    static COMPILATIONS: AtomicUsize = AtomicUsize::new(0);
+    let source = workspace_root()
+        .join("tests/fixtures")
+        .join(format!("{name}.c"));
+    let out_dir = target_dir().join("fixtures");
+    let program = out_dir.join(name);
+    let modified = |path: &Path| fs::metadata(path).and_then(|m| m.modified()).ok();
+    let source_modified =
+        modified(&source).unwrap_or_else(|| panic!("no fixture source {}", source.display()));
+    if modified(&program).is_some_and(|built| built >= source_modified) {
+        return program;
+    }
+    fs::create_dir_all(&out_dir)
+        .unwrap_or_else(|err| panic!("creating {}: {err}", out_dir.display()));
+    let unique = COMPILATIONS.fetch_add(1, Ordering::Relaxed);
+    let partial = out_dir.join(format!(".{name}.{}.{unique}.tmp", std::process::id()));
+    let output = Command::new("cc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&partial)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|err| panic!("running cc to compile {}: {err}", source.display()));
+    assert!(
+        output.status.success(),
+        "compiling {} failed:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    fs::rename(&partial, &program)
+        .unwrap_or_else(|err| panic!("moving the fixture into {}: {err}", program.display()));
+    program
+}
+
+/// A pid that no process has: pids are always below `pid_max`.
+pub fn unused_pid() -> u32 {
+    let pid_max = fs::read_to_string("/proc/sys/kernel/pid_max").expect("reading pid_max");
+    pid_max.trim().parse().expect("pid_max is a number")
+}
+
+/// The lines of a child's output stream, read on a thread of their own so that the child never
+/// blocks on a full pipe and a test can wait for one line with a deadline.
+struct Lines {
+    incoming: Receiver<String>,
+    seen: Vec<String>,
+    closed: bool,
+}
+
+impl Lines {
+    fn new(stream: impl Read + Send + 'static) -> Self {
+        let (sender, incoming) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            incoming,
+            seen: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// Takes the next line if one arrives before `deadline`.
+    fn next_line(&mut self, deadline: Instant) -> Option<&str> {
+        if self.closed {
+            return None;
+        }
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        match self.incoming.recv_timeout(timeout) {
+            Ok(line) => {
+                self.seen.push(line);
+                self.seen.last().map(String::as_str)
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                self.closed = true;
+                None
+            }
+            Err(RecvTimeoutError::Timeout) => None,
+        }
+    }
+
+    /// Waits for a line that starts with `prefix`.
+    fn wait_for(&mut self, prefix: &str, deadline: Instant) -> Option<String> {
+        while let Some(line) = self.next_line(deadline) {
+            if line.starts_with(prefix) {
+                return Some(line.to_owned());
+            }
+        }
+        None
+    }
+
+    /// Reads until the stream ends (every writer has closed it) or `deadline`.
+    fn drain(&mut self, deadline: Instant) {
+        while self.next_line(deadline).is_some() {}
+    }
+
+    fn text(&self) -> String {
+        self.seen.iter().map(|line| format!("{line}\n")).collect()
+    }
+}
+
+/// A child process with piped stdin, stdout and stderr, killed if the test ends before it does.
+pub struct Spawned {
+    what: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Lines,
+    stderr: Lines,
+    status: Option<ExitStatus>,
+}
+
+impl Spawned {
+    pub fn spawn(mut command: Command) -> Self {
+        let what = format!("{command:?}");
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("starting {what}: {err}"));
+        let stdin = child.stdin.take();
+        let stdout = Lines::new(child.stdout.take().expect("stdout is piped"));
+        let stderr = Lines::new(child.stderr.take().expect("stderr is piped"));
+        Self {
+            what,
+            child,
+            stdin,
+            stdout,
+            stderr,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a line on stdout that starts with `prefix` and returns it.
+    pub fn wait_for_stdout(&mut self, prefix: &str) -> String {
+        let found = self.stdout.wait_for(prefix, Instant::now() + DEADLINE);
+        found.unwrap_or_else(|| self.fail(&format!("no line starting with {prefix:?} on stdout")))
+    }
+
+    /// Waits for a line on stderr that starts with `prefix` and returns it.
+    pub fn wait_for_stderr(&mut self, prefix: &str) -> String {
+        let found = self.stderr.wait_for(prefix, Instant::now() + DEADLINE);
+        found.unwrap_or_else(|| self.fail(&format!("no line starting with {prefix:?} on stderr")))
+    }
+
+    /// Writes to the child's stdin.
+    pub fn send(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin is still open");
+        stdin
+            .write_all(bytes)
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|err| panic!("writing to the stdin of {}: {err}", self.what));
+    }
+
+    /// Closes the child's stdin: it reads end of file.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Waits for the child to exit, for at most [`DEADLINE`].
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                self.fail(&format!("still running after {DEADLINE:?}; killed it"));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self
+                .child
+                .try_wait()
+                .unwrap_or_else(|err| panic!("waiting for {}: {err}", self.what));
+        }
+        self.status
+    }
+
+    /// Kills the child with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        if self.try_wait().is_none() {
+            let _ = self.child.kill();
+            self.status = Some(self.child.wait().expect("reaping a killed child"));
+        }
+    }
+
+    /// What the child wrote on stderr so far.
+    pub fn stderr_text(&self) -> String {
+        self.stderr.text()
+    }
+
+    fn fail(&self, problem: &str) -> ! {
+        panic!(
+            "{}: {problem}\n--- stdout so far ---\n{}--- stderr so far ---\n{}",
+            self.what,
+            self.stdout.text(),
+            self.stderr.text()
+        )
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A memtrace invocation: by default `memtrace -o <dir>/trace.json --summary <dir>/summary.json
+/// -i 100ms`, then the test's arguments, run in a temporary directory of its own under target/.
+pub struct Memtrace {
+    dir: TempDir,
+    wrapper: Vec<OsString>,
+    default_outputs: bool,
+    args: Vec<OsString>,
+}
+
+impl Memtrace {
+    pub fn new() -> Self {
+        assert_root();
+        let parent = target_dir().join("memtrace-tests");
+        fs::create_dir_all(&parent)
+            .unwrap_or_else(|err| panic!("creating {}: {err}", parent.display()));
+        let dir = tempfile::Builder::new()
+            .prefix("run-")
+            .tempdir_in(&parent)
+            .unwrap_or_else(|err| panic!("creating a directory in {}: {err}", parent.display()));
+        Self {
+            dir,
+            wrapper: Vec::new(),
+            default_outputs: true,
+            args: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(self, args: I) -> Self {
+        args.into_iter().fold(self, Self::arg)
+    }
+
+    /// Traces `program` from its first instruction: `-- program`.
+    pub fn command(self, program: &Path) -> Self {
+        self.arg("--").arg(program)
+    }
+
+    /// Leaves out `-o`, `--summary` and `-i`, for tests that pass their own.
+    pub fn without_default_outputs(mut self) -> Self {
+        self.default_outputs = false;
+        self
+    }
+
+    /// Runs memtrace through another program, e.g. `setpriv ...`.
+    pub fn wrapped_in<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, wrapper: I) -> Self {
+        self.wrapper = wrapper
+            .into_iter()
+            .map(|arg| arg.as_ref().to_owned())
+            .collect();
+        self
+    }
+
+    /// The run's own directory, where the trace and the summary go.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn spawn(self) -> Running {
+        let binary = memtrace_bin();
+        let mut command = match self.wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        if self.default_outputs {
+            command
+                .arg("-o")
+                .arg(self.dir.path().join("trace.json"))
+                .arg("--summary")
+                .arg(self.dir.path().join("summary.json"))
+                .args(["-i", INTERVAL]);
+        }
+        command.args(&self.args);
+        Running {
+            process: Spawned::spawn(command),
+            dir: self.dir,
+        }
+    }
+
+    /// Runs memtrace to its end, with its stdin closed.
+    pub fn run(self) -> Outcome {
+        self.spawn().finish()
+    }
+}
+
+impl Default for Memtrace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A memtrace process that is running. Its stdin, stdout and stderr are pipes; a command it runs
+/// inherits them, so [`Spawned::send`] and [`Spawned::wait_for_stdout`] talk to the command.
+pub struct Running {
+    process: Spawned,
+    dir: TempDir,
+}
+
+impl std::ops::Deref for Running {
+    type Target = Spawned;
+
+    fn deref(&self) -> &Spawned {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Spawned {
+        &mut self.process
+    }
+}
+
+impl Running {
+    pub fn trace_path(&self) -> PathBuf {
+        self.dir.path().join("trace.json")
+    }
+
+    /// The trace as written so far, or None while it ends in the middle of an event.
+    pub fn trace_so_far(&self) -> Option<Trace> {
+        let text = fs::read_to_string(self.trace_path()).ok()?;
+        parse_trace(&text).ok()
+    }
+
+    /// Polls the trace file until `ready` holds for what it holds, for at most [`DEADLINE`].
+    pub fn wait_for_trace(&mut self, what: &str, ready: impl Fn(&Trace) -> bool) -> Trace {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(trace) = self.trace_so_far().filter(&ready) {
+                return trace;
+            }
+            if Instant::now() >= deadline || self.process.try_wait().is_some() {
+                self.process
+                    .fail(&format!("the trace file never showed {what}"));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Closes stdin, waits for memtrace to exit and reads what it wrote.
+    pub fn finish(mut self) -> Outcome {
+        self.process.close_stdin();
+        let status = self.process.wait();
+        // The pipes end when every writer (memtrace and the processes it started) is gone.
+        self.process.stderr.drain(Instant::now() + DEADLINE);
+        let stderr = self.process.stderr_text();
+        let read = |name: &str| {
+            fs::read_to_string(self.dir.path().join(name))
+                .ok()
+                .filter(|text| !text.is_empty())
+        };
+        let summary = read("summary.json").map(|text| {
+            serde_json::from_str(&text).unwrap_or_else(|err| {
+                panic!("the summary is not JSON ({err}):\n{text}\n--- stderr ---\n{stderr}")
+            })
+        });
+        let trace = read("trace.json").map(|text| {
+            parse_trace(&text).unwrap_or_else(|err| {
+                panic!("the trace does not load ({err}):\n{text}\n--- stderr ---\n{stderr}")
+            })
+        });
+        Outcome {
+            status,
+            stderr,
+            summary,
+            trace,
+            dir: self.dir,
+        }
+    }
+}
+
+/// What a finished memtrace run left behind.
+pub struct Outcome {
+    pub status: ExitStatus,
+    pub stderr: String,
+    /// The parsed summary, when memtrace wrote one.
+    pub summary: Option<Value>,
+    /// The parsed trace, when memtrace wrote one.
+    pub trace: Option<Trace>,
+    dir: TempDir,
+}
+
+impl Outcome {
+    /// Asserts memtrace's exit status.
+    pub fn assert_exit_code(&self, expected: i32) {
+        assert_eq!(
+            self.status.code(),
+            Some(expected),
+            "memtrace exited with {}, expected {expected}; stderr:\n{}",
+            self.status,
+            self.stderr
+        );
+    }
+
+    /// Asserts that stderr contains every one of `needles`.
+    pub fn assert_stderr_mentions(&self, needles: &[&str]) {
+        for needle in needles {
+            assert!(
+                self.stderr.contains(needle),
+                "stderr does not mention {needle:?}:\n{}",
+                self.stderr
+            );
+        }
+    }
+
+    pub fn summary(&self) -> &Value {
+        self.summary
+            .as_ref()
+            .unwrap_or_else(|| panic!("memtrace wrote no summary; stderr:\n{}", self.stderr))
+    }
+
+    /// The line of stderr that reports a runtime error (`memtrace: error: ...`).
+    pub fn error_line(&self) -> &str {
+        self.stderr
+            .lines()
+            .find(|line| line.starts_with("memtrace: error:"))
+            .unwrap_or_else(|| panic!("no `memtrace: error:` line on stderr:\n{}", self.stderr))
+    }
+
+    /// The trace file as memtrace left it.
+    pub fn trace_text(&self) -> String {
+        let path = self.dir.path().join("trace.json");
+        fs::read_to_string(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+    }
+
+    pub fn trace(&self) -> &Trace {
+        self.trace
+            .as_ref()
+            .unwrap_or_else(|| panic!("memtrace wrote no trace; stderr:\n{}", self.stderr))
+    }
+
+    /// The summary's entry for the one process traced.
+    pub fn process(&self) -> &Value {
+        let processes = self.summary()["processes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("the summary has no processes: {}", self.summary()));
+        assert_eq!(
+            processes.len(),
+            1,
+            "expected one traced process: {}",
+            self.summary()
+        );
+        &processes[0]
+    }
+}
+
+/// A trace file, whole or cut short.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub events: Vec<Value>,
+    /// Whether the file ends with the closing `]` (a clean end).
+    pub closed: bool,
+}
+
+impl Trace {
+    /// The counter events named `name` ("ph":"C"), in file order.
+    pub fn counters(&self, name: &str) -> impl Iterator<Item = &Value> + '_ {
+        let name = name.to_owned();
+        self.events
+            .iter()
+            .filter(move |event| event["ph"] == "C" && event["name"] == name)
+    }
+
+    /// The events of one phase ("M", "C", "v", ...).
+    pub fn phase(&self, ph: &str) -> impl Iterator<Item = &Value> + '_ {
+        let ph = ph.to_owned();
+        self.events.iter().filter(move |event| event["ph"] == ph)
+    }
+}
+
+/// Parses a Chrome trace in JSON Array Format, accepting a file cut short as the format allows: the
+/// closing `]` may be missing, and so may anything after the last complete event's comma.
+pub fn parse_trace(text: &str) -> serde_json::Result<Trace> {
+    let body = text.trim_end();
+    let closed = body.ends_with(']');
+    let events = if closed {
+        serde_json::from_str(body)?
+    } else {
+        serde_json::from_str(&format!("{}]", body.trim_end_matches(',')))?
+    };
+    Ok(Trace { events, closed })
+}
+
+/// A process's figures in the summary, as the accounting semantics define them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figures {
+    pub allocations: u64,
+    pub frees: u64,
+    pub allocated_bytes: u64,
+    pub freed_bytes: u64,
+    pub live_allocations: i64,
+    pub live_bytes: i64,
+    /// None where the peak depends on scheduling (threads), and is not compared.
+    pub peak_live_bytes: Option<i64>,
+    pub untracked_frees: u64,
+    pub failed_allocations: u64,
+}
+
+impl Figures {
+    fn of(process: &Value, with_peak: bool) -> Self {
+        let unsigned = |field: &str| {
+            process[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("summary field {field} is not a count: {process}"))
+        };
+        let signed = |field: &str| {
+            process[field]
+                .as_i64()
+                .unwrap_or_else(|| panic!("summary field {field} is not an integer: {process}"))
+        };
+        Self {
+            allocations: unsigned("allocations"),
+            frees: unsigned("frees"),
+            allocated_bytes: unsigned("allocated_bytes"),
+            freed_bytes: unsigned("freed_bytes"),
+            live_allocations: signed("live_allocations"),
+            live_bytes: signed("live_bytes"),
+            peak_live_bytes: with_peak.then(|| signed("peak_live_bytes")),
+            untracked_frees: unsigned("untracked_frees"),
+            failed_allocations: unsigned("failed_allocations"),
+        }
+    }
+}
+
+/// Asserts the figures of the one traced process exactly, and that nothing was lost.
+pub fn assert_figures(outcome: &Outcome, expected: Figures) {
+    let process = outcome.process();
+    let actual = Figures::of(process, expected.peak_live_bytes.is_some());
+    assert_eq!(
+        actual, expected,
+        "summary figures (left: memtrace, right: the fixture's source)\nsummary: {process:#}"
+    );
+    assert_eq!(
+        process["lost_events"], 0,
+        "the process lost events: {process:#}"
+    );
+    assert_eq!(
+        outcome.summary()["lost_events"],
+        0,
+        "the run lost events: {:#}",
+        outcome.summary()
+    );
+}
+
+/// Runs `memtrace -- <fixture>` to its end and asserts that the fixture exited with 0 (its own
+/// checks of glibc's behaviour passed) and that the summary holds exactly `expected`.
+pub fn assert_fixture_figures(name: &str, expected: Figures) -> Outcome {
+    let outcome = Memtrace::new().command(&fixture(name)).run();
+    outcome.assert_exit_code(0);
+    assert_figures(&outcome, expected);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traces_cut_short_still_parse() {
+        let whole = "[\n{\"ph\":\"M\"},\n{\"ph\":\"C\"}\n]\n";
+        let trace = parse_trace(whole).unwrap();
+        assert!(trace.closed);
+        assert_eq!(trace.events.len(), 2);
+
+        let cut = parse_trace("[\n{\"ph\":\"M\"},\n{\"ph\":\"C\"}").unwrap();
+        assert!(!cut.closed);
+        assert_eq!(cut.events.len(), 2);
+        assert_eq!(parse_trace("[\n{\"ph\":\"M\"},\n").unwrap().events.len(), 1);
+        assert!(parse_trace("[").unwrap().events.is_empty());
+        assert!(parse_trace("[\n{\"ph\":\"M\"},\n{\"ph\"").is_err());
+    }
+}

@@ -16,8 +16,14 @@ const DEBIAN_BPF_CORE: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Debian 12 packages of the verified route: rustc 1.96 with LLVM 22 and a prebuilt BPF `core`, and
 /// the LLVM 22 libraries bpf-linker links against.
-const BPF_PACKAGES: &[&str] =
-    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
+const BPF_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "zlib1g-dev",
+    "libzstd-dev",
+];
 /// What the test fixtures are built with.
 const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
 
@@ -52,7 +58,9 @@ fn apt_install(packages: &[&str]) -> Result<()> {
         );
     }
     eprintln!("xtask: installing Debian packages: {}", packages.join(" "));
-    run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "--no-install-recommends"])
         .args(packages)
@@ -62,16 +70,24 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 fn has_debian_bpf_rust() -> bool {
     Path::new(DEBIAN_RUSTC).exists()
         && std::fs::read_dir(DEBIAN_BPF_CORE).is_ok_and(|entries| {
-            entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
         })
 }
 
 fn has_nightly_rust_src() -> bool {
-    let Ok(output) = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output() else {
+    let Ok(output) = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .output()
+    else {
         return false;
     };
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    output.status.success() && Path::new(&sysroot).join("lib/rustlib/src/rust/library/core").exists()
+    output.status.success()
+        && Path::new(&sysroot)
+            .join("lib/rustlib/src/rust/library/core")
+            .exists()
 }
 
 pub fn on_path(program: &str) -> bool {

@@ -1,5 +1,7 @@
 //! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
 
+pub mod flamegraph;
+pub mod pprof;
 pub mod report;
 pub mod summary;
 pub mod trace;

@@ -5,18 +5,24 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use super::Exporter;
-use crate::model::{Model, RunEnd};
+use crate::{
+    model::{Model, RunEnd},
+    symbolize::Frame,
+};
 
-pub struct TextReport;
+pub struct TextReport {
+    /// How many leaking stacks and functions to list per process.
+    pub top: usize,
+}
 
 impl Exporter for TextReport {
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        eprint!("{}", render(model, end));
+        eprint!("{}", render(model, end, self.top));
         Ok(())
     }
 }
 
-pub fn render(model: &Model, end: RunEnd) -> String {
+pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
     let mut text = String::new();
     let processes = model.processes.len();
     let _ = writeln!(
@@ -54,6 +60,30 @@ pub fn render(model: &Model, end: RunEnd) -> String {
             stats.failed_allocations,
             stats.lost_events
         );
+        for leak in process.leaks(top) {
+            let names: Vec<String> = leak.frames.iter().map(Frame::name).collect();
+            let _ = writeln!(
+                text,
+                "    leak: {} in {} blocks, oldest {:.1} s, from {}",
+                bytes(leak.leaked_bytes),
+                leak.leaked_allocations,
+                leak.oldest_age.unwrap_or_default().as_secs_f64(),
+                names.join(" <- ")
+            );
+        }
+        let functions = process.function_totals();
+        if !functions.is_empty() {
+            let _ = writeln!(text, "    live bytes by function (inclusive / exclusive):");
+        }
+        for function in functions.iter().take(top) {
+            let _ = writeln!(
+                text,
+                "      {:>10} / {:>10}  {}",
+                bytes(function.live_inclusive_bytes.max(0) as u64),
+                bytes(function.live_exclusive_bytes.max(0) as u64),
+                function.name
+            );
+        }
     }
     let lost = model.lost_events();
     if lost > 0 {
@@ -102,11 +132,11 @@ mod tests {
         let end = RunEnd {
             duration: Duration::from_secs(2),
         };
-        let text = render(&model, end);
+        let text = render(&model, end, 10);
         assert!(text.contains("pid 7 (server) via /lib/libc.so.6"), "{text}");
         assert!(text.contains("3 untracked frees"), "{text}");
         assert!(!text.contains("warning"));
         model.unattributed_lost_events = 5;
-        assert!(render(&model, end).contains("warning: 5 events could not be recorded"));
+        assert!(render(&model, end, 10).contains("warning: 5 events could not be recorded"));
     }
 }

@@ -5,13 +5,17 @@ use std::{
     fs::File,
     io::Write,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Exporter;
-use crate::model::{Model, Process, RunEnd};
+use crate::{
+    model::{Model, Process, RunEnd, StackProfile},
+    symbolize::Frame,
+};
 
 pub const SUMMARY_VERSION: u32 = 1;
 
@@ -39,30 +43,68 @@ pub struct ProcessSummary {
     pub failed_allocations: u64,
     pub lost_events: u64,
     pub rss_bytes: u64,
+    /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
     pub subsystems: BTreeMap<String, i64>,
+    /// Each `--usdt` option (as written): its hits and, for `=argN`, the argument's latest value.
+    pub usdt: BTreeMap<String, UsdtCounterSummary>,
+    /// The call stacks holding the most leaked bytes, most first.
     pub leaks: Vec<Leak>,
+    /// Bytes per function, inclusive and exclusive, most live (inclusive) first.
+    pub functions: Vec<FunctionSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UsdtCounterSummary {
+    pub hits: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Leak {
     pub bytes: u64,
     pub allocations: u64,
+    /// Function names, innermost first, starting at the allocator's caller.
     pub stack: Vec<String>,
+    pub oldest_age_s: f64,
+    pub frames: Vec<FrameSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FrameSummary {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub offset: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionSummary {
+    pub name: String,
+    pub live_inclusive_bytes: i64,
+    pub live_exclusive_bytes: i64,
+    pub allocated_inclusive_bytes: u64,
+    pub allocated_exclusive_bytes: u64,
 }
 
 impl Summary {
-    pub fn of(model: &Model, end: RunEnd) -> Self {
+    pub fn of(model: &Model, end: RunEnd, top: usize) -> Self {
         Self {
             version: SUMMARY_VERSION,
-            duration_s: (end.duration.as_secs_f64() * 1000.0).round() / 1000.0,
+            duration_s: seconds(end.duration),
             lost_events: model.lost_events(),
-            processes: model.processes.values().map(ProcessSummary::of).collect(),
+            processes: model
+                .processes
+                .values()
+                .map(|p| ProcessSummary::of(p, top))
+                .collect(),
         }
     }
 }
 
 impl ProcessSummary {
-    fn of(process: &Process) -> Self {
+    fn of(process: &Process, top: usize) -> Self {
         let stats = &process.stats;
         Self {
             pid: process.pid,
@@ -79,10 +121,62 @@ impl ProcessSummary {
             failed_allocations: stats.failed_allocations,
             lost_events: stats.lost_events,
             rss_bytes: process.rss_bytes,
-            subsystems: BTreeMap::new(),
-            leaks: Vec::new(),
+            subsystems: process.usdt.subsystems.clone(),
+            usdt: process
+                .usdt
+                .probes
+                .iter()
+                .map(|(label, counter)| {
+                    (
+                        label.clone(),
+                        UsdtCounterSummary {
+                            hits: counter.hits,
+                            value: counter.value,
+                        },
+                    )
+                })
+                .collect(),
+            leaks: process.leaks(top).map(Leak::of).collect(),
+            functions: process
+                .function_totals()
+                .into_iter()
+                .map(|f| FunctionSummary {
+                    name: f.name,
+                    live_inclusive_bytes: f.live_inclusive_bytes,
+                    live_exclusive_bytes: f.live_exclusive_bytes,
+                    allocated_inclusive_bytes: f.allocated_inclusive_bytes,
+                    allocated_exclusive_bytes: f.allocated_exclusive_bytes,
+                })
+                .collect(),
         }
     }
+}
+
+impl Leak {
+    fn of(stack: &StackProfile) -> Self {
+        Self {
+            bytes: stack.leaked_bytes,
+            allocations: stack.leaked_allocations,
+            stack: stack.frames.iter().map(Frame::name).collect(),
+            oldest_age_s: stack.oldest_age.map_or(0.0, seconds),
+            frames: stack
+                .frames
+                .iter()
+                .map(|f| FrameSummary {
+                    function: f.function.clone(),
+                    file: f.file.clone(),
+                    line: f.line,
+                    module: f.module.clone(),
+                    offset: f.offset,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Seconds, to the millisecond.
+fn seconds(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1000.0).round() / 1000.0
 }
 
 /// Writes the summary at the end of the run into a file opened at the start, so that an unwritable
@@ -90,10 +184,12 @@ impl ProcessSummary {
 pub struct SummaryFile {
     path: PathBuf,
     file: File,
+    /// How many leaking stacks to list per process.
+    top: usize,
 }
 
 impl SummaryFile {
-    pub fn create(path: &Path) -> Result<Self> {
+    pub fn create(path: &Path, top: usize) -> Result<Self> {
         let file = File::create(path).with_context(|| {
             format!(
                 "cannot write the summary to {}; choose another path with --summary",
@@ -103,13 +199,14 @@ impl SummaryFile {
         Ok(Self {
             path: path.to_owned(),
             file,
+            top,
         })
     }
 }
 
 impl Exporter for SummaryFile {
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        let mut text = serde_json::to_string_pretty(&Summary::of(model, end))?;
+        let mut text = serde_json::to_string_pretty(&Summary::of(model, end, self.top))?;
         text.push('\n');
         self.file
             .write_all(text.as_bytes())
@@ -120,7 +217,6 @@ impl Exporter for SummaryFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn summary_has_the_contract_fields() {
@@ -136,6 +232,7 @@ mod tests {
             RunEnd {
                 duration: Duration::from_millis(1500),
             },
+            10,
         ))
         .unwrap();
         assert_eq!(value["version"], 1);

@@ -102,7 +102,7 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
     let stats = &process.stats;
     let live_bytes = stats.live_bytes.max(0) as u64;
     let live_allocations = stats.live_allocations.max(0) as u64;
-    vec![
+    let mut events = vec![
         counter(
             process,
             sample.ts_us,
@@ -115,8 +115,31 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             "rss",
             json!({"rss_bytes": process.rss_bytes}),
         ),
-        memory_dump(process, sample, live_bytes, live_allocations),
-    ]
+    ];
+    events.extend(usdt_counters(process, sample));
+    events.push(memory_dump(process, sample, live_bytes, live_allocations));
+    events
+}
+
+/// One counter per subsystem the process reported (`subsystem:<name>`, arg `bytes`) and one per
+/// `--usdt` option (`usdt:<option>`, args `hits` and, for `=argN`, `value`).
+fn usdt_counters(process: &Process, sample: Sample) -> Vec<Value> {
+    let subsystems = process.usdt.subsystems.iter().map(|(name, bytes)| {
+        counter(
+            process,
+            sample.ts_us,
+            &format!("subsystem:{name}"),
+            json!({ "bytes": bytes }),
+        )
+    });
+    let probes = process.usdt.probes.iter().map(|(label, figures)| {
+        let args = match figures.value {
+            Some(value) => json!({"hits": figures.hits, "value": value}),
+            None => json!({"hits": figures.hits}),
+        };
+        counter(process, sample.ts_us, &format!("usdt:{label}"), args)
+    });
+    subsystems.chain(probes).collect()
 }
 
 /// A MemoryInfra process dump, for chrome://tracing's memory view.
@@ -127,13 +150,34 @@ fn memory_dump(process: &Process, sample: Sample, live_bytes: u64, live_allocati
         "args": {"dumps": {
             "level_of_detail": "detailed",
             "process_totals": {"resident_set_bytes": hex(process.rss_bytes)},
-            "allocators": {"malloc": {"attrs": {
-                "size": scalar(live_bytes, "bytes"),
-                "allocated_objects_size": scalar(live_bytes, "bytes"),
-                "allocated_objects_count": scalar(live_allocations, "objects"),
-            }}},
+            "allocators": allocators(process, live_bytes, live_allocations),
         }},
     })
+}
+
+/// "malloc" and, next to it, one allocator per USDT subsystem, all from the same sample.
+fn allocators(process: &Process, live_bytes: u64, live_allocations: u64) -> Value {
+    let mut allocators = serde_json::Map::new();
+    allocators.insert(
+        "malloc".into(),
+        json!({"attrs": {
+            "size": scalar(live_bytes, "bytes"),
+            "allocated_objects_size": scalar(live_bytes, "bytes"),
+            "allocated_objects_count": scalar(live_allocations, "objects"),
+        }}),
+    );
+    for (name, &bytes) in &process.usdt.subsystems {
+        // A subsystem may not hide the heap.
+        let name = if allocators.contains_key(name) {
+            format!("{name} (subsystem)")
+        } else {
+            name.clone()
+        };
+        // MemoryInfra sizes are unsigned; a subsystem reported below zero shows as empty.
+        let size = scalar(bytes.max(0) as u64, "bytes");
+        allocators.insert(name, json!({"attrs": {"size": size}}));
+    }
+    Value::Object(allocators)
 }
 
 fn scalar(value: u64, units: &str) -> Value {

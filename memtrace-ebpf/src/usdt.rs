@@ -1,0 +1,233 @@
+//! The USDT handler: one uprobe program attached at every probe site memtrace listens to.
+//!
+//! Userspace attaches each site with a BPF cookie that indexes `USDT_SPECS`; the spec says what the
+//! site means (a subsystem report or a `--usdt` counter) and where its arguments are, decoded from
+//! the note's x86-64 argument specs. Arguments are read from the saved registers (`struct pt_regs`,
+//! the program's context) or from the target's memory; nothing is ever written to the target.
+
+use core::arch::asm;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_user_str_bytes, generated::bpf_copy_from_user,
+    },
+    macros::{map, uprobe},
+    maps::{Array, HashMap},
+    programs::ProbeContext,
+    EbpfContext,
+};
+use memtrace_common::{
+    usdt_action, usdt_location, SubsystemKey, UsdtArg, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
+};
+
+#[map]
+static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
+
+/// The current value of every subsystem of every process, as last reported.
+#[map]
+static SUBSYSTEMS: HashMap<SubsystemKey, i64> = HashMap::with_max_entries(MAX_SUBSYSTEMS, 0);
+
+#[map]
+static USDT_COUNTERS: HashMap<UsdtCounterKey, UsdtCounterValue> =
+    HashMap::with_max_entries(MAX_USDT_COUNTERS, 0);
+
+/// USDT events that could not be recorded: a full map, an unreadable argument.
+#[map]
+static USDT_LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
+
+const EEXIST: i32 = 17;
+/// Size of x86-64 `struct pt_regs`; a register offset must lie inside it.
+const PT_REGS_SIZE: u16 = 168;
+
+/// Atomically adds `n` to a counter in a map value; threads of one process report from many CPUs.
+fn atomic_add(counter: *const u64, n: u64) {
+    // SAFETY: `counter` points into a map value, which stays valid while the program runs.
+    unsafe {
+        asm!(
+            "{value} = atomic_fetch_add((u64 *)({counter} + 0), {value})",
+            counter = in(reg) counter,
+            value = inout(reg) n => _,
+        );
+    }
+}
+
+fn count_loss() {
+    if let Some(lost) = USDT_LOST_EVENTS.get_ptr_mut(USDT_LOST_SLOT) {
+        atomic_add(lost, 1);
+    }
+}
+
+/// Sleepable, so that it may fault in the target's pages: a subsystem name in .rodata that the
+/// target never touched itself is not mapped yet, and a non-sleeping read of it would fail.
+#[uprobe(sleepable)]
+pub fn usdt_site(ctx: ProbeContext) -> u32 {
+    // SAFETY: the context is the uprobe's pt_regs, as the helper expects.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(spec) = USDT_SPECS.get(cookie as u32) else {
+        return 0;
+    };
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    match spec.action {
+        usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),
+        usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT => count(&ctx, tgid, spec),
+        _ => {}
+    }
+    0
+}
+
+fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
+    let (Some(name), Some(value)) = (read_arg(ctx, &spec.args[0]), read_arg(ctx, &spec.args[1]))
+    else {
+        count_loss();
+        return;
+    };
+    let mut key = SubsystemKey {
+        tgid,
+        _pad: 0,
+        name: [0; SUBSYSTEM_NAME_LEN],
+    };
+    if !read_name(name as u64, &mut key.name) {
+        count_loss();
+        return;
+    }
+    if spec.action == usdt_action::REPORT_TOTAL {
+        if SUBSYSTEMS.insert(key, value, 0).is_err() {
+            count_loss();
+        }
+        return;
+    }
+    add_delta(&key, value);
+}
+
+fn add_delta(key: &SubsystemKey, delta: i64) {
+    if let Some(current) = SUBSYSTEMS.get_ptr_mut(key) {
+        atomic_add(current as *const u64, delta as u64);
+        return;
+    }
+    match SUBSYSTEMS.insert(key, delta, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {}
+        // Another thread created it first: add to that.
+        Err(err) if err == -EEXIST => match SUBSYSTEMS.get_ptr_mut(key) {
+            Some(current) => atomic_add(current as *const u64, delta as u64),
+            None => count_loss(),
+        },
+        Err(_) => count_loss(),
+    }
+}
+
+fn count(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
+    let tracked = if spec.action == usdt_action::TRACK_ARGUMENT {
+        match read_arg(ctx, &spec.args[0]) {
+            Some(value) => Some(value),
+            None => {
+                count_loss();
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let key = UsdtCounterKey {
+        tgid,
+        counter: spec.counter,
+    };
+    let mut counter = USDT_COUNTERS.get_ptr_mut(key);
+    if counter.is_none() {
+        let _ = USDT_COUNTERS.insert(key, UsdtCounterValue::default(), u64::from(BPF_NOEXIST));
+        counter = USDT_COUNTERS.get_ptr_mut(key);
+    }
+    let Some(counter) = counter else {
+        count_loss();
+        return;
+    };
+    // SAFETY: the pointer is into a map value, valid while the program runs.
+    unsafe {
+        atomic_add(&(*counter).hits, 1);
+        if let Some(value) = tracked {
+            // A single 8-byte store: readers see the old or the new value, never a mix.
+            core::ptr::write_volatile(&raw mut (*counter).value, value);
+        }
+    }
+}
+
+/// A register's saved value, by its byte offset in pt_regs.
+fn register(ctx: &ProbeContext, offset: u16) -> Option<u64> {
+    if offset > PT_REGS_SIZE - 8 {
+        return None;
+    }
+    // The offset comes from a map, so the context cannot be read directly (the verifier allows only
+    // constant offsets into it); the helper reads it instead.
+    // SAFETY: the address lies inside the context's pt_regs, checked above.
+    unsafe { bpf_probe_read_kernel((ctx.regs as *const u8).add(offset as usize) as *const u64) }
+        .ok()
+}
+
+/// Evaluates one argument spec; None when a register or the target's memory cannot be read.
+fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> Option<i64> {
+    let raw = match arg.location {
+        usdt_location::CONSTANT => return Some(arg.value),
+        usdt_location::REGISTER => register(ctx, arg.register_offset)? >> (arg.register_shift & 8),
+        usdt_location::MEMORY => {
+            let mut address = arg.value as u64;
+            if arg.has_base != 0 {
+                address = address.wrapping_add(register(ctx, arg.register_offset)?);
+            }
+            if arg.scale != 0 {
+                let index = register(ctx, arg.index_offset)?;
+                address = address.wrapping_add(index.wrapping_mul(u64::from(arg.scale)));
+            }
+            read_user(address, arg.size)?
+        }
+        _ => return None,
+    };
+    Some(extend(raw, arg.size, arg.signed != 0))
+}
+
+/// Reads a C string into `name`, which stays zero-padded after the NUL, so equal names make equal
+/// keys. A longer name is cut (the helper always terminates it).
+fn read_name(address: u64, name: &mut [u8; SUBSYSTEM_NAME_LEN]) -> bool {
+    // The string read cannot fault pages in; a one-byte copy can. Try, fault in the first page,
+    // try again, fault in the next page (a name may cross into it), try a last time.
+    let next_page = (address + 4096) & !4095;
+    for fault_in in [0, address, next_page] {
+        if fault_in != 0 {
+            let mut byte = 0u8;
+            // SAFETY: copies one byte into a local; fails rather than faults on a bad address.
+            unsafe { bpf_copy_from_user((&raw mut byte).cast(), 1, fault_in as *const _) };
+        }
+        // SAFETY: the helper checks the user address and writes at most the buffer.
+        if unsafe { bpf_probe_read_user_str_bytes(address as *const u8, name) }.is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// Reads exactly `size` bytes: a wider read could run off the end of a mapping. The copy faults
+/// pages in as the target's own access would.
+fn read_user(address: u64, size: u8) -> Option<u64> {
+    let mut value = 0u64;
+    let size = match size {
+        1 | 2 | 4 => u32::from(size),
+        _ => 8,
+    };
+    // SAFETY: copies at most 8 bytes into a local u64 (the low bytes, little-endian).
+    let result = unsafe { bpf_copy_from_user((&raw mut value).cast(), size, address as *const _) };
+    (result == 0).then_some(value)
+}
+
+/// Keeps the low `size` bytes of `raw`, sign- or zero-extended as the spec says (`-4@` or `4@`).
+fn extend(raw: u64, size: u8, signed: bool) -> i64 {
+    match (size, signed) {
+        (1, true) => raw as i8 as i64,
+        (1, false) => raw as u8 as i64,
+        (2, true) => raw as i16 as i64,
+        (2, false) => raw as u16 as i64,
+        (4, true) => raw as i32 as i64,
+        (4, false) => raw as u32 as i64,
+        _ => raw as i64,
+    }
+}

@@ -1,0 +1,333 @@
+//! `--pprof PATH`: a gzipped profile.proto (github.com/google/pprof/blob/main/proto/profile.proto)
+//! with the sample types alloc_objects, alloc_space, inuse_objects and inuse_space, one sample per
+//! (process, call stack), labelled with the pid and command name.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use super::Exporter;
+use crate::{
+    model::{Model, RunEnd},
+    symbolize::Frame,
+};
+
+pub struct PprofFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl PprofFile {
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).with_context(|| {
+            format!(
+                "cannot write the pprof profile to {}; choose another path with --pprof",
+                path.display()
+            )
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
+    }
+}
+
+impl Exporter for PprofFile {
+    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
+        let profile = build_profile(model, end);
+        let mut gzip = GzEncoder::new(&mut self.file, Compression::default());
+        gzip.write_all(&profile.encode_to_vec())?;
+        gzip.finish()
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        Ok(())
+    }
+}
+
+fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
+    let mut builder = ProfileBuilder::default();
+    builder.string(""); // string_table[0] must be empty
+    let sample_type = [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ]
+    .map(|(kind, unit)| builder.value_type(kind, unit))
+    .to_vec();
+    let pid_key = builder.string("pid");
+    let comm_key = builder.string("comm");
+    let mut samples = Vec::new();
+    for process in model.processes.values() {
+        let comm = builder.string(&process.comm);
+        for stack in &process.stacks {
+            samples.push(proto::Sample {
+                location_id: stack.frames.iter().map(|f| builder.location(f)).collect(),
+                value: vec![
+                    stack.totals.allocations as i64,
+                    stack.totals.allocated_bytes as i64,
+                    stack.totals.live_allocations,
+                    stack.totals.live_bytes,
+                ],
+                label: vec![
+                    proto::Label {
+                        key: pid_key,
+                        num: i64::from(process.pid),
+                        ..Default::default()
+                    },
+                    proto::Label {
+                        key: comm_key,
+                        str: comm,
+                        ..Default::default()
+                    },
+                ],
+            });
+        }
+    }
+    let period_type = Some(builder.value_type("space", "bytes"));
+    let default_sample_type = builder.string("inuse_space");
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        location: builder.locations,
+        function: builder.functions,
+        string_table: builder.strings,
+        duration_nanos: end.duration.as_nanos() as i64,
+        period_type,
+        period: 1,
+        default_sample_type,
+    }
+}
+
+/// Interns strings, functions and locations, as the format wants them referenced by index or id.
+#[derive(Default)]
+struct ProfileBuilder {
+    strings: Vec<String>,
+    string_ids: HashMap<String, i64>,
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(String, String), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<(String, u64), u64>,
+}
+
+impl ProfileBuilder {
+    fn string(&mut self, text: &str) -> i64 {
+        if let Some(&id) = self.string_ids.get(text) {
+            return id;
+        }
+        let id = self.strings.len() as i64;
+        self.strings.push(text.to_owned());
+        self.string_ids.insert(text.to_owned(), id);
+        id
+    }
+
+    fn value_type(&mut self, kind: &str, unit: &str) -> proto::ValueType {
+        proto::ValueType {
+            r#type: self.string(kind),
+            unit: self.string(unit),
+        }
+    }
+
+    fn function(&mut self, frame: &Frame) -> u64 {
+        let name = frame.name();
+        let file = frame.file.clone().unwrap_or_default();
+        if let Some(&id) = self.function_ids.get(&(name.clone(), file.clone())) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
+        let (name_id, file_id) = (self.string(&name), self.string(&file));
+        self.functions.push(proto::Function {
+            id,
+            name: name_id,
+            system_name: name_id,
+            filename: file_id,
+            start_line: 0,
+        });
+        self.function_ids.insert((name, file), id);
+        id
+    }
+
+    fn location(&mut self, frame: &Frame) -> u64 {
+        let key = (frame.module.clone(), frame.offset);
+        if let Some(&id) = self.location_ids.get(&key) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1;
+        let function_id = self.function(frame);
+        self.locations.push(proto::Location {
+            id,
+            mapping_id: 0,
+            address: frame.offset,
+            line: vec![proto::Line {
+                function_id,
+                line: frame.line.map_or(0, i64::from),
+            }],
+        });
+        self.location_ids.insert(key, id);
+        id
+    }
+}
+
+/// The subset of profile.proto memtrace writes, with the upstream field numbers.
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use memtrace_common::StackTotals;
+
+    use super::*;
+    use crate::model::StackProfile;
+
+    #[test]
+    fn profile_round_trips_with_interned_strings_and_locations() {
+        let mut model = Model::default();
+        model.add_process(9, "app".into(), "/libc".into());
+        let frame = |name: &str, offset| Frame {
+            function: Some(name.into()),
+            file: Some("app.c".into()),
+            line: Some(3),
+            module: "/app".into(),
+            offset,
+        };
+        let totals = StackTotals {
+            allocations: 4,
+            allocated_bytes: 400,
+            live_allocations: 1,
+            live_bytes: 100,
+        };
+        let stack = |frames| StackProfile {
+            frames,
+            totals,
+            leaked_bytes: 0,
+            leaked_allocations: 0,
+            oldest_age: None,
+        };
+        model.processes.get_mut(&9).unwrap().stacks = vec![
+            stack(vec![frame("leak", 0x10), frame("main", 0x20)]),
+            stack(vec![frame("main", 0x30)]),
+        ];
+        let profile = build_profile(
+            &model,
+            RunEnd {
+                duration: Duration::from_secs(1),
+            },
+        );
+        let decoded = proto::Profile::decode(&*profile.encode_to_vec()).unwrap();
+        assert_eq!(decoded, profile);
+        assert_eq!(decoded.string_table[0], "");
+        let types: Vec<&str> = decoded
+            .sample_type
+            .iter()
+            .map(|t| decoded.string_table[t.r#type as usize].as_str())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "alloc_objects",
+                "alloc_space",
+                "inuse_objects",
+                "inuse_space"
+            ]
+        );
+        assert_eq!(decoded.sample.len(), 2);
+        assert_eq!(decoded.sample[0].value, [4, 400, 1, 100]);
+        assert_eq!(decoded.location.len(), 3, "one location per distinct frame");
+        assert_eq!(
+            decoded.function.len(),
+            2,
+            "main is one function at two offsets"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! Turns captured stacks into function names. The kernel resolves most frames to (build ID, file
+//! offset) while the process is alive, so a process that has exited is still symbolized: its files
+//! are found by build ID among the objects the traced processes mapped. Frames with only an address
+//! are placed through the process's last known mappings. A frame never resolved is kept as
+//! module+offset or as a bare address, never dropped.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolized, Symbolizer,
+};
+use memtrace_common::{StackFrames, FRAME_BUILD_ID, FRAME_IP};
+use object::Object;
+
+use crate::procfs::Mapping;
+
+/// One resolved stack frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled function name, when the object has symbols for the address.
+    pub function: Option<String>,
+    /// Source file and line, when the object has debug information.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// The object file (or a description of it when it could not be found).
+    pub module: String,
+    /// File offset within `module`, or the virtual address when the module is unknown.
+    pub offset: u64,
+}
+
+impl Frame {
+    /// The function name, or module+offset where there is none.
+    pub fn name(&self) -> String {
+        match &self.function {
+            Some(function) => function.clone(),
+            None => {
+                let module = Path::new(&self.module)
+                    .file_name()
+                    .map_or(self.module.as_str(), |n| {
+                        n.to_str().unwrap_or(self.module.as_str())
+                    });
+                format!("{module}+{:#x}", self.offset)
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct StackSymbolizer {
+    symbolizer: Symbolizer,
+    /// Build ID (zero-padded to 20 bytes as the kernel reports it) -> a readable path of the file.
+    build_ids: HashMap<[u8; 20], PathBuf>,
+    indexed: HashSet<PathBuf>,
+}
+
+impl StackSymbolizer {
+    /// Remembers the build ID of an object file a traced process maps. `readable` is where memtrace
+    /// can open it now (through /proc/PID/root); `stable` is where it stays readable after the
+    /// process exits, if anywhere.
+    pub fn index(&mut self, readable: &Path, stable: &Path) {
+        if !self.indexed.insert(readable.to_owned()) {
+            return;
+        }
+        let Some(build_id) = read_build_id(readable) else {
+            return;
+        };
+        let keep = if read_build_id(stable) == Some(build_id) {
+            stable
+        } else {
+            readable
+        };
+        self.build_ids
+            .entry(build_id)
+            .or_insert_with(|| keep.to_owned());
+    }
+
+    /// Resolves the frames of a stack, innermost first.
+    pub fn resolve(&self, stack: &StackFrames, mappings: &[Mapping]) -> Vec<Frame> {
+        stack
+            .frames
+            .iter()
+            .map_while(|frame| match frame.status {
+                FRAME_BUILD_ID => Some(self.resolve_build_id(&frame.build_id, frame.offset_or_ip)),
+                FRAME_IP => Some(self.resolve_address(frame.offset_or_ip, mappings)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Frame {
+        match self.build_ids.get(build_id) {
+            Some(path) => self.symbolize(path, offset),
+            None => {
+                let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+                unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset)
+            }
+        }
+    }
+
+    fn resolve_address(&self, address: u64, mappings: &[Mapping]) -> Frame {
+        match mappings
+            .iter()
+            .find(|m| (m.start..m.end).contains(&address))
+        {
+            Some(mapping) => {
+                self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset)
+            }
+            None => unresolved("[unknown]".to_owned(), address),
+        }
+    }
+
+    fn symbolize(&self, path: &Path, offset: u64) -> Frame {
+        // Frames are return addresses; the call instruction ends just before.
+        let lookup = offset.saturating_sub(1);
+        let source = Source::Elf(Elf::new(path));
+        let mut frame = unresolved(path.display().to_string(), offset);
+        if let Ok(Symbolized::Sym(sym)) = self
+            .symbolizer
+            .symbolize_single(&source, Input::FileOffset(lookup))
+        {
+            frame.function = Some(sym.name.into_owned());
+            if let Some(code) = sym.code_info {
+                frame.file = Some(code.file.to_string_lossy().into_owned());
+                frame.line = code.line;
+            }
+        }
+        frame
+    }
+}
+
+fn unresolved(module: String, offset: u64) -> Frame {
+    Frame {
+        function: None,
+        file: None,
+        line: None,
+        module,
+        offset,
+    }
+}
+
+fn read_build_id(path: &Path) -> Option<[u8; 20]> {
+    let data = std::fs::read(path).ok()?;
+    let id = object::File::parse(&*data).ok()?.build_id().ok()??;
+    let mut padded = [0u8; 20];
+    let len = id.len().min(20);
+    padded[..len].copy_from_slice(&id[..len]);
+    Some(padded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtrace_common::{StackFrame, FRAME_EMPTY, STACK_DEPTH};
+
+    const EMPTY: StackFrame = StackFrame {
+        status: FRAME_EMPTY,
+        build_id: [0; 20],
+        offset_or_ip: 0,
+    };
+
+    #[test]
+    fn unknown_frames_are_kept_as_module_and_offset() {
+        let mut stack = StackFrames {
+            frames: [EMPTY; STACK_DEPTH],
+        };
+        stack.frames[0] = StackFrame {
+            status: FRAME_BUILD_ID,
+            build_id: [0xab; 20],
+            offset_or_ip: 0x1234,
+        };
+        stack.frames[1] = StackFrame {
+            status: FRAME_IP,
+            build_id: [0; 20],
+            offset_or_ip: 0x7fff_0000,
+        };
+        let frames = StackSymbolizer::default().resolve(&stack, &[]);
+        assert_eq!(frames.len(), 2, "frames stop at the first empty one");
+        assert_eq!(
+            frames[0].name(),
+            format!("[build-id {}]+0x1234", "ab".repeat(20))
+        );
+        assert_eq!(frames[1].name(), "[unknown]+0x7fff0000");
+    }
+
+    #[test]
+    fn own_functions_resolve_by_build_id() {
+        let exe = std::env::current_exe().unwrap();
+        let mut symbolizer = StackSymbolizer::default();
+        symbolizer.index(&exe, &exe);
+        let build_id = read_build_id(&exe).expect("rustc links test binaries with a build ID");
+        // Find this function's file offset through our own mappings.
+        let address = own_functions_resolve_by_build_id as fn() as usize as u64;
+        let mappings = crate::procfs::mappings(std::process::id()).unwrap();
+        let mapping = mappings
+            .iter()
+            .find(|m| (m.start..m.end).contains(&address))
+            .unwrap();
+        let offset = address - mapping.start + mapping.file_offset;
+        let frame = symbolizer.resolve_build_id(&build_id, offset + 1);
+        assert!(
+            frame.name().contains("own_functions_resolve_by_build_id"),
+            "{frame:?}"
+        );
+    }
+}

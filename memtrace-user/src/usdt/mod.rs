@@ -1,0 +1,534 @@
+//! USDT: statically defined probes in the traced programs (<sys/sdt.h>, include/memtrace.h).
+//!
+//! memtrace finds the probe sites in the `.note.stapsdt` notes of every object a target maps (or, for
+//! a command not started yet, its executable and the libraries it needs), attaches its one USDT
+//! handler at each site it wants, with a BPF cookie that indexes the site's spec in `USDT_SPECS`, and
+//! reads the handler's maps at every sample:
+//! - every `memtrace:report_total` / `memtrace:report_delta` site, for subsystem counters;
+//! - the sites of each `--usdt [PATH:]PROVIDER:NAME[=argN]`, for hit counts or an argument's value.
+
+pub mod args;
+pub mod attach;
+pub mod list;
+pub mod notes;
+pub mod objects;
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+use aya::maps::{Array, HashMap, MapData, MapError};
+use memtrace_common::{
+    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS,
+    USDT_LOST_SLOT,
+};
+
+use self::{
+    args::SiteContext,
+    attach::{attach_site, Scope, SiteLink},
+    notes::{ElfProbes, ProbeSite},
+    objects::{file_identity, ObjectFile},
+};
+use crate::{
+    model::{Model, UsdtProbeCounter},
+    probes::Probes,
+};
+
+/// The provider include/memtrace.h emits.
+pub const MEMTRACE_PROVIDER: &str = "memtrace";
+const REPORT_TOTAL: &str = "report_total";
+const REPORT_DELTA: &str = "report_delta";
+const HANDLER_PROGRAM: &str = "usdt_site";
+
+/// One `--usdt [PATH:]PROVIDER:NAME[=argN]` option.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsdtRequest {
+    /// The option as written; names the counter in the trace and the summary.
+    pub label: String,
+    /// Only sites in this object: a path (with a `/`) or a file name.
+    pub path: Option<PathBuf>,
+    pub provider: String,
+    pub name: String,
+    /// Track this argument (0-based, as in `arg0`) instead of only counting hits.
+    pub argument: Option<usize>,
+}
+
+impl UsdtRequest {
+    /// Parses the option's value; the error says what a valid one looks like.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let usage = "write [PATH:]PROVIDER:NAME or [PATH:]PROVIDER:NAME=argN, e.g. \
+                     --usdt myapp:request_done or --usdt ./libfoo.so:foo:alloc=arg1";
+        let (probe, argument) = match text.rsplit_once('=') {
+            Some((probe, arg)) => {
+                let index = arg
+                    .strip_prefix("arg")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|&n| n < 12)
+                    .ok_or_else(|| {
+                        format!(
+                            "`{arg}` in `{text}` is not an argument: write arg0 ... arg11 \
+                             (arg0 is the first argument)"
+                        )
+                    })?;
+                (probe, Some(index))
+            }
+            None => (text, None),
+        };
+        let mut parts = probe.rsplitn(3, ':');
+        let name = parts.next().unwrap_or_default();
+        let provider = parts.next().unwrap_or_default();
+        let path = parts.next();
+        let valid = |part: &str| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+        };
+        if !valid(provider) || !valid(name) {
+            return Err(format!("`{text}` is not a USDT probe; {usage}"));
+        }
+        if path.is_some_and(str::is_empty) {
+            return Err(format!("`{text}` has an empty PATH; {usage}"));
+        }
+        Ok(Self {
+            label: text.to_owned(),
+            path: path.map(PathBuf::from),
+            provider: provider.to_owned(),
+            name: name.to_owned(),
+            argument,
+        })
+    }
+
+    fn matches(&self, site: &ProbeSite) -> bool {
+        site.provider == self.provider && site.name == self.name
+    }
+
+    /// Whether this request's PATH (if any) names `object`.
+    fn wants_object(&self, object: &ObjectFile, explicit: &[(u64, u64)]) -> bool {
+        let Some(path) = &self.path else {
+            return true;
+        };
+        if path.to_string_lossy().contains('/') {
+            file_identity(&object.host_path).is_some_and(|id| explicit.contains(&id))
+        } else {
+            object.path.file_name() == Some(path.as_os_str())
+        }
+    }
+}
+
+/// The USDT side of the probes: every attached site, and what reading their maps needs.
+#[derive(Default)]
+pub struct UsdtProbes {
+    requests: Vec<UsdtRequest>,
+    /// Whether each request found at least one site.
+    found: Vec<bool>,
+    links: Vec<SiteLink>,
+    next_spec: u32,
+}
+
+impl UsdtProbes {
+    pub fn new(requests: Vec<UsdtRequest>) -> Self {
+        Self {
+            found: vec![false; requests.len()],
+            requests,
+            ..Self::default()
+        }
+    }
+}
+
+/// What one site is attached for.
+struct Use {
+    action: u32,
+    counter: u32,
+    argument: Option<usize>,
+}
+
+/// Attaches to the probe sites of every object process `pid` maps, and the objects `--usdt` names.
+pub fn attach_process(probes: &mut Probes, pid: u32) -> Result<()> {
+    let mut objects = objects::of_process(pid)?;
+    let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| {
+        if path.is_absolute() {
+            crate::procfs::in_root_of(pid, path)
+        } else {
+            path.to_owned()
+        }
+    })?;
+    attach_objects(probes, &objects, &named, Scope::Process(pid))
+}
+
+/// Attaches, for the held child `pid`, to the probe sites of the command's executable and of the
+/// libraries it needs; the kernel places them as exec maps the files.
+pub fn attach_command(probes: &mut Probes, program: &Path, pid: u32) -> Result<()> {
+    let mut objects = objects::of_command(program);
+    let named = add_named_objects(&probes.usdt.requests, &mut objects, Path::to_owned)?;
+    attach_objects(probes, &objects, &named, Scope::Process(pid))
+}
+
+/// Adds each file a `--usdt PATH:...` names by path, mapped yet or not: a uprobe on a file fires in
+/// the traced process whenever it maps that file, even later (dlopen). Returns the identities of
+/// the files named by path.
+fn add_named_objects(
+    requests: &[UsdtRequest],
+    objects: &mut Vec<ObjectFile>,
+    host_path: impl Fn(&Path) -> PathBuf,
+) -> Result<Vec<(u64, u64)>> {
+    let mut named = Vec::new();
+    for request in requests {
+        let Some(path) = &request.path else { continue };
+        if !path.to_string_lossy().contains('/') {
+            continue;
+        }
+        let host = host_path(path);
+        let Some(identity) = file_identity(&host) else {
+            bail!(
+                "--usdt {}: {} does not exist; give the path of the executable or library that \
+                 has the probe",
+                request.label,
+                path.display()
+            );
+        };
+        named.push(identity);
+        if !objects
+            .iter()
+            .any(|o| file_identity(&o.host_path) == Some(identity))
+        {
+            objects.push(ObjectFile {
+                path: path.clone(),
+                host_path: host,
+            });
+        }
+    }
+    Ok(named)
+}
+
+fn attach_objects(
+    probes: &mut Probes,
+    objects: &[ObjectFile],
+    explicit: &[(u64, u64)],
+    scope: Scope,
+) -> Result<()> {
+    let mut seen = HashSet::new();
+    for object in objects {
+        // Two paths (a symlink, /proc/PID/root) may name one file; uprobes are per file.
+        if let Some(identity) = file_identity(&object.host_path) {
+            if !seen.insert(identity) {
+                continue;
+            }
+        }
+        let named = probes
+            .usdt
+            .requests
+            .iter()
+            .any(|r| r.path.is_some() && r.wants_object(object, explicit));
+        let Ok(data) = fs::read(&object.host_path) else {
+            if named {
+                bail!("cannot read {}", object.path.display());
+            }
+            continue;
+        };
+        let elf = match notes::parse_elf(&data) {
+            Ok(elf) => elf,
+            // Not ours to judge unless a --usdt option names it.
+            Err(err) if !named => {
+                let _ = err;
+                continue;
+            }
+            Err(err) => {
+                return Err(err).with_context(|| format!("reading {}", object.path.display()))
+            }
+        };
+        if named && elf.sites.is_empty() {
+            bail!(
+                "{} has no USDT probes (no .note.stapsdt section); build it with <sys/sdt.h> \
+                 probes, or list what a process has with `memtrace usdt --pid PID`",
+                object.path.display()
+            );
+        }
+        for site in &elf.sites {
+            for site_use in uses_of(&probes.usdt.requests, site, object, explicit) {
+                attach_use(probes, object, &elf, site, &site_use, scope)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn uses_of(
+    requests: &[UsdtRequest],
+    site: &ProbeSite,
+    object: &ObjectFile,
+    explicit: &[(u64, u64)],
+) -> Vec<Use> {
+    let mut uses = Vec::new();
+    if site.provider == MEMTRACE_PROVIDER {
+        let action = match site.name.as_str() {
+            REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
+            REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
+            _ => None,
+        };
+        if let Some(action) = action {
+            uses.push(Use {
+                action,
+                counter: 0,
+                argument: None,
+            });
+        }
+    }
+    for (index, request) in requests.iter().enumerate() {
+        if request.matches(site) && request.wants_object(object, explicit) {
+            uses.push(Use {
+                action: if request.argument.is_some() {
+                    usdt_action::TRACK_ARGUMENT
+                } else {
+                    usdt_action::COUNT_HITS
+                },
+                counter: index as u32,
+                argument: request.argument,
+            });
+        }
+    }
+    uses
+}
+
+fn attach_use(
+    probes: &mut Probes,
+    object: &ObjectFile,
+    elf: &ElfProbes,
+    site: &ProbeSite,
+    site_use: &Use,
+    scope: Scope,
+) -> Result<()> {
+    let where_ = || {
+        format!(
+            "probe {} in {} at offset {:#x}",
+            site.full_name(),
+            object.path.display(),
+            site.offset
+        )
+    };
+    let specs = match args::parse_all(&site.arguments) {
+        Ok(specs) => specs,
+        Err(err) if site_use.action == usdt_action::COUNT_HITS => {
+            // Counting hits needs no argument.
+            let _ = err;
+            Vec::new()
+        }
+        Err(err) => return Err(err).with_context(where_),
+    };
+    let symbol_address = |name: &str| elf.symbol_address(name);
+    let context = SiteContext {
+        address: site.address,
+        symbol_address: &symbol_address,
+    };
+    let mut spec = UsdtSpec {
+        action: site_use.action,
+        counter: site_use.counter,
+        ..UsdtSpec::default()
+    };
+    match site_use.action {
+        usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => {
+            if specs.len() != 2 {
+                eprintln!(
+                    "memtrace: warning: skipping {}: it has {} arguments, not (subsystem, bytes)",
+                    where_(),
+                    specs.len()
+                );
+                return Ok(());
+            }
+            for (slot, arg) in spec.args.iter_mut().zip(&specs) {
+                *slot = arg.to_bpf(&context).with_context(where_)?;
+            }
+        }
+        usdt_action::TRACK_ARGUMENT => {
+            let index = site_use.argument.unwrap_or(0);
+            let Some(arg) = specs.get(index) else {
+                bail!(
+                    "--usdt {}: {} has {} argument{}, so there is no arg{index} (arguments \
+                     count from arg0)",
+                    probes.usdt.requests[site_use.counter as usize].label,
+                    where_(),
+                    specs.len(),
+                    if specs.len() == 1 { "" } else { "s" }
+                );
+            };
+            spec.args[0] = arg.to_bpf(&context).with_context(where_)?;
+        }
+        _ => {}
+    }
+    let index = probes.usdt.next_spec;
+    if index >= MAX_USDT_SPECS {
+        bail!("more than {MAX_USDT_SPECS} USDT probe sites to attach; name fewer with --usdt");
+    }
+    {
+        let mut table: Array<&mut MapData, UsdtSpec> =
+            Array::try_from(probes.map_mut("USDT_SPECS")?)?;
+        table
+            .set(index, spec, 0)
+            .context("writing a USDT site's spec")?;
+    }
+    let program = probes.program_fd(HANDLER_PROGRAM)?;
+    let link = attach_site(
+        program.as_fd(),
+        &object.host_path,
+        site.offset,
+        site.semaphore_offset,
+        scope,
+        u64::from(index),
+    )
+    .with_context(where_)?;
+    probes.usdt.next_spec += 1;
+    probes.usdt.links.push(link);
+    if matches!(
+        site_use.action,
+        usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT
+    ) {
+        probes.usdt.found[site_use.counter as usize] = true;
+    }
+    Ok(())
+}
+
+/// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
+pub fn check_requests_found(probes: &Probes, targets: &str) -> Result<()> {
+    let usdt = &probes.usdt;
+    if let Some(missing) = usdt
+        .requests
+        .iter()
+        .zip(&usdt.found)
+        .find(|(_, found)| !**found)
+        .map(|(request, _)| request)
+    {
+        bail!(
+            "--usdt {}: no USDT probe {}:{} in {targets}{}; list the probes with `memtrace usdt \
+             --pid PID` or `memtrace usdt PATH`",
+            missing.label,
+            missing.provider,
+            missing.name,
+            missing
+                .path
+                .as_ref()
+                .map(|p| format!(" (in {})", p.display()))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
+pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
+    let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
+    let table: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    // An entry removed between two steps of the walk is no error.
+    for entry in table
+        .iter()
+        .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
+    {
+        let (key, value) = entry.context("reading the USDT subsystem map")?;
+        subsystems
+            .entry(key.tgid)
+            .or_default()
+            .insert(subsystem_name(&key.name), value);
+    }
+    let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
+    let table: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    for entry in table
+        .iter()
+        .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
+    {
+        let (key, value) = entry.context("reading the USDT counter map")?;
+        let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
+            continue;
+        };
+        counters.entry(key.tgid).or_default().insert(
+            request.label.clone(),
+            UsdtProbeCounter {
+                hits: value.hits,
+                value: request.argument.map(|_| value.value),
+            },
+        );
+    }
+    for (pid, process) in &mut model.processes {
+        let figures = &mut process.usdt;
+        if let Some(subsystems) = subsystems.remove(pid) {
+            figures.subsystems = subsystems;
+        }
+        // Every requested counter shows, at 0 before the first hit.
+        for request in &probes.usdt.requests {
+            figures
+                .probes
+                .entry(request.label.clone())
+                .or_insert(UsdtProbeCounter {
+                    hits: 0,
+                    value: request.argument.map(|_| 0),
+                });
+        }
+        if let Some(counters) = counters.remove(pid) {
+            figures.probes.extend(counters);
+        }
+    }
+    let lost: Array<&MapData, u64> = Array::try_from(probes.map("USDT_LOST_EVENTS")?)?;
+    model.usdt_lost_events = lost.get(&USDT_LOST_SLOT, 0)?;
+    Ok(())
+}
+
+/// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
+fn subsystem_name(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usdt_options() {
+        let request = UsdtRequest::parse("myapp:tick").unwrap();
+        assert_eq!(
+            (
+                request.path,
+                request.provider.as_str(),
+                request.name.as_str(),
+                request.argument
+            ),
+            (None, "myapp", "tick", None)
+        );
+        let request = UsdtRequest::parse("./lib/libfoo.so:foo:alloc=arg1").unwrap();
+        assert_eq!(request.path, Some(PathBuf::from("./lib/libfoo.so")));
+        assert_eq!(
+            (request.provider.as_str(), request.name.as_str()),
+            ("foo", "alloc")
+        );
+        assert_eq!(request.argument, Some(1));
+        assert_eq!(request.label, "./lib/libfoo.so:foo:alloc=arg1");
+        let request = UsdtRequest::parse("/a:b/c:p:n").unwrap();
+        assert_eq!(request.path, Some(PathBuf::from("/a:b/c")));
+        for bad in [
+            "",
+            "tick",
+            ":tick",
+            "p:",
+            "p:n=1",
+            "p:n=arg",
+            "p:n=arg99",
+            "p:n=argx",
+            ":p:n",
+            "p:n/x",
+            "p q:n",
+        ] {
+            let err = UsdtRequest::parse(bad).unwrap_err();
+            assert!(err.contains("write"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn subsystem_names_stop_at_nul() {
+        assert_eq!(subsystem_name(b"textures\0\0\0"), "textures");
+        assert_eq!(subsystem_name(b"full"), "full");
+        assert_eq!(subsystem_name(b"\0"), "");
+    }
+}
