@@ -43,7 +43,7 @@ pub fn setup() -> Result<()> {
     if !on_path("bpf-linker") {
         eprintln!("xtask: installing bpf-linker 0.13 from crates.io, linked against LLVM 22 (takes a few minutes)");
         run(cargo()
-            .args(["install", "bpf-linker", "--locked", "--version", "^0.13"])
+            .args(["install", "bpf-linker", "--version", "^0.13"])
             .args(["--no-default-features", "--features", "llvm-22"])
             .env("LLVM_PREFIX", LLVM_PREFIX))?;
     }
