@@ -1,7 +1,9 @@
-//! Finds the object that provides a process's allocator and the file offsets of its entry points.
+//! Finds the object that provides a process's allocator as the dynamic linker resolves `malloc`
+//! (the executable itself, an LD_PRELOADed or linked jemalloc, tcmalloc or mimalloc, or the C
+//! library), and the file offsets of its entry points.
 
 use std::{
-    collections::HashSet,
+    collections::{HashSet, VecDeque},
     fs,
     path::{Path, PathBuf},
 };
@@ -9,61 +11,73 @@ use std::{
 use anyhow::{bail, Context, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 use memtrace_common::AllocatorFunction;
-use object::{elf, read::elf::ProgramHeader as _, Endianness, Object, ObjectSymbol};
 
-use crate::procfs;
+use crate::{elf::ElfObject, procfs};
 
-/// An allocator entry point and the glibc symbol that names it.
+/// An allocator entry point and the symbol that names it, without any prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntryPoint {
     pub function: AllocatorFunction,
     pub symbol: &'static str,
 }
 
+const fn entry(function: AllocatorFunction, symbol: &'static str) -> EntryPoint {
+    EntryPoint { function, symbol }
+}
+
 /// Every entry point memtrace probes. Where symbols alias (glibc's aligned_alloc is memalign), the
 /// first one listed is attached and the others are skipped, so that a call is counted once.
-pub const ENTRY_POINTS: [EntryPoint; 10] = [
-    EntryPoint {
-        function: AllocatorFunction::Malloc,
-        symbol: "malloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Calloc,
-        symbol: "calloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Realloc,
-        symbol: "realloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Reallocarray,
-        symbol: "reallocarray",
-    },
-    EntryPoint {
-        function: AllocatorFunction::PosixMemalign,
-        symbol: "posix_memalign",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Memalign,
-        symbol: "memalign",
-    },
-    EntryPoint {
-        function: AllocatorFunction::AlignedAlloc,
-        symbol: "aligned_alloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Valloc,
-        symbol: "valloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Pvalloc,
-        symbol: "pvalloc",
-    },
-    EntryPoint {
-        function: AllocatorFunction::Free,
-        symbol: "free",
-    },
+/// jemalloc's non-standard API maps onto the same accounting: mallocx allocates like malloc,
+/// rallocx moves like realloc, sdallocx and dallocx free.
+pub const ENTRY_POINTS: [EntryPoint; 14] = [
+    entry(AllocatorFunction::Malloc, "malloc"),
+    entry(AllocatorFunction::Calloc, "calloc"),
+    entry(AllocatorFunction::Realloc, "realloc"),
+    entry(AllocatorFunction::Reallocarray, "reallocarray"),
+    entry(AllocatorFunction::PosixMemalign, "posix_memalign"),
+    entry(AllocatorFunction::Memalign, "memalign"),
+    entry(AllocatorFunction::AlignedAlloc, "aligned_alloc"),
+    entry(AllocatorFunction::Valloc, "valloc"),
+    entry(AllocatorFunction::Pvalloc, "pvalloc"),
+    entry(AllocatorFunction::Free, "free"),
+    entry(AllocatorFunction::Malloc, "mallocx"),
+    entry(AllocatorFunction::Realloc, "rallocx"),
+    entry(AllocatorFunction::Free, "sdallocx"),
+    entry(AllocatorFunction::Free, "dallocx"),
 ];
+
+/// Symbol prefixes of allocators built to live beside the system one, and their names.
+const KNOWN_PREFIXES: [(&str, &str); 4] = [
+    ("je_", "jemalloc"),
+    ("tc_", "tcmalloc"),
+    ("mi_", "mimalloc"),
+    ("_rjem_", "jemalloc (Rust)"),
+];
+
+/// What the user said about the allocator: `--lib PATH` and `--allocator NAME|PREFIX`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// The object to probe, as the target sees its path.
+    pub lib: Option<PathBuf>,
+    /// The symbol prefix of its entry points ("" for plain malloc).
+    pub prefix: Option<String>,
+}
+
+impl Overrides {
+    /// `--allocator`: a known allocator's name or a literal symbol prefix.
+    pub fn prefix_for(name: &str) -> String {
+        match name {
+            // Allocators that replace the system one export plain malloc.
+            "glibc" | "libc" | "system" | "jemalloc" | "tcmalloc" | "mimalloc" => "",
+            "je" => "je_",
+            "tc" => "tc_",
+            "mi" => "mi_",
+            "rust-jemalloc" | "rjem" => "_rjem_",
+            prefix => prefix,
+        }
+        .to_owned()
+    }
+}
 
 /// An entry point located in the allocator's file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +92,8 @@ pub struct ResolvedEntryPoint {
 /// The object a process's allocator lives in, with its entry points.
 #[derive(Debug, Clone)]
 pub struct Allocator {
+    /// "glibc", "jemalloc", ... or "malloc in <file>" for an executable's own.
+    pub kind: String,
     /// The path as the target sees it, for reports.
     pub path: PathBuf,
     /// The path to open from memtrace's mount namespace.
@@ -85,60 +101,118 @@ pub struct Allocator {
     pub entry_points: Vec<ResolvedEntryPoint>,
 }
 
+/// An object file a process maps or will map, in the dynamic linker's search order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ObjectFile {
+    path: PathBuf,
+    host_path: PathBuf,
+}
+
 impl Allocator {
-    /// The allocator of a running process: the executable when it defines malloc itself (a static or
-    /// interposing binary), otherwise the C library it maps.
-    pub fn of_process(pid: u32) -> Result<Self> {
-        let mappings = procfs::mappings(pid)
-            .with_context(|| format!("reading /proc/{pid}/maps (is pid {pid} still running?)"))?;
-        let executable = fs::read_link(format!("/proc/{pid}/exe"))
-            .with_context(|| format!("reading /proc/{pid}/exe"))?;
-        let mut candidates = vec![executable];
-        candidates.extend(
-            mappings
-                .into_iter()
-                .map(|m| m.path)
-                .filter(|path| is_libc(path)),
-        );
-        for path in candidates {
-            let host_path = procfs::in_root_of(pid, &path);
-            if let Some(allocator) = Self::from_file(&path, &host_path)? {
+    /// The allocator of a running process, read through /proc/PID/root (containers see other files).
+    pub fn of_process(pid: u32, overrides: &Overrides) -> Result<Self> {
+        let objects = link_order_of_process(pid)?;
+        let lib = overrides.lib.as_ref().map(|lib| ObjectFile {
+            path: lib.clone(),
+            host_path: procfs::in_root_of(pid, lib),
+        });
+        choose(&objects, lib, overrides.prefix.as_deref())
+            .with_context(|| format!("finding the allocator of pid {pid}"))
+    }
+
+    /// The allocator a command will use once it runs, found by resolving its dependencies the way
+    /// the dynamic linker will.
+    pub fn of_command(program: &Path, overrides: &Overrides) -> Result<Self> {
+        let objects = link_order_of_command(program)?;
+        let lib = overrides.lib.as_ref().map(|lib| ObjectFile {
+            path: lib.clone(),
+            host_path: lib.clone(),
+        });
+        choose(&objects, lib, overrides.prefix.as_deref())
+            .with_context(|| format!("finding the allocator of {}", program.display()))
+    }
+
+    fn from_object(object: &ObjectFile, prefix: &str) -> Result<Option<Self>> {
+        let data = fs::read(&object.host_path)
+            .with_context(|| format!("reading {}", object.host_path.display()))?;
+        let elf = ElfObject::parse(&data)
+            .with_context(|| format!("parsing {}", object.path.display()))?;
+        let entry_points = resolve_entry_points(&elf, prefix)
+            .with_context(|| format!("reading the symbols of {}", object.path.display()))?;
+        let defines_malloc = entry_points.iter().any(|e| e.entry.symbol == "malloc");
+        Ok(defines_malloc.then(|| Self {
+            kind: kind_of(&object.path, prefix),
+            path: object.path.clone(),
+            host_path: object.host_path.clone(),
+            entry_points,
+        }))
+    }
+}
+
+/// The first object in search order that defines malloc wins, as it does for the dynamic linker.
+/// Failing that, an allocator with a known prefix anywhere (e.g. Rust's jemallocator in the
+/// executable) is the one the program calls.
+fn choose(
+    objects: &[ObjectFile],
+    lib: Option<ObjectFile>,
+    prefix: Option<&str>,
+) -> Result<Allocator> {
+    if let Some(lib) = lib {
+        let prefixes: Vec<&str> = match prefix {
+            Some(prefix) => vec![prefix],
+            None => std::iter::once("")
+                .chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p))
+                .collect(),
+        };
+        for prefix in prefixes {
+            if let Some(allocator) = Allocator::from_object(&lib, prefix)? {
                 return Ok(allocator);
             }
         }
         bail!(
-            "pid {pid} maps no allocator memtrace knows (no malloc in its executable or C library)"
-        )
+            "{} defines no {}malloc; name the symbol prefix with --allocator (e.g. --allocator je_)",
+            lib.path.display(),
+            prefix.unwrap_or("")
+        );
     }
-
-    /// The allocator a command will use once it runs: its executable when that defines malloc,
-    /// otherwise the C library memtrace itself runs on, which the dynamic linker resolves alike.
-    pub fn of_command(program: &Path) -> Result<Self> {
-        if let Some(allocator) = Self::from_file(program, program)? {
-            return Ok(allocator);
+    let prefixes: Vec<&str> = match prefix {
+        Some(prefix) => vec![prefix],
+        None => std::iter::once("")
+            .chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p))
+            .collect(),
+    };
+    for prefix in prefixes {
+        for object in objects {
+            // Objects that are not ELF (or unreadable) cannot be the allocator.
+            if let Ok(Some(allocator)) = Allocator::from_object(object, prefix) {
+                return Ok(allocator);
+            }
         }
-        let own_libc = procfs::mappings(std::process::id())?
-            .into_iter()
-            .map(|m| m.path)
-            .find(|path| is_libc(path))
-            .context("memtrace's own C library is not mapped; cannot tell which one the command will use")?;
-        Self::from_file(&own_libc, &own_libc)?
-            .with_context(|| format!("{} defines no malloc", own_libc.display()))
     }
+    bail!(
+        "no loaded object defines {}malloc; name the allocator's file with --lib PATH and its symbol \
+         prefix with --allocator",
+        prefix.unwrap_or("")
+    )
+}
 
-    fn from_file(path: &Path, host_path: &Path) -> Result<Option<Self>> {
-        let data =
-            fs::read(host_path).with_context(|| format!("reading {}", host_path.display()))?;
-        let entry_points = resolve_entry_points(&data)
-            .with_context(|| format!("reading the symbols of {}", path.display()))?;
-        let defines_malloc = entry_points
-            .iter()
-            .any(|e| e.entry.function == AllocatorFunction::Malloc);
-        Ok(defines_malloc.then(|| Self {
-            path: path.to_owned(),
-            host_path: host_path.to_owned(),
-            entry_points,
-        }))
+fn kind_of(path: &Path, prefix: &str) -> String {
+    if let Some((_, name)) = KNOWN_PREFIXES.iter().find(|(p, _)| *p == prefix) {
+        return (*name).to_owned();
+    }
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for name in ["jemalloc", "tcmalloc", "mimalloc"] {
+        if file.contains(name) {
+            return name.to_owned();
+        }
+    }
+    if is_libc(path) {
+        "glibc".to_owned()
+    } else {
+        format!("malloc in {file}")
     }
 }
 
@@ -150,26 +224,173 @@ fn is_libc(path: &Path) -> bool {
         })
 }
 
-/// Locates every entry point defined in an ELF file, once per address.
-pub fn resolve_entry_points(data: &[u8]) -> Result<Vec<ResolvedEntryPoint>> {
-    let file = object::File::parse(data)?;
-    let segments = executable_segments(&file, data)?;
+/// The objects of a running process in the dynamic linker's symbol search order: the executable,
+/// LD_PRELOAD, then DT_NEEDED breadth-first; objects loaded later (dlopen) last.
+fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
+    let maps = procfs::mappings(pid)
+        .with_context(|| format!("reading /proc/{pid}/maps (is pid {pid} still running?)"))?;
+    let mut mapped: Vec<PathBuf> = Vec::new();
+    for mapping in maps.into_iter().filter(|m| m.executable) {
+        if !mapped.contains(&mapping.path) {
+            mapped.push(mapping.path);
+        }
+    }
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+        .with_context(|| format!("reading /proc/{pid}/exe"))?;
+    let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
+    let object = |path: &Path| ObjectFile {
+        path: path.to_owned(),
+        host_path: procfs::in_root_of(pid, path),
+    };
+    let find_mapped = |name: &str| -> Option<PathBuf> {
+        mapped
+            .iter()
+            .find(|path| path.as_os_str() == name || path.file_name().is_some_and(|n| n == name))
+            .cloned()
+    };
+    let mut order = vec![ObjectFile {
+        path: exe.clone(),
+        host_path: PathBuf::from(format!("/proc/{pid}/exe")),
+    }];
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    for preload in preloads(
+        environ
+            .split(|&b| b == 0)
+            .map(|var| String::from_utf8_lossy(var).into_owned()),
+    ) {
+        if let Some(path) = find_mapped(&preload) {
+            order.push(object(&path));
+        }
+    }
+    let needed = needed_breadth_first(&order[0].host_path, |name, _| {
+        find_mapped(name).map(|p| object(&p))
+    });
+    order.extend(needed);
+    for path in &mapped {
+        order.push(object(path));
+    }
+    dedup(&mut order);
+    Ok(order)
+}
+
+/// The objects a command will load, resolved on this machine before it runs.
+fn link_order_of_command(program: &Path) -> Result<Vec<ObjectFile>> {
+    let object = |path: &Path| ObjectFile {
+        path: path.to_owned(),
+        host_path: path.to_owned(),
+    };
+    let mut order = vec![object(program)];
+    let library_path: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|paths| std::env::split_paths(&paths).collect())
+        .unwrap_or_default();
+    for preload in preloads(std::env::vars().map(|(k, v)| format!("{k}={v}"))) {
+        if let Some(path) = find_library(&preload, &library_path, &[]) {
+            order.push(object(&path));
+        }
+    }
+    let needed = needed_breadth_first(program, |name, runpath| {
+        find_library(name, &library_path, runpath).map(|p| object(&p))
+    });
+    order.extend(needed);
+    dedup(&mut order);
+    Ok(order)
+}
+
+fn preloads(environ: impl Iterator<Item = String>) -> Vec<String> {
+    environ
+        .filter_map(|var| var.strip_prefix("LD_PRELOAD=").map(str::to_owned))
+        .flat_map(|value| {
+            value
+                .split([' ', ':'])
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// DT_NEEDED of `root`, breadth-first as the dynamic linker loads them. `locate` finds a needed
+/// name, given the search paths (DT_RUNPATH/DT_RPATH, $ORIGIN expanded) of the object needing it.
+fn needed_breadth_first(
+    root: &Path,
+    mut locate: impl FnMut(&str, &[PathBuf]) -> Option<ObjectFile>,
+) -> Vec<ObjectFile> {
+    let mut found = Vec::new();
+    let mut seen = HashSet::new();
+    let mut queue = VecDeque::from([root.to_owned()]);
+    while let Some(host_path) = queue.pop_front() {
+        let Ok(data) = fs::read(&host_path) else {
+            continue;
+        };
+        let Ok(info) = ElfObject::parse(&data).and_then(|elf| elf.dynamic_info()) else {
+            continue;
+        };
+        let origin = host_path.parent().unwrap_or(Path::new("/"));
+        let runpath: Vec<PathBuf> = info
+            .search_paths
+            .iter()
+            .map(|p| PathBuf::from(p.replace("$ORIGIN", &origin.to_string_lossy())))
+            .collect();
+        for name in info.needed {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            if let Some(object) = locate(&name, &runpath) {
+                queue.push_back(object.host_path.clone());
+                found.push(object);
+            }
+        }
+    }
+    found
+}
+
+/// The default search directories of Debian's x86-64 dynamic linker, after LD_LIBRARY_PATH and
+/// the object's run path.
+const SYSTEM_LIBRARY_DIRS: [&str; 6] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+
+fn find_library(name: &str, library_path: &[PathBuf], runpath: &[PathBuf]) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Path::new(name).is_file().then(|| PathBuf::from(name));
+    }
+    library_path
+        .iter()
+        .chain(runpath)
+        .map(PathBuf::as_path)
+        .chain(SYSTEM_LIBRARY_DIRS.iter().map(Path::new))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn dedup(objects: &mut Vec<ObjectFile>) {
+    let mut seen = HashSet::new();
+    objects.retain(|object| seen.insert(object.path.clone()));
+}
+
+/// Locates every entry point `prefix` + symbol that an ELF file defines, once per address.
+pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
     let mut seen = HashSet::new();
     let mut resolved = Vec::new();
     for entry in ENTRY_POINTS {
-        let Some(address) = defined_function_address(&file, entry.symbol) else {
+        let Some(address) = elf.defined_function(&format!("{prefix}{}", entry.symbol)) else {
             continue;
         };
         if !seen.insert(address) {
             continue;
         }
-        let Some(offset) = file_offset(&segments, address) else {
+        let Some(offset) = elf.code_file_offset(address) else {
             bail!(
-                "{} at {address:#x} lies in no executable segment",
+                "{prefix}{} at {address:#x} lies in no executable segment",
                 entry.symbol
             );
         };
-        let code = data.get(offset as usize..).unwrap_or_default();
+        let code = elf.data().get(offset as usize..).unwrap_or_default();
         let probe_offset = offset + single_stepped_prologue_len(code, address);
         resolved.push(ResolvedEntryPoint {
             entry,
@@ -178,39 +399,6 @@ pub fn resolve_entry_points(data: &[u8]) -> Result<Vec<ResolvedEntryPoint>> {
         });
     }
     Ok(resolved)
-}
-
-fn defined_function_address(file: &object::File<'_>, name: &str) -> Option<u64> {
-    file.dynamic_symbols()
-        .chain(file.symbols())
-        .find(|symbol| {
-            symbol.is_definition()
-                && symbol.kind() == object::SymbolKind::Text
-                && symbol.name_bytes().is_ok_and(|n| n == name.as_bytes())
-        })
-        .map(|symbol| symbol.address())
-}
-
-/// (virtual address, size, file offset) of each executable PT_LOAD.
-fn executable_segments(file: &object::File<'_>, data: &[u8]) -> Result<Vec<(u64, u64, u64)>> {
-    let object::File::Elf64(elf_file) = file else {
-        bail!("only 64-bit ELF files are supported");
-    };
-    let endian: Endianness = elf_file.endian();
-    Ok(elf_file
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian) & elf::PF_X != 0)
-        .map(|ph| (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian)))
-        .filter(|&(_, _, offset)| offset <= data.len() as u64)
-        .collect())
-}
-
-fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
-    segments
-        .iter()
-        .find(|&&(vaddr, size, _)| (vaddr..vaddr + size).contains(&address))
-        .map(|&(vaddr, _, offset)| address - vaddr + offset)
 }
 
 /// Length of a leading flags-only register test (glibc's free starts with `test %rdi,%rdi`), or 0.
@@ -258,15 +446,19 @@ mod tests {
         assert_eq!(single_stepped_prologue_len(&[], 0x1000), 0);
     }
 
-    #[test]
-    fn host_libc_provides_every_glibc_entry_point_once() {
-        let libc = procfs::mappings(std::process::id())
+    fn own_libc() -> PathBuf {
+        procfs::mappings(std::process::id())
             .unwrap()
             .into_iter()
             .map(|m| m.path)
             .find(|path| is_libc(path))
-            .expect("tests run on glibc");
-        let resolved = resolve_entry_points(&fs::read(&libc).unwrap()).unwrap();
+            .expect("tests run on glibc")
+    }
+
+    #[test]
+    fn host_libc_provides_every_glibc_entry_point_once() {
+        let data = fs::read(own_libc()).unwrap();
+        let resolved = resolve_entry_points(&ElfObject::parse(&data).unwrap(), "").unwrap();
         let names: Vec<_> = resolved.iter().map(|r| r.entry.symbol).collect();
         for expected in [
             "malloc",
@@ -291,15 +483,46 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_an_error_not_a_panic() {
-        assert!(resolve_entry_points(b"definitely not ELF").is_err());
-        assert!(resolve_entry_points(&[0x7f, b'E', b'L', b'F', 2, 1, 1]).is_err());
+    fn own_process_is_traced_through_glibc() {
+        let allocator = Allocator::of_process(std::process::id(), &Overrides::default()).unwrap();
+        assert_eq!(allocator.kind, "glibc");
+        let command =
+            Allocator::of_command(&std::env::current_exe().unwrap(), &Overrides::default())
+                .unwrap();
+        assert_eq!(command.kind, "glibc");
     }
 
     #[test]
-    fn libc_names() {
-        assert!(is_libc(Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")));
-        assert!(is_libc(Path::new("/lib/libc-2.31.so")));
-        assert!(!is_libc(Path::new("/usr/lib/libcrypto.so.3")));
+    fn a_lib_without_the_prefix_is_a_clear_error() {
+        let overrides = Overrides {
+            lib: Some(own_libc()),
+            prefix: Some("je_".into()),
+        };
+        let err = Allocator::of_process(std::process::id(), &overrides).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("defines no je_malloc"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn preload_lists_split_on_spaces_and_colons() {
+        let environ = [
+            "HOME=/root".to_owned(),
+            "LD_PRELOAD=/a/libx.so:liby.so libz.so".to_owned(),
+        ];
+        assert_eq!(
+            preloads(environ.into_iter()),
+            ["/a/libx.so", "liby.so", "libz.so"]
+        );
+    }
+
+    #[test]
+    fn allocator_names_map_to_prefixes() {
+        assert_eq!(Overrides::prefix_for("glibc"), "");
+        assert_eq!(Overrides::prefix_for("jemalloc"), "");
+        assert_eq!(Overrides::prefix_for("je"), "je_");
+        assert_eq!(Overrides::prefix_for("rjem"), "_rjem_");
+        assert_eq!(Overrides::prefix_for("my_"), "my_");
     }
 }

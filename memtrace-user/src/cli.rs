@@ -42,6 +42,16 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_allocations: u32,
 
+    /// The allocator's symbol prefix or name: glibc, jemalloc, tcmalloc, mimalloc, je_, tc_, mi_,
+    /// _rjem_ (Rust's jemallocator), or any prefix [default: found per process]
+    #[arg(long, value_name = "NAME")]
+    pub allocator: Option<String>,
+
+    /// The object file that holds the allocator, as the target sees its path [default: found per
+    /// process, as the dynamic linker resolves malloc]
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+
     /// Do not record call stacks (cheaper; no leak report, pprof or flamegraph)
     #[arg(long)]
     pub no_stacks: bool,

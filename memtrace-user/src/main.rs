@@ -3,6 +3,7 @@
 mod allocator;
 mod cli;
 mod collector;
+mod elf;
 mod export;
 mod model;
 mod privileges;

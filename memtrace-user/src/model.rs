@@ -12,6 +12,8 @@ pub struct Process {
     pub comm: String,
     /// The object whose allocator entry points are probed.
     pub allocator: PathBuf,
+    /// Which allocator that is: "glibc", "jemalloc", ...
+    pub allocator_kind: String,
     pub stats: ProcessStats,
     /// Last resident set size read while the process was alive.
     pub rss_bytes: u64,
@@ -63,6 +65,7 @@ impl Model {
                 pid,
                 comm,
                 allocator,
+                allocator_kind: String::new(),
                 stats: ProcessStats::default(),
                 rss_bytes: 0,
                 exited: false,

@@ -19,7 +19,7 @@ use nix::{
 };
 
 use crate::{
-    allocator::Allocator,
+    allocator::{Allocator, Overrides},
     cli::Cli,
     collector::Collector,
     export::{
@@ -52,6 +52,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
     exporters.push(Box::new(TextReport { top: cli.top }));
 
+    let overrides = Overrides {
+        lib: cli.lib.clone(),
+        prefix: cli.allocator.as_deref().map(Overrides::prefix_for),
+    };
     let mut probes = Probes::load(cli.max_allocations, !cli.no_stacks)?;
     probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
     let mut collector = Collector::default();
@@ -59,28 +63,33 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let mut targets = Vec::new();
     let held = if cli.command.is_empty() {
         for &pid in &pids {
-            let allocator = Allocator::of_process(pid)?;
+            let allocator = Allocator::of_process(pid, &overrides)?;
             probes.attach(&allocator, pid)?;
             crate::usdt::attach_process(&mut probes, pid)?;
             targets.push(Watched::new(pid, false)?);
-            model.add_process(pid, procfs::comm(pid).unwrap_or_default(), allocator.path);
+            add_traced(
+                &mut model,
+                pid,
+                procfs::comm(pid).unwrap_or_default(),
+                &allocator,
+            );
         }
+        // Read every target's mappings now: a process may exit before the first interval, and
+        // its stacks are symbolized through the files it mapped.
+        collector.sample(&probes, &mut model)?;
         None
     } else {
         let program = resolve_program(&cli.command[0])?;
-        let allocator = Allocator::of_command(&program)?;
+        let allocator = Allocator::of_command(&program, &overrides)?;
         collector.index_object(&program);
         collector.index_object(&allocator.host_path);
         let held = HeldCommand::spawn(&program, &cli.command)?;
         probes.attach(&allocator, held.pid)?;
         crate::usdt::attach_command(&mut probes, &program, held.pid)?;
         targets.push(Watched::new(held.pid, true)?);
-        model.add_process(held.pid, command_name(&program), allocator.path);
+        add_traced(&mut model, held.pid, command_name(&program), &allocator);
         Some(held)
     };
-    // Read every target's mappings now: a process may exit before the first interval, and its
-    // stacks are symbolized through the files it mapped.
-    collector.sample(&probes, &mut model)?;
     crate::usdt::check_requests_found(&probes, &describe(&model))?;
     eprintln!(
         "memtrace: tracing {}; writing {}",
@@ -138,6 +147,13 @@ fn processes_to_attach(pids: &[u32]) -> Result<Vec<u32>> {
         }
     }
     Ok(processes)
+}
+
+fn add_traced(model: &mut Model, pid: u32, comm: String, allocator: &Allocator) {
+    model.add_process(pid, comm, allocator.path.clone());
+    if let Some(process) = model.processes.get_mut(&pid) {
+        process.allocator_kind = allocator.kind.clone();
+    }
 }
 
 /// Why tracing stopped.
@@ -323,7 +339,15 @@ fn describe(model: &Model) -> String {
     let processes: Vec<String> = model
         .processes
         .values()
-        .map(|p| format!("pid {} ({}) via {}", p.pid, p.comm, p.allocator.display()))
+        .map(|p| {
+            format!(
+                "pid {} ({}) via {} ({})",
+                p.pid,
+                p.comm,
+                p.allocator_kind,
+                p.allocator.display()
+            )
+        })
         .collect();
     processes.join(", ")
 }

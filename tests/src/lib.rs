@@ -67,12 +67,21 @@ pub fn memtrace_bin() -> PathBuf {
 /// returns the program's path. Safe when tests compile the same fixture in parallel: each compiles
 /// to a name of its own and renames the result into place.
 pub fn fixture(name: &str) -> PathBuf {
+    fixture_variant(name, "", &[])
+}
+
+/// Like `fixture`, with extra compiler flags (`-static`, `-ljemalloc`, ...), built as
+/// `target/fixtures/<name>-<variant>`.
+pub fn fixture_variant(name: &str, variant: &str, extra_flags: &[&str]) -> PathBuf {
     static COMPILATIONS: AtomicUsize = AtomicUsize::new(0);
     let source = workspace_root()
         .join("tests/fixtures")
         .join(format!("{name}.c"));
     let out_dir = target_dir().join("fixtures");
-    let program = out_dir.join(name);
+    let program = match variant {
+        "" => out_dir.join(name),
+        variant => out_dir.join(format!("{name}-{variant}")),
+    };
     let modified = |path: &Path| fs::metadata(path).and_then(|m| m.modified()).ok();
     let source_modified =
         modified(&source).unwrap_or_else(|| panic!("no fixture source {}", source.display()));
@@ -87,6 +96,7 @@ pub fn fixture(name: &str) -> PathBuf {
         .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
         .arg(&partial)
         .arg(&source)
+        .args(extra_flags)
         .output()
         .unwrap_or_else(|err| panic!("running cc to compile {}: {err}", source.display()));
     assert!(

@@ -24,8 +24,9 @@ const BPF_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "libzstd-dev",
 ];
-/// What the test fixtures are built with.
-const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
+/// What the test fixtures are built with: a C compiler with static glibc, jemalloc, and
+/// <sys/sdt.h> for USDT probes.
+const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev", "libjemalloc-dev", "systemtap-sdt-dev"];
 
 pub fn setup() -> Result<()> {
     let mut missing: Vec<&str> = Vec::new();
@@ -34,9 +35,11 @@ pub fn setup() -> Result<()> {
     } else if !on_path("bpf-linker") && !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
         missing.extend(&BPF_PACKAGES[2..]);
     }
-    if !on_path("cc") {
-        missing.extend(FIXTURE_PACKAGES);
-    }
+    missing.extend(
+        FIXTURE_PACKAGES
+            .iter()
+            .filter(|package| !is_installed(package)),
+    );
     if !missing.is_empty() {
         apt_install(&missing)?;
     }
@@ -65,6 +68,13 @@ fn apt_install(packages: &[&str]) -> Result<()> {
         .args(["install", "-y", "--no-install-recommends"])
         .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn is_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["--show", "--showformat=${db:Status-Status}", package])
+        .output()
+        .is_ok_and(|output| output.stdout == b"installed")
 }
 
 fn has_debian_bpf_rust() -> bool {

@@ -35,10 +35,11 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         let stats = &process.stats;
         let _ = writeln!(
             text,
-            "  pid {} ({}){} via {}",
+            "  pid {} ({}){} via {} ({})",
             process.pid,
             process.comm,
             if process.exited { ", exited" } else { "" },
+            process.allocator_kind,
             process.allocator.display()
         );
         let _ = writeln!(

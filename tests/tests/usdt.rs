@@ -1,0 +1,572 @@
+//! USDT against the real kernel: fixtures built with <sys/sdt.h>, include/memtrace.h and
+//! include/memtrace_usdt.rs report known values, and memtrace must decode exactly those.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use memtrace_tests::{workspace_root, Memtrace, Outcome, Spawned};
+use tempfile::TempDir;
+
+/// A directory of its own for a test's builds.
+fn build_dir() -> TempDir {
+    let parent = workspace_root().join("target/memtrace-tests");
+    std::fs::create_dir_all(&parent).unwrap();
+    tempfile::Builder::new()
+        .prefix("usdt-")
+        .tempdir_in(&parent)
+        .unwrap()
+}
+
+fn fixture_source(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// Runs `cc` with `args`, failing the test with the compiler's message.
+fn cc(args: &[&str], output: &Path) -> PathBuf {
+    let include = workspace_root().join("include");
+    let result = Command::new("cc")
+        .arg("-I")
+        .arg(&include)
+        .args(["-Wall", "-g"])
+        .args(args)
+        .arg("-o")
+        .arg(output)
+        .output()
+        .expect("running cc");
+    assert!(
+        result.status.success(),
+        "cc {args:?} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    output.to_owned()
+}
+
+fn build_c(dir: &Path, source: &str, optimisation: &str) -> PathBuf {
+    let source_path = fixture_source(source);
+    let output = dir.join(format!("{}{}", source.trim_end_matches(".c"), optimisation));
+    cc(&[optimisation, source_path.to_str().unwrap()], &output)
+}
+
+/// `NAME argN VALUE` and `NAME hits N` lines, as the fixtures write them, as (label, hits, value).
+fn expectations(text: &str) -> BTreeMap<String, (Option<u64>, Option<i64>)> {
+    let mut expected: BTreeMap<String, (Option<u64>, Option<i64>)> = BTreeMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [probe, "hits", n] => {
+                expected.entry(probe.to_string()).or_default().0 = Some(n.parse().unwrap())
+            }
+            [probe, arg, value] => {
+                expected.entry(format!("{probe}={arg}")).or_default().1 =
+                    Some(value.parse().unwrap())
+            }
+            _ => panic!("unexpected fixture line {line:?}"),
+        }
+    }
+    expected
+}
+
+fn usdt_options(expected: &BTreeMap<String, (Option<u64>, Option<i64>)>) -> Vec<String> {
+    expected
+        .keys()
+        .flat_map(|label| ["--usdt".to_owned(), label.clone()])
+        .collect()
+}
+
+/// Each tracked argument holds the fixture's value, and each counter its hits (1 unless given).
+fn assert_usdt_matches(
+    outcome: &Outcome,
+    expected: &BTreeMap<String, (Option<u64>, Option<i64>)>,
+    hits_of: impl Fn(&str) -> u64,
+) {
+    let usdt = &outcome.process()["usdt"];
+    for (label, (hits, value)) in expected {
+        let counter = &usdt[label];
+        assert_eq!(
+            counter["hits"].as_u64(),
+            Some(hits.unwrap_or_else(|| hits_of(label))),
+            "{label}: {counter} in {usdt}\n{}",
+            outcome.stderr
+        );
+        if let Some(value) = value {
+            assert_eq!(
+                counter["value"].as_i64(),
+                Some(*value),
+                "{label}: {counter} in {usdt}\n{}",
+                outcome.stderr
+            );
+        }
+    }
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+}
+
+fn tick_hits(expected: &BTreeMap<String, (Option<u64>, Option<i64>)>) -> impl Fn(&str) -> u64 {
+    let ticks = expected["fixture:tick"].0.unwrap();
+    move |label: &str| {
+        if label.starts_with("fixture:tick") {
+            ticks
+        } else {
+            1
+        }
+    }
+}
+
+/// Every argument form gcc emits at -O0 (stack slots) and -O2 (registers, constants), and the
+/// hand-written ones (base+index*scale, index only, every register width, a global by symbol),
+/// traced from the first instruction.
+#[test]
+fn argument_forms_decode_to_the_values_passed_at_o0_and_o2() {
+    let dir = build_dir();
+    for optimisation in ["-O0", "-O2"] {
+        let program = build_c(dir.path(), "usdt_args.c", optimisation);
+        // A dry run tells which probes and arguments there are.
+        let listing = dir.path().join(format!("expected{optimisation}.txt"));
+        let status = Command::new(&program)
+            .arg(&listing)
+            .stdin(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let expected = expectations(&std::fs::read_to_string(&listing).unwrap());
+        assert!(expected.len() > 20, "{expected:?}");
+
+        let written = dir.path().join(format!("written{optimisation}.txt"));
+        let outcome = Memtrace::new()
+            .args(usdt_options(&expected))
+            .args(["--usdt", "fixture:tick"])
+            .command(&program)
+            .arg(&written)
+            .run();
+        outcome.assert_exit_code(0);
+        let expected = expectations(&std::fs::read_to_string(&written).unwrap());
+        assert_usdt_matches(&outcome, &expected, tick_hits(&expected));
+        assert_eq!(outcome.process()["usdt"]["fixture:tick"]["hits"], 25);
+        // Counting hits shows as a counter with `hits` and no `value`.
+        let last = outcome
+            .trace()
+            .counters("usdt:fixture:tick")
+            .last()
+            .unwrap_or_else(|| panic!("no usdt:fixture:tick counter\n{}", outcome.trace_text()))
+            .clone();
+        assert_eq!(last["args"], serde_json::json!({"hits": 25}));
+        let last = outcome
+            .trace()
+            .counters("usdt:fixture:tick=arg0")
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(last["args"]["value"], 24 * 24);
+    }
+}
+
+/// The same with --pid: the fixture fires only after memtrace said it is tracing.
+#[test]
+fn argument_forms_decode_in_a_running_process() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_args.c", "-O2");
+    let probe_list = dir.path().join("dry.txt");
+    Command::new(&program)
+        .arg(&probe_list)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    let expected = expectations(&std::fs::read_to_string(&probe_list).unwrap());
+    let written = dir.path().join("written.txt");
+    let mut fixture = Spawned::spawn({
+        let mut command = Command::new(&program);
+        command.arg(&written);
+        command
+    });
+    let mut memtrace = Memtrace::new()
+        .args(usdt_options(&expected))
+        .arg("--pid")
+        .arg(fixture.pid().to_string())
+        .spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    fixture.send(b"go\n");
+    assert!(fixture.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let expected = expectations(&std::fs::read_to_string(&written).unwrap());
+    assert_usdt_matches(&outcome, &expected, tick_hits(&expected));
+}
+
+/// A probe guarded by its semaphore: the fixture waits until the kernel sets the semaphore for
+/// memtrace, reports, and sees it drop back to 0 once memtrace has gone.
+#[test]
+fn semaphore_is_set_while_memtrace_listens_and_cleared_after() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_semaphore.c", "-O2");
+    let mut fixture = Spawned::spawn(Command::new(&program));
+    fixture.wait_for_stdout("waiting semaphore=0");
+    let mut memtrace = Memtrace::new()
+        .args([
+            "--usdt",
+            "fixture:ready=arg0",
+            "--usdt",
+            "fixture:ready=arg1",
+        ])
+        .args(["--usdt", "fixture:ready", "--pid"])
+        .arg(fixture.pid().to_string())
+        .spawn();
+    let reported = fixture.wait_for_stdout("reported");
+    assert_eq!(reported, "reported hits=3 arg0=3 arg1=6000");
+    memtrace.wait_for_trace("three hits", |trace| {
+        trace
+            .counters("usdt:fixture:ready")
+            .any(|event| event["args"]["hits"] == 3)
+    });
+    // SAFETY: kill with a pid of a child this test started.
+    unsafe { libc::kill(memtrace.pid() as i32, libc::SIGINT) };
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    fixture.wait_for_stdout("released");
+    let usdt = &outcome.process()["usdt"];
+    assert_eq!(usdt["fixture:ready"]["hits"], 3, "{usdt}");
+    assert_eq!(usdt["fixture:ready=arg0"]["value"], 3, "{usdt}");
+    assert_eq!(usdt["fixture:ready=arg1"]["value"], 6000, "{usdt}");
+}
+
+/// `subsystem NAME BYTES` lines of a fixture's stdout, for the names it reports.
+fn reported_subsystems(fixture: &mut Spawned, names: &[String]) -> BTreeMap<String, i64> {
+    names
+        .iter()
+        .map(|name| {
+            let line = fixture.wait_for_stdout(&format!("subsystem {name} "));
+            let value = line.rsplit(' ').next().unwrap().parse().unwrap();
+            (name.clone(), value)
+        })
+        .collect()
+}
+
+fn subsystem_fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = ["pool-0", "pool-1", "pool-2", "cache", "debt"]
+        .map(String::from)
+        .to_vec();
+    names.push("x".repeat(63));
+    names
+}
+
+/// The summary's `subsystems`, the last `subsystem:<name>` counters and the last memory dump hold
+/// exactly what the process reported.
+fn assert_subsystems(outcome: &Outcome, expected: &BTreeMap<String, i64>) {
+    let subsystems: BTreeMap<String, i64> = outcome.process()["subsystems"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, value)| (name.clone(), value.as_i64().unwrap()))
+        .collect();
+    assert_eq!(&subsystems, expected, "{}", outcome.stderr);
+    let trace = outcome.trace();
+    for (name, bytes) in expected {
+        let last = trace
+            .counters(&format!("subsystem:{name}"))
+            .last()
+            .unwrap_or_else(|| panic!("no subsystem:{name} counter"));
+        assert_eq!(last["args"]["bytes"].as_i64(), Some(*bytes), "{last}");
+    }
+    let dump = trace.phase("v").last().expect("a memory dump");
+    let allocators = &dump["args"]["dumps"]["allocators"];
+    assert!(allocators.get("malloc").is_some(), "{allocators}");
+    for (name, bytes) in expected {
+        assert_eq!(
+            allocators[name]["attrs"]["size"]["value"],
+            format!("{:x}", (*bytes).max(0)),
+            "{name} in {allocators}"
+        );
+    }
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+}
+
+/// include/memtrace.h from C, -O0 and -O2, names built at run time and read from the target,
+/// totals and deltas, traced from the first instruction.
+#[test]
+fn subsystems_from_the_header_match_what_the_program_reported() {
+    let dir = build_dir();
+    for optimisation in ["-O0", "-O2"] {
+        let program = build_c(dir.path(), "usdt_subsystems.c", optimisation);
+        let mut memtrace = Memtrace::new().command(&program).spawn();
+        let expected = reported_subsystems(&mut memtrace, &subsystem_fixture_names());
+        assert_eq!(memtrace.wait_for_stdout("due"), "due 1");
+        let outcome = memtrace.finish();
+        outcome.assert_exit_code(0);
+        assert_eq!(expected["cache"], 100 * 4096 - 5000);
+        assert_subsystems(&outcome, &expected);
+    }
+}
+
+/// The same process traced with --pid: it waits for MEMTRACE_ENABLED() before it reports.
+#[test]
+fn subsystems_reach_memtrace_from_a_running_process() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_subsystems.c", "-O2");
+    let mut fixture = Spawned::spawn(Command::new(&program));
+    let memtrace = Memtrace::new()
+        .arg("--pid")
+        .arg(fixture.pid().to_string())
+        .spawn();
+    let expected = reported_subsystems(&mut fixture, &subsystem_fixture_names());
+    assert!(fixture.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_subsystems(&outcome, &expected);
+}
+
+/// Builds libusdtfixture.so and a program that needs it (RUNPATH $ORIGIN).
+fn build_library_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    let library = dir.join("libusdtfixture.so");
+    cc(
+        &[
+            "-O2",
+            "-fPIC",
+            "-shared",
+            fixture_source("usdt_lib.c").to_str().unwrap(),
+        ],
+        &library,
+    );
+    let program = dir.join("usdt_lib_main");
+    cc(
+        &[
+            "-O2",
+            fixture_source("usdt_lib_main.c").to_str().unwrap(),
+            "-L",
+            dir.to_str().unwrap(),
+            "-lusdtfixture",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+        &program,
+    );
+    (library, program)
+}
+
+fn assert_library_figures(outcome: &Outcome, label: &str) {
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["subsystems"]["from-library"], 777777, "{process}");
+    assert_eq!(process["usdt"][label]["hits"], 7, "{process}");
+    assert_eq!(process["usdt"][label]["value"], 77, "{process}");
+}
+
+/// Probes in a shared library: found through DT_NEEDED before the command runs, and through the
+/// process's mappings with --pid; PATH given as a file name or as a path.
+#[test]
+fn probes_in_a_shared_library() {
+    let dir = build_dir();
+    let (library, program) = build_library_pair(dir.path());
+
+    let by_name = "libusdtfixture.so:libfixture:called=arg0";
+    let mut memtrace = Memtrace::new()
+        .args(["--usdt", by_name])
+        .command(&program)
+        .spawn();
+    memtrace.wait_for_stdout("libfixture:called hits 7 last 77");
+    assert_library_figures(&memtrace.finish(), by_name);
+
+    let by_path = format!("{}:libfixture:called=arg0", library.display());
+    let mut fixture = Spawned::spawn(Command::new(&program));
+    let mut memtrace = Memtrace::new()
+        .args(["--usdt", &by_path, "--pid"])
+        .arg(fixture.pid().to_string())
+        .spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    fixture.send(b"go\n");
+    assert!(fixture.wait().success());
+    assert_library_figures(&memtrace.finish(), &by_path);
+}
+
+/// The documented example program, built as its comment says, reports what it prints.
+#[test]
+fn header_example_reports_what_it_prints() {
+    let dir = build_dir();
+    let example = workspace_root().join("examples/memtrace_subsystems.c");
+    let program = cc(
+        &["-O2", example.to_str().unwrap()],
+        &dir.path().join("memtrace_subsystems"),
+    );
+    let mut memtrace = Memtrace::new().command(&program).spawn();
+    let mut expected = BTreeMap::new();
+    for name in ["textures", "cache", "requests"] {
+        let line = memtrace.wait_for_stdout(&format!("reported {name} "));
+        expected.insert(
+            name.to_owned(),
+            line.rsplit(' ').next().unwrap().parse::<i64>().unwrap(),
+        );
+    }
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_subsystems(&outcome, &expected);
+    // Untraced, the example knows nobody listened.
+    let untraced = Command::new(&program).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&untraced.stdout),
+        "memtrace was not listening\n"
+    );
+}
+
+/// include/memtrace_usdt.rs: the same probes from Rust, with the semaphore.
+#[test]
+fn rust_emitter_reports_subsystems() {
+    let dir = build_dir();
+    let program = dir.path().join("usdt_rust");
+    let result = Command::new("rustc")
+        .args(["-O", "--edition", "2021", "-o"])
+        .arg(&program)
+        .arg(fixture_source("usdt_rust.rs"))
+        .output()
+        .expect("running rustc");
+    assert!(
+        result.status.success(),
+        "rustc failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let listing = Command::new(memtrace_tests::memtrace_bin())
+        .arg("usdt")
+        .arg(&program)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    assert!(
+        listing.contains("memtrace:report_total") && !listing.contains("semaphore=none"),
+        "{listing}"
+    );
+    let mut memtrace = Memtrace::new().command(&program).spawn();
+    assert_eq!(memtrace.wait_for_stdout("due"), "due true false");
+    let expected = reported_subsystems(
+        &mut memtrace,
+        &["rust-textures".to_owned(), "rust-pool-7".to_owned()],
+    );
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_subsystems(&outcome, &expected);
+}
+
+fn memtrace_usdt(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(memtrace_tests::memtrace_bin())
+        .arg("usdt")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `memtrace usdt PATH` and `memtrace usdt --pid PID` list every site with its argument specs.
+#[test]
+fn usdt_subcommand_lists_probes_with_their_arguments() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_args.c", "-O0");
+    let (code, listing, stderr) = memtrace_usdt(&[program.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = listing
+        .lines()
+        .find(|line| line.contains(" fixture:indexed "))
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        line.ends_with(
+            "semaphore=none args: arg0=-8@16(%rax,%rbx,8) arg1=-8@(,%rcx,1) arg2=8@-8(%rax,%rbx,8)"
+        ),
+        "{line}"
+    );
+    assert!(listing.contains(" fixture:mixed offset=0x"), "{listing}");
+
+    let (_, program) = build_library_pair(dir.path());
+    let mut fixture = Spawned::spawn(Command::new(&program));
+    // Wait until the library is mapped: the program blocks on stdin only after the loader ran.
+    let deadline = std::time::Instant::now() + memtrace_tests::DEADLINE;
+    let maps = format!("/proc/{}/maps", fixture.pid());
+    while !std::fs::read_to_string(&maps)
+        .unwrap_or_default()
+        .contains("libusdtfixture.so")
+    {
+        assert!(std::time::Instant::now() < deadline, "library never mapped");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let (code, listing, stderr) = memtrace_usdt(&["--pid", &fixture.pid().to_string()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains("libusdtfixture.so memtrace:report_total")
+                && l.ends_with("args: arg0=8@%rdi arg1=-8@%rsi")
+                && !l.contains("semaphore=none")),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("libusdtfixture.so libfixture:called"),
+        "{listing}"
+    );
+    fixture.kill();
+}
+
+/// Bad input gets a `memtrace: error:` naming the problem and the fix, never a panic.
+#[test]
+fn bad_usdt_requests_are_clear_errors() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_args.c", "-O2");
+    let plain = dir.path().join("plain");
+    std::fs::write(dir.path().join("plain.c"), "int main(void) { return 0; }\n").unwrap();
+    cc(&[dir.path().join("plain.c").to_str().unwrap()], &plain);
+    let written = dir.path().join("out.txt");
+
+    // A malformed option is a usage error.
+    let outcome = Memtrace::new()
+        .args(["--usdt", "no-colon"])
+        .command(&program)
+        .run();
+    outcome.assert_exit_code(2);
+    outcome.assert_stderr_mentions(&["no-colon", "PROVIDER:NAME"]);
+    let outcome = Memtrace::new()
+        .args(["--usdt", "fixture:tick=first"])
+        .command(&program)
+        .run();
+    outcome.assert_exit_code(2);
+    outcome.assert_stderr_mentions(&["arg0"]);
+
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            vec!["--usdt".into(), "fixture:nonexistent".into()],
+            vec!["fixture:nonexistent", "memtrace usdt"],
+        ),
+        (
+            vec!["--usdt".into(), "fixture:tick=arg5".into()],
+            vec!["no arg5", "1 argument"],
+        ),
+        (
+            vec!["--usdt".into(), format!("{}:app:probe", plain.display())],
+            vec!["has no USDT probes", ".note.stapsdt"],
+        ),
+        (
+            vec!["--usdt".into(), "/nonexistent/lib.so:app:probe".into()],
+            vec!["/nonexistent/lib.so does not exist"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let outcome = Memtrace::new()
+            .args(&args)
+            .command(&program)
+            .arg(&written)
+            .run();
+        outcome.assert_exit_code(1);
+        let error = outcome.error_line().to_owned();
+        for needle in needles {
+            assert!(error.contains(needle), "{args:?}: {error}");
+        }
+        assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
+    }
+
+    let (code, _, stderr) = memtrace_usdt(&["/nonexistent/file"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.starts_with("memtrace: error: cannot read /nonexistent/file"),
+        "{stderr}"
+    );
+    let (code, listing, stderr) = memtrace_usdt(&[plain.to_str().unwrap()]);
+    assert_eq!((code, listing.as_str()), (0, ""), "{stderr}");
+    assert!(stderr.contains("has no USDT probes"), "{stderr}");
+}
