@@ -23,20 +23,12 @@ enum Route {
 
 fn main() -> Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
-    let workspace = manifest_dir
-        .parent()
-        .context("memtrace-user has no parent directory")?;
+    let workspace = manifest_dir.parent().context("memtrace-user has no parent directory")?;
     let ebpf_dir = workspace.join("memtrace-ebpf");
     for watched in ["src", "Cargo.toml", "Cargo.lock", ".cargo/config.toml"] {
-        println!(
-            "cargo:rerun-if-changed={}",
-            ebpf_dir.join(watched).display()
-        );
+        println!("cargo:rerun-if-changed={}", ebpf_dir.join(watched).display());
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        workspace.join("memtrace-common/src").display()
-    );
+    println!("cargo:rerun-if-changed={}", workspace.join("memtrace-common/src").display());
 
     let target_dir = workspace.join("target/bpf");
     let route = find_route()?;
@@ -51,15 +43,11 @@ fn main() -> Result<()> {
             cargo.arg("+nightly");
         }
     }
-    cargo
-        .args(["build", "--release", "--target", BPF_TARGET, "--target-dir"])
-        .arg(&target_dir);
+    cargo.args(["build", "--release", "--target", BPF_TARGET, "--target-dir"]).arg(&target_dir);
     if matches!(route, Route::Nightly) {
         cargo.args(["-Z", "build-std=core"]);
     }
-    let status = cargo
-        .status()
-        .context("running cargo for the BPF programs")?;
+    let status = cargo.status().context("running cargo for the BPF programs")?;
     if !status.success() {
         bail!("building memtrace-ebpf for {BPF_TARGET} failed ({status})");
     }
@@ -72,9 +60,7 @@ fn main() -> Result<()> {
 
 fn find_route() -> Result<Route> {
     if !on_path("bpf-linker") {
-        bail!(
-            "bpf-linker is not installed; run `cargo xtask setup` (it installs the BPF toolchain)"
-        );
+        bail!("bpf-linker is not installed; run `cargo xtask setup` (it installs the BPF toolchain)");
     }
     if Path::new(DEBIAN_RUSTC).exists() && has_prebuilt_core(Path::new(DEBIAN_BPF_CORE)) {
         return Ok(Route::Debian);
@@ -90,24 +76,16 @@ fn find_route() -> Result<Route> {
 
 fn has_prebuilt_core(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries
-            .flatten()
-            .any(|entry| entry.file_name().to_string_lossy().starts_with("libcore-"))
+        entries.flatten().any(|entry| entry.file_name().to_string_lossy().starts_with("libcore-"))
     })
 }
 
 fn nightly_has_rust_src() -> bool {
-    let Ok(output) = Command::new("rustc")
-        .args(["+nightly", "--print", "sysroot"])
-        .output()
-    else {
+    let Ok(output) = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output() else {
         return false;
     };
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    output.status.success()
-        && Path::new(&sysroot)
-            .join("lib/rustlib/src/rust/library/core")
-            .exists()
+    output.status.success() && Path::new(&sysroot).join("lib/rustlib/src/rust/library/core").exists()
 }
 
 fn on_path(program: &str) -> bool {

@@ -55,7 +55,24 @@ pub struct ProcessStats {
     pub failed_allocations: u64,
     /// Events of this process that could not be recorded, e.g. because the allocation map was full.
     pub lost_events: u64,
+    /// Non-zero once the process has exited: the figures are final (system-wide tracing).
+    pub exited: u64,
+    /// The process's command name when it first allocated, and when it exited.
+    pub comm: [u8; 16],
 }
+
+/// A process that began running a new program (sched_process_exec), for system-wide tracing to
+/// look for allocators it has not probed yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecEvent {
+    pub tgid: u32,
+}
+
+/// Capacity of the exec event ring buffer in bytes.
+pub const EXEC_EVENTS_BYTES: u32 = 64 * 1024;
+/// Pids excluded from system-wide tracing at once.
+pub const MAX_EXCLUDED_PIDS: u32 = 1024;
 
 /// Key of the live-allocation map: addresses are only unique within one address space.
 #[repr(C)]
@@ -156,6 +173,7 @@ mod pod {
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
+    unsafe impl aya::Pod for super::ExecEvent {}
 }
 
 // ---- USDT -------------------------------------------------------------------------------------

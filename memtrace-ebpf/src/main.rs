@@ -16,17 +16,18 @@ use core::arch::asm;
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_stack,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::bpf_get_stack,
     },
-    macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{map, raw_tracepoint, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
 use memtrace_common::{
-    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProcessStats,
-    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
-    MAX_PENDING_CALLS, MAX_PROCESSES, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
+    Allocation, AllocationKey, AllocatorFunction, ExecEvent, PendingCall, PendingKey, ProcessStats,
+    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT,
+    MAX_EXCLUDED_PIDS, MAX_PENDING_CALLS, MAX_PROCESSES, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
 };
 
 #[map]
@@ -51,8 +52,7 @@ static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(MAX_STACKS, BPF_F_NO_PREALLOC);
 
 #[map]
-static STACK_TOTALS: HashMap<StackKey, StackTotals> =
-    HashMap::with_max_entries(MAX_STACK_TOTALS, 0);
+static STACK_TOTALS: HashMap<StackKey, StackTotals> = HashMap::with_max_entries(MAX_STACK_TOTALS, 0);
 
 /// A stack is 1 KiB, more than the BPF stack holds: it is captured here first.
 #[map]
@@ -61,6 +61,22 @@ static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 static CAPTURE_STACKS: u8 = 1;
+
+/// Set by the loader for system-wide tracing, where probes fire in every process: memtrace's own
+/// pid, and whether to consult EXCLUDED_PIDS and ONLY_COMM.
+#[no_mangle]
+static SELF_TGID: u32 = 0;
+#[no_mangle]
+static FILTER_PROCESSES: u8 = 0;
+/// Trace only processes with this command name (all when empty).
+#[no_mangle]
+static ONLY_COMM: [u8; 16] = [0; 16];
+
+#[map]
+static EXCLUDED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PIDS, 0);
+
+#[map]
+static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
 
 const EEXIST: i32 = 17;
 
@@ -71,10 +87,7 @@ struct Caller {
 
 fn caller() -> Caller {
     let pid_tgid = bpf_get_current_pid_tgid();
-    Caller {
-        tgid: (pid_tgid >> 32) as u32,
-        tid: pid_tgid as u32,
-    }
+    Caller { tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 }
 }
 
 /// Atomically adds `n` to a counter in a map value and returns the counter's previous value. Atomic
@@ -127,7 +140,8 @@ fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
     if let Some(stats) = STATS.get_ptr(tgid) {
         return Some(unsafe { &*stats });
     }
-    let _ = STATS.insert(tgid, ProcessStats::default(), u64::from(BPF_NOEXIST));
+    let fresh = ProcessStats { comm: bpf_get_current_comm().unwrap_or_default(), ..ProcessStats::default() };
+    let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
     match STATS.get_ptr(tgid) {
         Some(stats) => Some(unsafe { &*stats }),
         None => {
@@ -135,6 +149,18 @@ fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
             None
         }
     }
+}
+
+/// Whether events of this process count; only system-wide tracing ever says no.
+fn is_traced(tgid: u32) -> bool {
+    if unsafe { core::ptr::read_volatile(&FILTER_PROCESSES) } == 0 {
+        return true;
+    }
+    if tgid == unsafe { core::ptr::read_volatile(&SELF_TGID) } || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
+        return false;
+    }
+    let only = unsafe { core::ptr::read_volatile(&ONLY_COMM) };
+    only[0] == 0 || bpf_get_current_comm().is_ok_and(|comm| comm == only)
 }
 
 fn raise_peak(stats: &ProcessStats, live: i64) {
@@ -183,17 +209,11 @@ fn inside_allocator(tid: u32) -> bool {
 
 fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     let Caller { tgid, tid } = caller();
-    if !enter_call(tid) {
+    if !is_traced(tgid) || !enter_call(tid) {
         return 0;
     }
-    let key = PendingKey {
-        tid,
-        function: function as u32,
-    };
-    if PENDING
-        .insert(key, PendingCall { size, address }, 0)
-        .is_err()
-    {
+    let key = PendingKey { tid, function: function as u32 };
+    if PENDING.insert(key, PendingCall { size, address }, 0).is_err() {
         if let Some(stats) = stats_of(tgid) {
             add(&stats.lost_events, 1);
         }
@@ -207,10 +227,7 @@ fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
     if !leave_call(tid) {
         return None;
     }
-    let key = PendingKey {
-        tid,
-        function: function as u32,
-    };
+    let key = PendingKey { tid, function: function as u32 };
     let call = unsafe { *PENDING.get_ptr(key)? };
     let _ = PENDING.remove(key);
     Some((tgid, call))
@@ -255,21 +272,11 @@ fn capture_stack(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
 }
 
 /// Adds an allocation (or, with a negative count, a free) to its stack's totals.
-fn count_in_stack(
-    tgid: u32,
-    stats: &ProcessStats,
-    stack: u64,
-    live_allocations: i64,
-    live_bytes: i64,
-) {
+fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, live_allocations: i64, live_bytes: i64) {
     if stack == NO_STACK {
         return;
     }
-    let key = StackKey {
-        tgid,
-        _pad: 0,
-        stack,
-    };
+    let key = StackKey { tgid, _pad: 0, stack };
     let totals = match STACK_TOTALS.get_ptr(key) {
         Some(totals) => totals,
         None => {
@@ -300,16 +307,8 @@ fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
     }
     add(&stats.allocations, 1);
     add(&stats.allocated_bytes, size);
-    let key = AllocationKey {
-        tgid,
-        _pad: 0,
-        address,
-    };
-    let allocation = Allocation {
-        size,
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
-        stack,
-    };
+    let key = AllocationKey { tgid, _pad: 0, address };
+    let allocation = Allocation { size, timestamp_ns: unsafe { bpf_ktime_get_ns() }, stack };
     let mut growth = size as i64;
     match ALLOCATIONS.insert(key, allocation, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
@@ -342,11 +341,7 @@ fn record_free(tgid: u32, address: u64) {
         return;
     }
     let Some(stats) = stats_of(tgid) else { return };
-    let key = AllocationKey {
-        tgid,
-        _pad: 0,
-        address,
-    };
+    let key = AllocationKey { tgid, _pad: 0, address };
     let Some(allocation) = ALLOCATIONS.get_ptr(key) else {
         add(&stats.untracked_frees, 1);
         return;
@@ -454,11 +449,7 @@ pub fn malloc_enter(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(
-        AllocatorFunction::Calloc,
-        array_size(arg(&ctx, 0), arg(&ctx, 1)),
-        0,
-    )
+    on_enter(AllocatorFunction::Calloc, array_size(arg(&ctx, 0), arg(&ctx, 1)), 0)
 }
 
 #[uprobe]
@@ -548,10 +539,40 @@ pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     let Caller { tgid, tid } = caller();
     // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
-    if inside_allocator(tid) {
+    if !is_traced(tgid) || inside_allocator(tid) {
         return 0;
     }
     record_free(tgid, arg(&ctx, 0));
+    0
+}
+
+/// Marks a process's figures final when it exits, so that system-wide tracing can report and then
+/// release it. Threads other than the leader exit without ending the process.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
+    let Caller { tgid, tid } = caller();
+    if tgid != tid {
+        return 0;
+    }
+    if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        unsafe {
+            (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
+            (*stats).exited = 1;
+        }
+    }
+    0
+}
+
+/// Tells userspace a process began a new program, which may bring an allocator not probed yet.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
+    let Caller { tgid, .. } = caller();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    if EXEC_EVENTS.output::<ExecEvent>(ExecEvent { tgid }, 0).is_err() {
+        count_global_loss();
+    }
     0
 }
 

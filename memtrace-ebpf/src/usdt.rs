@@ -79,16 +79,11 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
 }
 
 fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
-    let (Some(name), Some(value)) = (read_arg(ctx, &spec.args[0]), read_arg(ctx, &spec.args[1]))
-    else {
+    let (Some(name), Some(value)) = (read_arg(ctx, &spec.args[0]), read_arg(ctx, &spec.args[1])) else {
         count_loss();
         return;
     };
-    let mut key = SubsystemKey {
-        tgid,
-        _pad: 0,
-        name: [0; SUBSYSTEM_NAME_LEN],
-    };
+    let mut key = SubsystemKey { tgid, _pad: 0, name: [0; SUBSYSTEM_NAME_LEN] };
     if !read_name(name as u64, &mut key.name) {
         count_loss();
         return;
@@ -130,10 +125,7 @@ fn count(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
     } else {
         None
     };
-    let key = UsdtCounterKey {
-        tgid,
-        counter: spec.counter,
-    };
+    let key = UsdtCounterKey { tgid, counter: spec.counter };
     let mut counter = USDT_COUNTERS.get_ptr_mut(key);
     if counter.is_none() {
         let _ = USDT_COUNTERS.insert(key, UsdtCounterValue::default(), u64::from(BPF_NOEXIST));
@@ -161,8 +153,7 @@ fn register(ctx: &ProbeContext, offset: u16) -> Option<u64> {
     // The offset comes from a map, so the context cannot be read directly (the verifier allows only
     // constant offsets into it); the helper reads it instead.
     // SAFETY: the address lies inside the context's pt_regs, checked above.
-    unsafe { bpf_probe_read_kernel((ctx.regs as *const u8).add(offset as usize) as *const u64) }
-        .ok()
+    unsafe { bpf_probe_read_kernel((ctx.regs as *const u8).add(offset as usize) as *const u64) }.ok()
 }
 
 /// Evaluates one argument spec; None when a register or the target's memory cannot be read.

@@ -47,12 +47,8 @@ pub const ENTRY_POINTS: [EntryPoint; 14] = [
 ];
 
 /// Symbol prefixes of allocators built to live beside the system one, and their names.
-const KNOWN_PREFIXES: [(&str, &str); 4] = [
-    ("je_", "jemalloc"),
-    ("tc_", "tcmalloc"),
-    ("mi_", "mimalloc"),
-    ("_rjem_", "jemalloc (Rust)"),
-];
+const KNOWN_PREFIXES: [(&str, &str); 4] =
+    [("je_", "jemalloc"), ("tc_", "tcmalloc"), ("mi_", "mimalloc"), ("_rjem_", "jemalloc (Rust)")];
 
 /// What the user said about the allocator: `--lib PATH` and `--allocator NAME|PREFIX`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,10 +108,10 @@ impl Allocator {
     /// The allocator of a running process, read through /proc/PID/root (containers see other files).
     pub fn of_process(pid: u32, overrides: &Overrides) -> Result<Self> {
         let objects = link_order_of_process(pid)?;
-        let lib = overrides.lib.as_ref().map(|lib| ObjectFile {
-            path: lib.clone(),
-            host_path: procfs::in_root_of(pid, lib),
-        });
+        let lib = overrides
+            .lib
+            .as_ref()
+            .map(|lib| ObjectFile { path: lib.clone(), host_path: procfs::in_root_of(pid, lib) });
         choose(&objects, lib, overrides.prefix.as_deref())
             .with_context(|| format!("finding the allocator of pid {pid}"))
     }
@@ -123,20 +119,38 @@ impl Allocator {
     /// The allocator a command will use once it runs, found by resolving its dependencies the way
     /// the dynamic linker will.
     pub fn of_command(program: &Path, overrides: &Overrides) -> Result<Self> {
-        let objects = link_order_of_command(program)?;
-        let lib = overrides.lib.as_ref().map(|lib| ObjectFile {
-            path: lib.clone(),
-            host_path: lib.clone(),
-        });
+        let objects = link_order_of_command(program, Path::new("/"), &[])?;
+        let lib = overrides.lib.as_ref().map(|lib| ObjectFile { path: lib.clone(), host_path: lib.clone() });
         choose(&objects, lib, overrides.prefix.as_deref())
             .with_context(|| format!("finding the allocator of {}", program.display()))
     }
 
+    /// The allocator of a process that has just exec'd a program, before the dynamic linker has
+    /// mapped its libraries: resolved like a command, inside the process's own root.
+    pub fn of_exec(pid: u32, overrides: &Overrides) -> Result<Self> {
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let program = PathBuf::from(format!("/proc/{pid}/exe"));
+        let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let environ: Vec<String> =
+            environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();
+        let objects = link_order_of_command(&program, &root, &environ)?;
+        let lib = overrides
+            .lib
+            .as_ref()
+            .map(|lib| ObjectFile { path: lib.clone(), host_path: procfs::in_root_of(pid, lib) });
+        choose(&objects, lib, overrides.prefix.as_deref())
+    }
+
+    /// The allocator a library file provides, if it provides one (plain or with a known prefix).
+    pub fn of_file(path: &Path) -> Option<Self> {
+        let object = ObjectFile { path: path.to_owned(), host_path: path.to_owned() };
+        choose(std::slice::from_ref(&object), None, None).ok()
+    }
+
     fn from_object(object: &ObjectFile, prefix: &str) -> Result<Option<Self>> {
-        let data = fs::read(&object.host_path)
-            .with_context(|| format!("reading {}", object.host_path.display()))?;
-        let elf = ElfObject::parse(&data)
-            .with_context(|| format!("parsing {}", object.path.display()))?;
+        let data =
+            fs::read(&object.host_path).with_context(|| format!("reading {}", object.host_path.display()))?;
+        let elf = ElfObject::parse(&data).with_context(|| format!("parsing {}", object.path.display()))?;
         let entry_points = resolve_entry_points(&elf, prefix)
             .with_context(|| format!("reading the symbols of {}", object.path.display()))?;
         let defines_malloc = entry_points.iter().any(|e| e.entry.symbol == "malloc");
@@ -152,17 +166,11 @@ impl Allocator {
 /// The first object in search order that defines malloc wins, as it does for the dynamic linker.
 /// Failing that, an allocator with a known prefix anywhere (e.g. Rust's jemallocator in the
 /// executable) is the one the program calls.
-fn choose(
-    objects: &[ObjectFile],
-    lib: Option<ObjectFile>,
-    prefix: Option<&str>,
-) -> Result<Allocator> {
+fn choose(objects: &[ObjectFile], lib: Option<ObjectFile>, prefix: Option<&str>) -> Result<Allocator> {
     if let Some(lib) = lib {
         let prefixes: Vec<&str> = match prefix {
             Some(prefix) => vec![prefix],
-            None => std::iter::once("")
-                .chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p))
-                .collect(),
+            None => std::iter::once("").chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p)).collect(),
         };
         for prefix in prefixes {
             if let Some(allocator) = Allocator::from_object(&lib, prefix)? {
@@ -177,9 +185,7 @@ fn choose(
     }
     let prefixes: Vec<&str> = match prefix {
         Some(prefix) => vec![prefix],
-        None => std::iter::once("")
-            .chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p))
-            .collect(),
+        None => std::iter::once("").chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p)).collect(),
     };
     for prefix in prefixes {
         for object in objects {
@@ -200,10 +206,7 @@ fn kind_of(path: &Path, prefix: &str) -> String {
     if let Some((_, name)) = KNOWN_PREFIXES.iter().find(|(p, _)| *p == prefix) {
         return (*name).to_owned();
     }
-    let file = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     for name in ["jemalloc", "tcmalloc", "mimalloc"] {
         if file.contains(name) {
             return name.to_owned();
@@ -217,11 +220,9 @@ fn kind_of(path: &Path, prefix: &str) -> String {
 }
 
 fn is_libc(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|name| name.to_str())
-        .is_some_and(|name| {
-            name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"))
-        })
+    path.file_name().and_then(|name| name.to_str()).is_some_and(|name| {
+        name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"))
+    })
 }
 
 /// The objects of a running process in the dynamic linker's symbol search order: the executable,
@@ -235,36 +236,25 @@ fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
             mapped.push(mapping.path);
         }
     }
-    let exe = fs::read_link(format!("/proc/{pid}/exe"))
-        .with_context(|| format!("reading /proc/{pid}/exe"))?;
+    let exe =
+        fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))?;
     let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
-    let object = |path: &Path| ObjectFile {
-        path: path.to_owned(),
-        host_path: procfs::in_root_of(pid, path),
-    };
+    let object = |path: &Path| ObjectFile { path: path.to_owned(), host_path: procfs::in_root_of(pid, path) };
     let find_mapped = |name: &str| -> Option<PathBuf> {
         mapped
             .iter()
             .find(|path| path.as_os_str() == name || path.file_name().is_some_and(|n| n == name))
             .cloned()
     };
-    let mut order = vec![ObjectFile {
-        path: exe.clone(),
-        host_path: PathBuf::from(format!("/proc/{pid}/exe")),
-    }];
+    let mut order =
+        vec![ObjectFile { path: exe.clone(), host_path: PathBuf::from(format!("/proc/{pid}/exe")) }];
     let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    for preload in preloads(
-        environ
-            .split(|&b| b == 0)
-            .map(|var| String::from_utf8_lossy(var).into_owned()),
-    ) {
+    for preload in preloads(environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned())) {
         if let Some(path) = find_mapped(&preload) {
             order.push(object(&path));
         }
     }
-    let needed = needed_breadth_first(&order[0].host_path, |name, _| {
-        find_mapped(name).map(|p| object(&p))
-    });
+    let needed = needed_breadth_first(&order[0].host_path, |name, _| find_mapped(name).map(|p| object(&p)));
     order.extend(needed);
     for path in &mapped {
         order.push(object(path));
@@ -273,23 +263,38 @@ fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
     Ok(order)
 }
 
-/// The objects a command will load, resolved on this machine before it runs.
-fn link_order_of_command(program: &Path) -> Result<Vec<ObjectFile>> {
+/// The objects a program will load, resolved before it runs, in the file system under `root`
+/// (`/`, or /proc/PID/root for a process in another mount namespace). `environ` is the program's
+/// environment when it is not memtrace's own.
+fn link_order_of_command(program: &Path, root: &Path, environ: &[String]) -> Result<Vec<ObjectFile>> {
+    let in_root = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
     let object = |path: &Path| ObjectFile {
-        path: path.to_owned(),
+        path: path.strip_prefix(root).map_or_else(|_| path.to_owned(), |p| Path::new("/").join(p)),
         host_path: path.to_owned(),
     };
-    let mut order = vec![object(program)];
-    let library_path: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|paths| std::env::split_paths(&paths).collect())
-        .unwrap_or_default();
-    for preload in preloads(std::env::vars().map(|(k, v)| format!("{k}={v}"))) {
-        if let Some(path) = find_library(&preload, &library_path, &[]) {
+    let mut order = vec![ObjectFile { path: program.to_owned(), host_path: program.to_owned() }];
+    let environ: Vec<String> = if environ.is_empty() {
+        std::env::vars().map(|(k, v)| format!("{k}={v}")).collect()
+    } else {
+        environ.to_vec()
+    };
+    let library_path: Vec<PathBuf> = environ
+        .iter()
+        .filter_map(|var| var.strip_prefix("LD_LIBRARY_PATH="))
+        .flat_map(|paths| std::env::split_paths(paths).map(|p| in_root(&p)).collect::<Vec<_>>())
+        .collect();
+    let system_dirs: Vec<PathBuf> = SYSTEM_LIBRARY_DIRS.iter().map(|dir| in_root(Path::new(dir))).collect();
+    for preload in preloads(environ.iter().cloned()) {
+        let preload = match preload.strip_prefix('/') {
+            Some(_) => in_root(Path::new(&preload)).to_string_lossy().into_owned(),
+            None => preload,
+        };
+        if let Some(path) = find_library(&preload, &library_path, &[], &system_dirs) {
             order.push(object(&path));
         }
     }
     let needed = needed_breadth_first(program, |name, runpath| {
-        find_library(name, &library_path, runpath).map(|p| object(&p))
+        find_library(name, &library_path, runpath, &system_dirs).map(|p| object(&p))
     });
     order.extend(needed);
     dedup(&mut order);
@@ -300,11 +305,7 @@ fn preloads(environ: impl Iterator<Item = String>) -> Vec<String> {
     environ
         .filter_map(|var| var.strip_prefix("LD_PRELOAD=").map(str::to_owned))
         .flat_map(|value| {
-            value
-                .split([' ', ':'])
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
+            value.split([' ', ':']).filter(|s| !s.is_empty()).map(str::to_owned).collect::<Vec<_>>()
         })
         .collect()
 }
@@ -346,26 +347,42 @@ fn needed_breadth_first(
 
 /// The default search directories of Debian's x86-64 dynamic linker, after LD_LIBRARY_PATH and
 /// the object's run path.
-const SYSTEM_LIBRARY_DIRS: [&str; 6] = [
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib64",
-    "/usr/lib64",
-    "/lib",
-    "/usr/lib",
-];
+const SYSTEM_LIBRARY_DIRS: [&str; 6] =
+    ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
 
-fn find_library(name: &str, library_path: &[PathBuf], runpath: &[PathBuf]) -> Option<PathBuf> {
+fn find_library(
+    name: &str,
+    library_path: &[PathBuf],
+    runpath: &[PathBuf],
+    system_dirs: &[PathBuf],
+) -> Option<PathBuf> {
     if name.contains('/') {
         return Path::new(name).is_file().then(|| PathBuf::from(name));
     }
     library_path
         .iter()
         .chain(runpath)
-        .map(PathBuf::as_path)
-        .chain(SYSTEM_LIBRARY_DIRS.iter().map(Path::new))
+        .chain(system_dirs)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+/// Allocator libraries installed in the system's library directories, which a program started
+/// later may load: probing them up front traces such a program from its first allocation.
+pub fn installed_allocator_libraries() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for dir in SYSTEM_LIBRARY_DIRS {
+        let Ok(entries) = fs::read_dir(dir) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let allocator =
+                ["libjemalloc.so", "libtcmalloc", "libmimalloc"].iter().any(|prefix| name.starts_with(prefix));
+            if (allocator && name.contains(".so")) || name == "libc.so.6" {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
 }
 
 fn dedup(objects: &mut Vec<ObjectFile>) {
@@ -385,18 +402,11 @@ pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<Res
             continue;
         }
         let Some(offset) = elf.code_file_offset(address) else {
-            bail!(
-                "{prefix}{} at {address:#x} lies in no executable segment",
-                entry.symbol
-            );
+            bail!("{prefix}{} at {address:#x} lies in no executable segment", entry.symbol);
         };
         let code = elf.data().get(offset as usize..).unwrap_or_default();
         let probe_offset = offset + single_stepped_prologue_len(code, address);
-        resolved.push(ResolvedEntryPoint {
-            entry,
-            offset,
-            probe_offset,
-        });
+        resolved.push(ResolvedEntryPoint { entry, offset, probe_offset });
     }
     Ok(resolved)
 }
@@ -413,8 +423,7 @@ fn single_stepped_prologue_len(code: &[u8], address: u64) -> u64 {
     }
     let instruction = decoder.decode();
     let flags_only = matches!(instruction.mnemonic(), Mnemonic::Test | Mnemonic::Cmp);
-    let registers_only =
-        (0..instruction.op_count()).all(|i| instruction.op_kind(i) == OpKind::Register);
+    let registers_only = (0..instruction.op_count()).all(|i| instruction.op_kind(i) == OpKind::Register);
     if flags_only && registers_only {
         instruction.len() as u64
     } else {
@@ -429,20 +438,11 @@ mod tests {
     #[test]
     fn leading_register_test_is_skipped() {
         // test %rdi,%rdi ; je +0x10
-        assert_eq!(
-            single_stepped_prologue_len(&[0x48, 0x85, 0xff, 0x74, 0x10], 0x1000),
-            3
-        );
+        assert_eq!(single_stepped_prologue_len(&[0x48, 0x85, 0xff, 0x74, 0x10], 0x1000), 3);
         // push %rbp
-        assert_eq!(
-            single_stepped_prologue_len(&[0x55, 0x48, 0x89, 0xe5], 0x1000),
-            0
-        );
+        assert_eq!(single_stepped_prologue_len(&[0x55, 0x48, 0x89, 0xe5], 0x1000), 0);
         // cmpq $0x0,(%rdi): touches memory, keep the probe at entry
-        assert_eq!(
-            single_stepped_prologue_len(&[0x48, 0x83, 0x3f, 0x00], 0x1000),
-            0
-        );
+        assert_eq!(single_stepped_prologue_len(&[0x48, 0x83, 0x3f, 0x00], 0x1000), 0);
         assert_eq!(single_stepped_prologue_len(&[], 0x1000), 0);
     }
 
@@ -460,26 +460,12 @@ mod tests {
         let data = fs::read(own_libc()).unwrap();
         let resolved = resolve_entry_points(&ElfObject::parse(&data).unwrap(), "").unwrap();
         let names: Vec<_> = resolved.iter().map(|r| r.entry.symbol).collect();
-        for expected in [
-            "malloc",
-            "calloc",
-            "realloc",
-            "reallocarray",
-            "posix_memalign",
-            "memalign",
-            "free",
-        ] {
-            assert!(
-                names.contains(&expected),
-                "{expected} missing from {names:?}"
-            );
+        for expected in ["malloc", "calloc", "realloc", "reallocarray", "posix_memalign", "memalign", "free"]
+        {
+            assert!(names.contains(&expected), "{expected} missing from {names:?}");
         }
         let offsets: HashSet<_> = resolved.iter().map(|r| r.offset).collect();
-        assert_eq!(
-            offsets.len(),
-            resolved.len(),
-            "an address is probed twice: {resolved:?}"
-        );
+        assert_eq!(offsets.len(), resolved.len(), "an address is probed twice: {resolved:?}");
     }
 
     #[test]
@@ -487,34 +473,21 @@ mod tests {
         let allocator = Allocator::of_process(std::process::id(), &Overrides::default()).unwrap();
         assert_eq!(allocator.kind, "glibc");
         let command =
-            Allocator::of_command(&std::env::current_exe().unwrap(), &Overrides::default())
-                .unwrap();
+            Allocator::of_command(&std::env::current_exe().unwrap(), &Overrides::default()).unwrap();
         assert_eq!(command.kind, "glibc");
     }
 
     #[test]
     fn a_lib_without_the_prefix_is_a_clear_error() {
-        let overrides = Overrides {
-            lib: Some(own_libc()),
-            prefix: Some("je_".into()),
-        };
+        let overrides = Overrides { lib: Some(own_libc()), prefix: Some("je_".into()) };
         let err = Allocator::of_process(std::process::id(), &overrides).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("defines no je_malloc"),
-            "{err:#}"
-        );
+        assert!(format!("{err:#}").contains("defines no je_malloc"), "{err:#}");
     }
 
     #[test]
     fn preload_lists_split_on_spaces_and_colons() {
-        let environ = [
-            "HOME=/root".to_owned(),
-            "LD_PRELOAD=/a/libx.so:liby.so libz.so".to_owned(),
-        ];
-        assert_eq!(
-            preloads(environ.into_iter()),
-            ["/a/libx.so", "liby.so", "libz.so"]
-        );
+        let environ = ["HOME=/root".to_owned(), "LD_PRELOAD=/a/libx.so:liby.so libz.so".to_owned()];
+        assert_eq!(preloads(environ.into_iter()), ["/a/libx.so", "liby.so", "libz.so"]);
     }
 
     #[test]

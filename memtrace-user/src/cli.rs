@@ -10,7 +10,7 @@ use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
     name = "memtrace",
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
-    group(ArgGroup::new("target").required(true).args(["pids", "command"])),
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all"])),
     // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true,
@@ -20,6 +20,18 @@ pub struct Cli {
     /// Attach to a running process (repeatable)
     #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
+
+    /// Trace every process on the machine, including those started later
+    #[arg(short, long)]
+    pub all: bool,
+
+    /// With --all: trace only processes with this command name
+    #[arg(long, value_name = "NAME", requires = "all")]
+    pub comm: Option<String>,
+
+    /// With --all: leave this process out (repeatable)
+    #[arg(long = "exclude-pid", value_name = "PID", requires = "all")]
+    pub exclude_pids: Vec<u32>,
 
     /// Trace file to write (Chrome trace-event JSON) [default: memtrace-<date>-<time>.json]
     #[arg(short, long, value_name = "PATH")]
@@ -107,9 +119,7 @@ pub struct UsdtListArgs {
 /// Parses a human duration such as `250ms`, `2s`, `1m30s`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|err| {
-        format!(
-            "`{text}` is not a duration ({err}); write a number with a unit, e.g. 250ms, 2s, 1m"
-        )
+        format!("`{text}` is not a duration ({err}); write a number with a unit, e.g. 250ms, 2s, 1m")
     })
 }
 
@@ -143,8 +153,7 @@ mod tests {
         assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
         let both = Cli::try_parse_from(["memtrace", "--pid", "1", "--", "true"]).unwrap_err();
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
-        let cli =
-            Cli::try_parse_from(["memtrace", "-p", "1", "--pid", "2", "-i", "250ms"]).unwrap();
+        let cli = Cli::try_parse_from(["memtrace", "-p", "1", "--pid", "2", "-i", "250ms"]).unwrap();
         assert_eq!(cli.pids, [1, 2]);
         assert_eq!(cli.interval, Duration::from_millis(250));
         let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
@@ -166,11 +175,7 @@ mod tests {
         .unwrap();
         assert_eq!(cli.usdt.len(), 2);
         assert_eq!(cli.usdt[1].argument, Some(1));
-        assert_eq!(
-            cli.command,
-            ["usdt"],
-            "after -- a command may be called usdt"
-        );
+        assert_eq!(cli.command, ["usdt"], "after -- a command may be called usdt");
         assert!(cli.subcommand.is_none());
         let bad = Cli::try_parse_from(["memtrace", "--usdt", "tick", "--", "x"]).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::ValueValidation);

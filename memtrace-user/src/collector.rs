@@ -21,7 +21,13 @@ pub struct Collector {
 impl Collector {
     pub fn sample(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
         for process in model.processes.values_mut() {
+            if process.released {
+                continue;
+            }
             process.stats = probes.stats(process.pid)?;
+            if process.stats.exited != 0 {
+                process.exited = true;
+            }
             if process.exited {
                 continue;
             }
@@ -34,10 +40,7 @@ impl Collector {
             }
             if let Ok(mappings) = procfs::mappings(process.pid) {
                 for mapping in &mappings {
-                    self.symbolizer.index(
-                        &procfs::in_root_of(process.pid, &mapping.path),
-                        &mapping.path,
-                    );
+                    self.symbolizer.index(&procfs::in_root_of(process.pid, &mapping.path), &mapping.path);
                 }
                 process.mappings = mappings;
             }
@@ -58,15 +61,15 @@ impl Collector {
         probes: &Probes,
         model: &mut Model,
         older: Duration,
+        of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
         let now_ns = monotonic_now_ns();
         let mut leaked: HashMap<StackKey, Leaked> = HashMap::new();
         for (key, allocation) in probes.live_allocations()? {
-            let stack = StackKey {
-                tgid: key.tgid,
-                _pad: 0,
-                stack: allocation.stack,
-            };
+            if !of_process(key.tgid) {
+                continue;
+            }
+            let stack = StackKey { tgid: key.tgid, _pad: 0, stack: allocation.stack };
             let entry = leaked.entry(stack).or_default();
             let age = Duration::from_nanos(now_ns.saturating_sub(allocation.timestamp_ns));
             entry.oldest_age = entry.oldest_age.max(Some(age));
@@ -75,12 +78,14 @@ impl Collector {
                 entry.allocations += 1;
             }
         }
-        let mut totals: HashMap<StackKey, StackTotals> =
-            probes.stack_totals()?.into_iter().collect();
+        let mut totals: HashMap<StackKey, StackTotals> = probes.stack_totals()?.into_iter().collect();
         for key in leaked.keys() {
             totals.entry(*key).or_default();
         }
         for (key, totals) in totals {
+            if !of_process(key.tgid) {
+                continue;
+            }
             let Some(process) = model.processes.get_mut(&key.tgid) else {
                 continue;
             };
@@ -98,8 +103,7 @@ impl Collector {
         }
         for process in model.processes.values_mut() {
             process.stacks.sort_by(|a, b| {
-                (b.leaked_bytes, b.totals.allocated_bytes)
-                    .cmp(&(a.leaked_bytes, a.totals.allocated_bytes))
+                (b.leaked_bytes, b.totals.allocated_bytes).cmp(&(a.leaked_bytes, a.totals.allocated_bytes))
             });
         }
         Ok(())
@@ -115,10 +119,7 @@ struct Leaked {
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
 fn monotonic_now_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes only the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64

@@ -94,13 +94,8 @@ mod tests {
         let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         let object = ElfObject::parse(&data).unwrap();
         let info = object.dynamic_info().unwrap();
-        assert!(
-            info.needed.iter().any(|n| n.starts_with("libc.so")),
-            "{info:?}"
-        );
-        let main = object
-            .defined_function("main")
-            .expect("test binaries keep .symtab");
+        assert!(info.needed.iter().any(|n| n.starts_with("libc.so")), "{info:?}");
+        let main = object.defined_function("main").expect("test binaries keep .symtab");
         assert!(object.code_file_offset(main).is_some());
     }
 

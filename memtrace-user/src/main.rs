@@ -11,6 +11,7 @@ mod probes;
 mod procfs;
 mod session;
 mod symbolize;
+mod system_wide;
 mod target;
 mod usdt;
 

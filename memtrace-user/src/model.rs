@@ -18,6 +18,9 @@ pub struct Process {
     /// Last resident set size read while the process was alive.
     pub rss_bytes: u64,
     pub exited: bool,
+    /// Its kernel state is gone (system-wide tracing releases exited processes): the figures are
+    /// final and no longer read.
+    pub released: bool,
     /// File mappings as last read while the process was alive, to place address-only frames.
     pub mappings: Vec<Mapping>,
     /// Call stacks that allocated, filled in at the end of the run (empty with --no-stacks).
@@ -55,6 +58,21 @@ pub struct Model {
     pub unattributed_lost_events: u64,
     /// USDT reports the kernel could not record (a full map, an unreadable argument).
     pub usdt_lost_events: u64,
+    /// System-wide tracing: how full the kernel's tables are, to show they stay bounded.
+    pub kernel_maps: Option<KernelMaps>,
+}
+
+/// Occupancy of the kernel's tables at the end of a system-wide run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelMaps {
+    /// Processes with figures in the kernel at the end.
+    pub processes: usize,
+    pub live_allocations: usize,
+    pub stack_totals: usize,
+    /// The most processes the kernel held figures for at any sample.
+    pub peak_processes: usize,
+    /// Exited processes whose kernel state was released during the run.
+    pub released_processes: usize,
 }
 
 impl Model {
@@ -69,6 +87,7 @@ impl Model {
                 stats: ProcessStats::default(),
                 rss_bytes: 0,
                 exited: false,
+                released: false,
                 mappings: Vec::new(),
                 stacks: Vec::new(),
                 usdt: UsdtFigures::default(),
@@ -79,11 +98,7 @@ impl Model {
     pub fn lost_events(&self) -> u64 {
         self.unattributed_lost_events
             + self.usdt_lost_events
-            + self
-                .processes
-                .values()
-                .map(|p| p.stats.lost_events)
-                .sum::<u64>()
+            + self.processes.values().map(|p| p.stats.lost_events).sum::<u64>()
     }
 }
 
@@ -118,10 +133,7 @@ impl Process {
                 }
                 let totals = by_name
                     .entry(name.clone())
-                    .or_insert_with(|| FunctionTotals {
-                        name,
-                        ..FunctionTotals::default()
-                    });
+                    .or_insert_with(|| FunctionTotals { name, ..FunctionTotals::default() });
                 totals.live_inclusive_bytes += stack.totals.live_bytes;
                 totals.allocated_inclusive_bytes += stack.totals.allocated_bytes;
                 if depth == 0 {
@@ -141,8 +153,7 @@ impl Process {
 
     /// Stacks holding leaked bytes, most first, at most `top`.
     pub fn leaks(&self, top: usize) -> impl Iterator<Item = &StackProfile> {
-        let mut leaks: Vec<&StackProfile> =
-            self.stacks.iter().filter(|s| s.leaked_bytes > 0).collect();
+        let mut leaks: Vec<&StackProfile> = self.stacks.iter().filter(|s| s.leaked_bytes > 0).collect();
         leaks.sort_by_key(|leak| std::cmp::Reverse(leak.leaked_bytes));
         leaks.into_iter().take(top)
     }
@@ -154,13 +165,7 @@ mod tests {
     use crate::symbolize::Frame;
 
     fn frame(name: &str) -> Frame {
-        Frame {
-            function: Some(name.into()),
-            file: None,
-            line: None,
-            module: "m".into(),
-            offset: 0,
-        }
+        Frame { function: Some(name.into()), file: None, line: None, module: "m".into(), offset: 0 }
     }
 
     fn stack(names: &[&str], live: i64, allocated: u64) -> StackProfile {
@@ -198,11 +203,7 @@ mod tests {
         assert_eq!(get("middle").live_exclusive_bytes, 1);
         assert_eq!(get("middle").allocated_inclusive_bytes, 321);
         assert_eq!(get("leaf_a").allocated_exclusive_bytes, 300);
-        assert_eq!(
-            get("recurse").live_inclusive_bytes,
-            5,
-            "recursion counts once"
-        );
+        assert_eq!(get("recurse").live_inclusive_bytes, 5, "recursion counts once");
         let leaks: Vec<_> = process.leaks(2).map(|s| s.leaked_bytes).collect();
         assert_eq!(leaks, [100, 10]);
     }

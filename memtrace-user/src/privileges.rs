@@ -19,9 +19,7 @@ pub fn check() -> Result<()> {
 }
 
 fn effective_capabilities(status: &str) -> Option<u64> {
-    let hex = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))?;
+    let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()
 }
 
@@ -37,16 +35,11 @@ mod tests {
     #[test]
     fn capabilities_from_proc_status() {
         let root = "Name:\tx\nCapEff:\t000001ffffffffff\n";
-        assert!(has_tracing_capabilities(
-            effective_capabilities(root).unwrap()
-        ));
+        assert!(has_tracing_capabilities(effective_capabilities(root).unwrap()));
         let bpf_perfmon = (1u64 << CAP_BPF) | (1 << CAP_PERFMON);
         assert!(has_tracing_capabilities(bpf_perfmon));
         assert!(!has_tracing_capabilities(1 << CAP_BPF));
-        assert_eq!(
-            effective_capabilities("CapEff:\t0000000000000000\n"),
-            Some(0)
-        );
+        assert_eq!(effective_capabilities("CapEff:\t0000000000000000\n"), Some(0));
         assert_eq!(effective_capabilities("nothing"), None);
     }
 }

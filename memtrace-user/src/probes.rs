@@ -2,12 +2,12 @@
 //! for one process, and read the kernel's maps. Every attachment is a perf-event link owned by a file
 //! descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
 
-use std::num::NonZeroU32;
+use std::{collections::HashSet, num::NonZeroU32};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError},
-    programs::{uprobe::UProbeScope, UProbe},
+    maps::{Array, HashMap, MapData, MapError, RingBuf},
+    programs::{uprobe::UProbeScope, Program, UProbe},
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
@@ -36,6 +36,41 @@ fn program_names(function: AllocatorFunction) -> (&'static str, Option<&'static 
     }
 }
 
+/// How the kernel side is set up for a run.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeConfig {
+    /// Capacity of the live-allocation table.
+    pub max_allocations: u32,
+    pub capture_stacks: bool,
+    /// Set for system-wide tracing, where probes fire in every process.
+    pub system_wide: Option<ProcessFilter>,
+}
+
+/// Which processes system-wide tracing leaves out.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFilter {
+    /// memtrace itself, which must never trace its own allocations.
+    pub self_tgid: u32,
+    pub excluded_pids: Vec<u32>,
+    /// Trace only processes with this command name.
+    pub only_comm: Option<String>,
+}
+
+/// Where the probes on an allocator fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Process(u32),
+    AllProcesses,
+}
+
+/// How many entries the kernel's tables hold, to show they stay bounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapOccupancy {
+    pub processes: usize,
+    pub live_allocations: usize,
+    pub stack_totals: usize,
+}
+
 pub struct Probes {
     ebpf: Ebpf,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
@@ -43,31 +78,42 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads every program into the kernel; `max_allocations` sizes the live-allocation table.
-    pub fn load(max_allocations: u32, capture_stacks: bool) -> Result<Self> {
+    /// Loads every program into the kernel.
+    pub fn load(config: &ProbeConfig) -> Result<Self> {
+        let filter = config.system_wide.clone().unwrap_or_default();
+        let only_comm = comm_bytes(filter.only_comm.as_deref().unwrap_or_default())?;
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("ALLOCATIONS", max_allocations)
-            .override_global("CAPTURE_STACKS", &u8::from(capture_stacks), true)
+            .map_max_entries("ALLOCATIONS", config.max_allocations)
+            .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
+            .override_global("FILTER_PROCESSES", &u8::from(config.system_wide.is_some()), true)
+            .override_global("SELF_TGID", &filter.self_tgid, true)
+            .override_global("ONLY_COMM", &only_comm, true)
             .load(BPF_OBJECT)
             .context("loading the BPF programs into the kernel")?;
         for (name, program) in ebpf.programs_mut() {
-            let uprobe: &mut UProbe = program
-                .try_into()
-                .with_context(|| format!("program {name}"))?;
-            uprobe
-                .load()
-                .with_context(|| format!("verifying BPF program {name}"))?;
+            match program {
+                Program::UProbe(program) => program.load(),
+                Program::RawTracePoint(program) => program.load(),
+                _ => bail!("BPF program {name} is of a kind memtrace does not load"),
+            }
+            .with_context(|| format!("verifying BPF program {name}"))?;
         }
-        Ok(Self {
-            ebpf,
-            usdt: crate::usdt::UsdtProbes::default(),
-        })
+        let mut excluded: HashMap<&mut MapData, u32, u8> =
+            HashMap::try_from(ebpf.map_mut("EXCLUDED_PIDS").context("no map EXCLUDED_PIDS")?)?;
+        for pid in &filter.excluded_pids {
+            excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
+        }
+        Ok(Self { ebpf, usdt: crate::usdt::UsdtProbes::default() })
     }
 
-    /// Attaches to every entry point of `allocator`, for process `pid` only.
-    pub fn attach(&mut self, allocator: &Allocator, pid: u32) -> Result<()> {
-        let scope =
-            UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0 cannot be traced")?);
+    /// Attaches to every entry point of `allocator`, for one process or for all that map it.
+    pub fn attach(&mut self, allocator: &Allocator, scope: Scope) -> Result<()> {
+        let scope = match scope {
+            Scope::Process(pid) => {
+                UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0 cannot be traced")?)
+            }
+            Scope::AllProcesses => UProbeScope::AllProcesses,
+        };
         for resolved in &allocator.entry_points {
             let (enter, exit) = program_names(resolved.entry.function);
             self.attach_one(enter, resolved.probe_offset, allocator, scope)?;
@@ -93,13 +139,71 @@ impl Probes {
             .try_into()?;
         uprobe
             .attach(offset, &allocator.host_path, scope)
-            .with_context(|| {
-                format!(
-                    "attaching {program} to {}+{offset:#x}",
-                    allocator.path.display()
-                )
-            })?;
+            .with_context(|| format!("attaching {program} to {}+{offset:#x}", allocator.path.display()))?;
         Ok(())
+    }
+
+    /// Follows processes as they exec and exit (system-wide tracing); returns the ring buffer
+    /// that announces execs.
+    pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
+        // Raw tracepoints attach by name, with no tracefs needed.
+        for (program, event) in
+            [("process_exit", "sched_process_exit"), ("process_exec", "sched_process_exec")]
+        {
+            let tracepoint: &mut aya::programs::RawTracePoint = self
+                .ebpf
+                .program_mut(program)
+                .with_context(|| format!("the BPF object has no program {program}"))?
+                .try_into()?;
+            tracepoint.attach(event).with_context(|| format!("attaching to sched:{event}"))?;
+        }
+        let events = self.ebpf.take_map("EXEC_EVENTS").context("the BPF object has no map EXEC_EVENTS")?;
+        Ok(RingBuf::try_from(events)?)
+    }
+
+    /// Every process the kernel has figures for.
+    pub fn traced_processes(&self) -> Result<Vec<(u32, ProcessStats)>> {
+        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
+        collect_entries(stats.iter(), "the per-process statistics map")
+    }
+
+    /// Forgets exited processes in the kernel, so the tables do not fill up over a long run.
+    pub fn release(&mut self, tgids: &HashSet<u32>) -> Result<()> {
+        if tgids.is_empty() {
+            return Ok(());
+        }
+        let mut stats: HashMap<&mut MapData, u32, ProcessStats> =
+            HashMap::try_from(self.ebpf.map_mut("STATS").context("no map STATS")?)?;
+        for tgid in tgids {
+            let _ = stats.remove(tgid);
+        }
+        let mut allocations: HashMap<&mut MapData, AllocationKey, Allocation> =
+            HashMap::try_from(self.ebpf.map_mut("ALLOCATIONS").context("no map ALLOCATIONS")?)?;
+        let doomed: Vec<AllocationKey> =
+            allocations.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+        for key in &doomed {
+            let _ = allocations.remove(key);
+        }
+        let mut totals: HashMap<&mut MapData, StackKey, StackTotals> =
+            HashMap::try_from(self.ebpf.map_mut("STACK_TOTALS").context("no map STACK_TOTALS")?)?;
+        let doomed: Vec<StackKey> =
+            totals.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+        for key in &doomed {
+            let _ = totals.remove(key);
+        }
+        Ok(())
+    }
+
+    pub fn occupancy(&self) -> Result<MapOccupancy> {
+        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
+        let allocations: HashMap<&MapData, AllocationKey, Allocation> =
+            HashMap::try_from(self.map("ALLOCATIONS")?)?;
+        let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
+        Ok(MapOccupancy {
+            processes: stats.keys().count(),
+            live_allocations: allocations.keys().count(),
+            stack_totals: totals.keys().count(),
+        })
     }
 
     /// The kernel's totals for a process; zero before its first allocator call.
@@ -127,8 +231,7 @@ impl Probes {
 
     /// What each (process, call stack) allocated and still holds.
     pub fn stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
-        let totals: HashMap<&MapData, StackKey, StackTotals> =
-            HashMap::try_from(self.map("STACK_TOTALS")?)?;
+        let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
         collect_entries(totals.iter(), "the per-stack totals map")
     }
 
@@ -142,24 +245,18 @@ impl Probes {
     }
 
     pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
-        self.ebpf
-            .map(name)
-            .with_context(|| format!("the BPF object has no map {name}"))
+        self.ebpf.map(name).with_context(|| format!("the BPF object has no map {name}"))
     }
 
     pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
-        self.ebpf
-            .map_mut(name)
-            .with_context(|| format!("the BPF object has no map {name}"))
+        self.ebpf.map_mut(name).with_context(|| format!("the BPF object has no map {name}"))
     }
 
     /// A loaded program's descriptor, for links memtrace creates itself: aya cannot attach a
     /// uprobe with a USDT semaphore.
     pub fn program_fd(&self, name: &str) -> Result<aya::programs::ProgramFd> {
-        let program = self
-            .ebpf
-            .program(name)
-            .with_context(|| format!("the BPF object has no program {name}"))?;
+        let program =
+            self.ebpf.program(name).with_context(|| format!("the BPF object has no program {name}"))?;
         Ok(program.fd()?.try_clone()?)
     }
 }
@@ -172,4 +269,14 @@ fn collect_entries<K, V>(
         .filter(|entry| !matches!(entry, Err(MapError::KeyNotFound)))
         .collect::<Result<_, _>>()
         .with_context(|| format!("reading {what}"))
+}
+
+/// A command name as the kernel stores it: at most 15 bytes and a NUL.
+fn comm_bytes(comm: &str) -> Result<[u8; 16]> {
+    if comm.len() > 15 {
+        bail!("--comm {comm:?} is longer than the 15 bytes the kernel keeps of a command name");
+    }
+    let mut bytes = [0u8; 16];
+    bytes[..comm.len()].copy_from_slice(comm.as_bytes());
+    Ok(bytes)
 }

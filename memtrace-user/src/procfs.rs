@@ -8,12 +8,7 @@ use std::{
 /// The process (thread group) a pid or thread id belongs to.
 pub fn tgid(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Tgid:"))?
-        .trim()
-        .parse()
-        .ok()
+    status.lines().find_map(|line| line.strip_prefix("Tgid:"))?.trim().parse().ok()
 }
 
 /// The kernel's short name of the process (at most 15 bytes).
@@ -50,9 +45,7 @@ pub struct Mapping {
 }
 
 pub fn mappings(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse_maps(&fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    Ok(parse_maps(&fs::read_to_string(format!("/proc/{pid}/maps"))?))
 }
 
 fn parse_maps(maps: &str) -> Vec<Mapping> {
@@ -103,20 +96,14 @@ mod tests {
         assert_eq!(mappings[1].start, 0x7f1c2a828000);
         assert!(mappings[1].executable);
         assert_eq!(mappings[1].file_offset, 0x28000);
-        assert_eq!(
-            mappings[1].path,
-            Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")
-        );
+        assert_eq!(mappings[1].path, Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(!mappings[0].executable);
         assert_eq!(mappings[2].path, Path::new("/tmp/my lib.so"));
     }
 
     #[test]
     fn statm_second_field_is_resident_pages() {
-        assert_eq!(
-            parse_statm_resident_pages("2000 345 100 10 0 400 0\n"),
-            Some(345)
-        );
+        assert_eq!(parse_statm_resident_pages("2000 345 100 10 0 400 0\n"), Some(345));
         assert_eq!(parse_statm_resident_pages("garbage"), None);
     }
 

@@ -2,6 +2,7 @@
 //! duration ends or a signal arrives, then hand the results to every exporter.
 
 use std::{
+    collections::HashSet,
     os::fd::AsFd,
     path::{Path, PathBuf},
     process::ExitCode,
@@ -26,10 +27,11 @@ use crate::{
         flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
         trace::TraceFile, Exporter,
     },
-    model::{Model, RunEnd, Sample},
+    model::{KernelMaps, Model, RunEnd, Sample},
     privileges,
-    probes::Probes,
+    probes::{ProbeConfig, ProcessFilter, Probes, Scope},
     procfs,
+    system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
 };
 
@@ -52,27 +54,33 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
     exporters.push(Box::new(TextReport { top: cli.top }));
 
-    let overrides = Overrides {
-        lib: cli.lib.clone(),
-        prefix: cli.allocator.as_deref().map(Overrides::prefix_for),
-    };
-    let mut probes = Probes::load(cli.max_allocations, !cli.no_stacks)?;
+    let overrides =
+        Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
+    let system_wide = cli.all.then(|| ProcessFilter {
+        self_tgid: std::process::id(),
+        excluded_pids: cli.exclude_pids.clone(),
+        only_comm: cli.comm.clone(),
+    });
+    let mut probes = Probes::load(&ProbeConfig {
+        max_allocations: cli.max_allocations,
+        capture_stacks: !cli.no_stacks,
+        system_wide,
+    })?;
     probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
     let mut collector = Collector::default();
     let mut model = Model::default();
     let mut targets = Vec::new();
-    let held = if cli.command.is_empty() {
+    let mut all_processes = None;
+    let held = if cli.all {
+        all_processes = Some(SystemWide::start(&mut probes, overrides.clone())?);
+        None
+    } else if cli.command.is_empty() {
         for &pid in &pids {
             let allocator = Allocator::of_process(pid, &overrides)?;
-            probes.attach(&allocator, pid)?;
+            probes.attach(&allocator, Scope::Process(pid))?;
             crate::usdt::attach_process(&mut probes, pid)?;
             targets.push(Watched::new(pid, false)?);
-            add_traced(
-                &mut model,
-                pid,
-                procfs::comm(pid).unwrap_or_default(),
-                &allocator,
-            );
+            add_traced(&mut model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
         }
         // Read every target's mappings now: a process may exit before the first interval, and
         // its stacks are symbolized through the files it mapped.
@@ -84,18 +92,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         collector.index_object(&program);
         collector.index_object(&allocator.host_path);
         let held = HeldCommand::spawn(&program, &cli.command)?;
-        probes.attach(&allocator, held.pid)?;
+        probes.attach(&allocator, Scope::Process(held.pid))?;
         crate::usdt::attach_command(&mut probes, &program, held.pid)?;
         targets.push(Watched::new(held.pid, true)?);
         add_traced(&mut model, held.pid, command_name(&program), &allocator);
         Some(held)
     };
-    crate::usdt::check_requests_found(&probes, &describe(&model))?;
-    eprintln!(
-        "memtrace: tracing {}; writing {}",
-        describe(&model),
-        trace_path.display()
-    );
+    let what = match &all_processes {
+        Some(all) => format!("all processes through {} allocator files", all.probed_files()),
+        None => describe(&model),
+    };
+    crate::usdt::check_requests_found(&probes, &what)?;
+    eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
         held.release()?;
     }
@@ -107,6 +115,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         model,
         exporters,
         targets,
+        all_processes,
         signals,
         started: Instant::now(),
         samples: 0,
@@ -121,9 +130,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     if let Some(summary) = &cli.summary {
         eprintln!("memtrace: summary written to {}", summary.display());
     }
-    let Run {
-        probes, targets, ..
-    } = run;
+    let Run { probes, targets, .. } = run;
     // Detach before waiting on a command that outlives the trace.
     drop(probes);
     exit_code(ending, &targets)
@@ -170,6 +177,8 @@ struct Run<'a> {
     model: Model,
     exporters: Vec<Box<dyn Exporter>>,
     targets: Vec<Watched>,
+    /// Set with --all.
+    all_processes: Option<SystemWide>,
     signals: SignalFd,
     started: Instant,
     samples: u64,
@@ -200,7 +209,7 @@ impl Run<'_> {
                     next_sample += self.cli.interval;
                 }
             }
-            if self.targets.iter().all(|target| target.exited) {
+            if self.all_processes.is_none() && self.targets.iter().all(|target| target.exited) {
                 return Ok(Ending::TargetsExited);
             }
             if deadline.is_some_and(|deadline| now >= deadline) {
@@ -213,37 +222,31 @@ impl Run<'_> {
     fn wait_until(&mut self, wake: Instant) -> Result<(Option<Signal>, bool)> {
         let timeout = wake.saturating_duration_since(Instant::now());
         let timeout_ms = i32::try_from(timeout.as_millis() + 1).unwrap_or(i32::MAX);
-        let live: Vec<usize> = (0..self.targets.len())
-            .filter(|&i| !self.targets[i].exited)
-            .collect();
+        let live: Vec<usize> = (0..self.targets.len()).filter(|&i| !self.targets[i].exited).collect();
         let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
-        fds.extend(
-            live.iter()
-                .map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)),
-        );
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX),
-        ) {
+        if let Some(all) = &self.all_processes {
+            fds.push(PollFd::new(all.fd(), PollFlags::POLLIN));
+        }
+        let first_target = fds.len();
+        fds.extend(live.iter().map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)));
+        match poll(&mut fds, PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(err) => return Err(err).context("waiting for the traced processes"),
         }
         let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
         let signal_ready = ready(&fds[0]);
-        let exited: Vec<usize> = live
-            .iter()
-            .zip(&fds[1..])
-            .filter(|(_, fd)| ready(fd))
-            .map(|(&i, _)| i)
-            .collect();
+        let execs_ready = first_target > 1 && ready(&fds[1]);
+        let exited: Vec<usize> =
+            live.iter().zip(&fds[first_target..]).filter(|(_, fd)| ready(fd)).map(|(&i, _)| i).collect();
         drop(fds);
         let signal = if signal_ready {
-            self.signals
-                .read_signal()?
-                .and_then(|info| Signal::try_from(info.ssi_signo as i32).ok())
+            self.signals.read_signal()?.and_then(|info| Signal::try_from(info.ssi_signo as i32).ok())
         } else {
             None
         };
+        if let (true, Some(all)) = (execs_ready, &mut self.all_processes) {
+            all.handle_execs(&mut self.probes)?;
+        }
         for &i in &exited {
             self.targets[i].exited = true;
             if let Some(process) = self.model.processes.get_mut(&self.targets[i].pid) {
@@ -254,21 +257,49 @@ impl Run<'_> {
     }
 
     fn running_child(&self) -> Option<u32> {
-        self.targets
-            .iter()
-            .find(|t| t.is_child && !t.exited)
-            .map(|t| t.pid)
+        self.targets.iter().find(|t| t.is_child && !t.exited).map(|t| t.pid)
     }
 
     fn sample(&mut self) -> Result<()> {
+        if let Some(all) = &self.all_processes {
+            all.adopt_new_processes(&self.probes, &mut self.model)?;
+        }
         self.collector.sample(&self.probes, &mut self.model)?;
         self.samples += 1;
-        let sample = Sample {
-            ts_us: self.started.elapsed().as_micros() as u64,
-            dump_id: self.samples,
-        };
+        let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
         for exporter in &mut self.exporters {
             exporter.sample(&self.model, sample)?;
+        }
+        if self.all_processes.is_some() {
+            self.release_exited()?;
+        }
+        Ok(())
+    }
+
+    /// System-wide: processes that exited have had their final sample; keep what the report needs
+    /// and free their kernel state, so the tables stay bounded over a long run.
+    fn release_exited(&mut self) -> Result<()> {
+        let maps = self.model.kernel_maps.get_or_insert_with(KernelMaps::default);
+        let tracked = self.model.processes.values().filter(|p| !p.released).count();
+        maps.peak_processes = maps.peak_processes.max(tracked);
+        let exited: HashSet<u32> =
+            self.model.processes.values().filter(|p| p.exited && !p.released).map(|p| p.pid).collect();
+        if exited.is_empty() {
+            return Ok(());
+        }
+        if !self.cli.no_stacks {
+            self.collector.collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| {
+                exited.contains(&pid)
+            })?;
+        }
+        self.probes.release(&exited)?;
+        for pid in &exited {
+            if let Some(process) = self.model.processes.get_mut(pid) {
+                process.released = true;
+            }
+        }
+        if let Some(maps) = &mut self.model.kernel_maps {
+            maps.released_processes += exited.len();
         }
         Ok(())
     }
@@ -276,8 +307,17 @@ impl Run<'_> {
     fn finish(&mut self, duration: Duration) -> Result<()> {
         self.sample()?;
         if !self.cli.no_stacks {
-            self.collector
-                .collect_stacks(&self.probes, &mut self.model, self.cli.older)?;
+            let unreleased: HashSet<u32> =
+                self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
+            self.collector.collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| {
+                unreleased.contains(&pid)
+            })?;
+        }
+        if let Some(maps) = &mut self.model.kernel_maps {
+            let occupancy = self.probes.occupancy()?;
+            maps.processes = occupancy.processes;
+            maps.live_allocations = occupancy.live_allocations;
+            maps.stack_totals = occupancy.stack_totals;
         }
         for exporter in &mut self.exporters {
             exporter.finish(&self.model, RunEnd { duration })?;
@@ -293,9 +333,7 @@ fn exit_code(ending: Ending, targets: &[Watched]) -> Result<ExitCode> {
     let status = match ending {
         Ending::TargetsExited => child.reap()?,
         Ending::DurationReached => {
-            eprintln!(
-                "memtrace: --duration reached; tracing stopped, waiting for the command to exit"
-            );
+            eprintln!("memtrace: --duration reached; tracing stopped, waiting for the command to exit");
             child.reap()?
         }
         // A second signal: the command is still running and memtrace leaves it be.
@@ -311,8 +349,7 @@ fn block_termination_signals() -> Result<SignalFd> {
     mask.add(Signal::SIGINT);
     mask.add(Signal::SIGTERM);
     mask.thread_block().context("blocking SIGINT and SIGTERM")?;
-    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .context("creating a signalfd")
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).context("creating a signalfd")
 }
 
 fn default_output_path() -> PathBuf {
@@ -325,29 +362,15 @@ fn default_output_path() -> PathBuf {
 
 /// The name the kernel will give the command: its file name, cut to 15 bytes.
 fn command_name(program: &Path) -> String {
-    let name = program
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    name.char_indices()
-        .take_while(|&(i, c)| i + c.len_utf8() <= 15)
-        .map(|(_, c)| c)
-        .collect()
+    let name = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.char_indices().take_while(|&(i, c)| i + c.len_utf8() <= 15).map(|(_, c)| c).collect()
 }
 
 fn describe(model: &Model) -> String {
     let processes: Vec<String> = model
         .processes
         .values()
-        .map(|p| {
-            format!(
-                "pid {} ({}) via {} ({})",
-                p.pid,
-                p.comm,
-                p.allocator_kind,
-                p.allocator.display()
-            )
-        })
+        .map(|p| format!("pid {} ({}) via {} ({})", p.pid, p.comm, p.allocator_kind, p.allocator.display()))
         .collect();
     processes.join(", ")
 }
@@ -359,19 +382,13 @@ mod tests {
     #[test]
     fn default_output_is_timestamped() {
         let name = default_output_path().to_string_lossy().into_owned();
-        assert!(
-            name.starts_with("memtrace-") && name.ends_with(".json"),
-            "{name}"
-        );
+        assert!(name.starts_with("memtrace-") && name.ends_with(".json"), "{name}");
         assert_eq!(name.len(), "memtrace-20261129-110911.json".len(), "{name}");
     }
 
     #[test]
     fn command_names_are_cut_like_the_kernel_does() {
-        assert_eq!(
-            command_name(Path::new("/usr/bin/a-very-long-program-name")),
-            "a-very-long-pro"
-        );
+        assert_eq!(command_name(Path::new("/usr/bin/a-very-long-program-name")), "a-very-long-pro");
         assert_eq!(command_name(Path::new("./demo")), "demo");
     }
 }

@@ -40,9 +40,7 @@ impl Frame {
             None => {
                 let module = Path::new(&self.module)
                     .file_name()
-                    .map_or(self.module.as_str(), |n| {
-                        n.to_str().unwrap_or(self.module.as_str())
-                    });
+                    .map_or(self.module.as_str(), |n| n.to_str().unwrap_or(self.module.as_str()));
                 format!("{module}+{:#x}", self.offset)
             }
         }
@@ -68,14 +66,8 @@ impl StackSymbolizer {
         let Some(build_id) = read_build_id(readable) else {
             return;
         };
-        let keep = if read_build_id(stable) == Some(build_id) {
-            stable
-        } else {
-            readable
-        };
-        self.build_ids
-            .entry(build_id)
-            .or_insert_with(|| keep.to_owned());
+        let keep = if read_build_id(stable) == Some(build_id) { stable } else { readable };
+        self.build_ids.entry(build_id).or_insert_with(|| keep.to_owned());
     }
 
     /// Resolves the frames of a stack, innermost first.
@@ -102,13 +94,8 @@ impl StackSymbolizer {
     }
 
     fn resolve_address(&self, address: u64, mappings: &[Mapping]) -> Frame {
-        match mappings
-            .iter()
-            .find(|m| (m.start..m.end).contains(&address))
-        {
-            Some(mapping) => {
-                self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset)
-            }
+        match mappings.iter().find(|m| (m.start..m.end).contains(&address)) {
+            Some(mapping) => self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset),
             None => unresolved("[unknown]".to_owned(), address),
         }
     }
@@ -118,9 +105,7 @@ impl StackSymbolizer {
         let lookup = offset.saturating_sub(1);
         let source = Source::Elf(Elf::new(path));
         let mut frame = unresolved(path.display().to_string(), offset);
-        if let Ok(Symbolized::Sym(sym)) = self
-            .symbolizer
-            .symbolize_single(&source, Input::FileOffset(lookup))
+        if let Ok(Symbolized::Sym(sym)) = self.symbolizer.symbolize_single(&source, Input::FileOffset(lookup))
         {
             frame.function = Some(sym.name.into_owned());
             if let Some(code) = sym.code_info {
@@ -133,13 +118,7 @@ impl StackSymbolizer {
 }
 
 fn unresolved(module: String, offset: u64) -> Frame {
-    Frame {
-        function: None,
-        file: None,
-        line: None,
-        module,
-        offset,
-    }
+    Frame { function: None, file: None, line: None, module, offset }
 }
 
 fn read_build_id(path: &Path) -> Option<[u8; 20]> {
@@ -156,33 +135,16 @@ mod tests {
     use super::*;
     use memtrace_common::{StackFrame, FRAME_EMPTY, STACK_DEPTH};
 
-    const EMPTY: StackFrame = StackFrame {
-        status: FRAME_EMPTY,
-        build_id: [0; 20],
-        offset_or_ip: 0,
-    };
+    const EMPTY: StackFrame = StackFrame { status: FRAME_EMPTY, build_id: [0; 20], offset_or_ip: 0 };
 
     #[test]
     fn unknown_frames_are_kept_as_module_and_offset() {
-        let mut stack = StackFrames {
-            frames: [EMPTY; STACK_DEPTH],
-        };
-        stack.frames[0] = StackFrame {
-            status: FRAME_BUILD_ID,
-            build_id: [0xab; 20],
-            offset_or_ip: 0x1234,
-        };
-        stack.frames[1] = StackFrame {
-            status: FRAME_IP,
-            build_id: [0; 20],
-            offset_or_ip: 0x7fff_0000,
-        };
+        let mut stack = StackFrames { frames: [EMPTY; STACK_DEPTH] };
+        stack.frames[0] = StackFrame { status: FRAME_BUILD_ID, build_id: [0xab; 20], offset_or_ip: 0x1234 };
+        stack.frames[1] = StackFrame { status: FRAME_IP, build_id: [0; 20], offset_or_ip: 0x7fff_0000 };
         let frames = StackSymbolizer::default().resolve(&stack, &[]);
         assert_eq!(frames.len(), 2, "frames stop at the first empty one");
-        assert_eq!(
-            frames[0].name(),
-            format!("[build-id {}]+0x1234", "ab".repeat(20))
-        );
+        assert_eq!(frames[0].name(), format!("[build-id {}]+0x1234", "ab".repeat(20)));
         assert_eq!(frames[1].name(), "[unknown]+0x7fff0000");
     }
 
@@ -195,15 +157,9 @@ mod tests {
         // Find this function's file offset through our own mappings.
         let address = own_functions_resolve_by_build_id as fn() as usize as u64;
         let mappings = crate::procfs::mappings(std::process::id()).unwrap();
-        let mapping = mappings
-            .iter()
-            .find(|m| (m.start..m.end).contains(&address))
-            .unwrap();
+        let mapping = mappings.iter().find(|m| (m.start..m.end).contains(&address)).unwrap();
         let offset = address - mapping.start + mapping.file_offset;
         let frame = symbolizer.resolve_build_id(&build_id, offset + 1);
-        assert!(
-            frame.name().contains("own_functions_resolve_by_build_id"),
-            "{frame:?}"
-        );
+        assert!(frame.name().contains("own_functions_resolve_by_build_id"), "{frame:?}");
     }
 }

@@ -27,25 +27,15 @@ pub fn resolve_program(name: &OsStr) -> Result<PathBuf> {
             bail!("cannot run {}: no such file", path.display());
         }
         if access(path, AccessFlags::X_OK).is_err() {
-            bail!(
-                "cannot run {}: it is not executable (chmod +x?)",
-                path.display()
-            );
+            bail!("cannot run {}: it is not executable (chmod +x?)", path.display());
         }
         return Ok(path.to_owned());
     }
     let search = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
     std::env::split_paths(&search)
         .map(|dir| dir.join(path))
-        .find(|candidate| {
-            candidate.is_file() && access(candidate.as_path(), AccessFlags::X_OK).is_ok()
-        })
-        .with_context(|| {
-            format!(
-                "command not found: {} (it is in no directory of PATH)",
-                path.display()
-            )
-        })
+        .find(|candidate| candidate.is_file() && access(candidate.as_path(), AccessFlags::X_OK).is_ok())
+        .with_context(|| format!("command not found: {} (it is in no directory of PATH)", path.display()))
 }
 
 /// A child forked to run the command, waiting for `release` before it execs, so that every probe is
@@ -58,8 +48,8 @@ pub struct HeldCommand {
 
 impl HeldCommand {
     pub fn spawn(program: &Path, command: &[OsString]) -> Result<Self> {
-        let program = CString::new(program.as_os_str().as_bytes())
-            .context("the command contains a NUL byte")?;
+        let program =
+            CString::new(program.as_os_str().as_bytes()).context("the command contains a NUL byte")?;
         let argv = command
             .iter()
             .map(|arg| CString::new(arg.as_bytes()))
@@ -80,11 +70,7 @@ impl HeldCommand {
                 if libc::read(go_read.as_raw_fd(), (&raw mut go).cast(), 1) == 1 {
                     libc::execv(program.as_ptr(), argv_ptrs.as_ptr());
                     let errno = *libc::__errno_location();
-                    libc::write(
-                        error_write.as_raw_fd(),
-                        (&raw const errno).cast(),
-                        size_of::<i32>(),
-                    );
+                    libc::write(error_write.as_raw_fd(), (&raw const errno).cast(), size_of::<i32>());
                 }
                 libc::_exit(127)
             },
@@ -135,12 +121,7 @@ impl Watched {
         }
         // SAFETY: the descriptor was just returned to us and is owned by nothing else.
         let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(Self {
-            pid,
-            pidfd,
-            is_child,
-            exited: false,
-        })
+        Ok(Self { pid, pidfd, is_child, exited: false })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {

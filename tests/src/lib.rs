@@ -74,9 +74,7 @@ pub fn fixture(name: &str) -> PathBuf {
 /// `target/fixtures/<name>-<variant>`.
 pub fn fixture_variant(name: &str, variant: &str, extra_flags: &[&str]) -> PathBuf {
     static COMPILATIONS: AtomicUsize = AtomicUsize::new(0);
-    let source = workspace_root()
-        .join("tests/fixtures")
-        .join(format!("{name}.c"));
+    let source = workspace_root().join("tests/fixtures").join(format!("{name}.c"));
     let out_dir = target_dir().join("fixtures");
     let program = match variant {
         "" => out_dir.join(name),
@@ -88,8 +86,7 @@ pub fn fixture_variant(name: &str, variant: &str, extra_flags: &[&str]) -> PathB
     if modified(&program).is_some_and(|built| built >= source_modified) {
         return program;
     }
-    fs::create_dir_all(&out_dir)
-        .unwrap_or_else(|err| panic!("creating {}: {err}", out_dir.display()));
+    fs::create_dir_all(&out_dir).unwrap_or_else(|err| panic!("creating {}: {err}", out_dir.display()));
     let unique = COMPILATIONS.fetch_add(1, Ordering::Relaxed);
     let partial = out_dir.join(format!(".{name}.{}.{unique}.tmp", std::process::id()));
     let output = Command::new("cc")
@@ -135,11 +132,7 @@ impl Lines {
                 }
             }
         });
-        Self {
-            incoming,
-            seen: Vec::new(),
-            closed: false,
-        }
+        Self { incoming, seen: Vec::new(), closed: false }
     }
 
     /// Takes the next line if one arrives before `deadline`.
@@ -203,14 +196,7 @@ impl Spawned {
         let stdin = child.stdin.take();
         let stdout = Lines::new(child.stdout.take().expect("stdout is piped"));
         let stderr = Lines::new(child.stderr.take().expect("stderr is piped"));
-        Self {
-            what,
-            child,
-            stdin,
-            stdout,
-            stderr,
-            status: None,
-        }
+        Self { what, child, stdin, stdout, stderr, status: None }
     }
 
     pub fn pid(&self) -> u32 {
@@ -260,10 +246,8 @@ impl Spawned {
 
     fn try_wait(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
-            self.status = self
-                .child
-                .try_wait()
-                .unwrap_or_else(|err| panic!("waiting for {}: {err}", self.what));
+            self.status =
+                self.child.try_wait().unwrap_or_else(|err| panic!("waiting for {}: {err}", self.what));
         }
         self.status
     }
@@ -310,18 +294,12 @@ impl Memtrace {
     pub fn new() -> Self {
         assert_root();
         let parent = target_dir().join("memtrace-tests");
-        fs::create_dir_all(&parent)
-            .unwrap_or_else(|err| panic!("creating {}: {err}", parent.display()));
+        fs::create_dir_all(&parent).unwrap_or_else(|err| panic!("creating {}: {err}", parent.display()));
         let dir = tempfile::Builder::new()
             .prefix("run-")
             .tempdir_in(&parent)
             .unwrap_or_else(|err| panic!("creating a directory in {}: {err}", parent.display()));
-        Self {
-            dir,
-            wrapper: Vec::new(),
-            default_outputs: true,
-            args: Vec::new(),
-        }
+        Self { dir, wrapper: Vec::new(), default_outputs: true, args: Vec::new() }
     }
 
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -346,10 +324,7 @@ impl Memtrace {
 
     /// Runs memtrace through another program, e.g. `setpriv ...`.
     pub fn wrapped_in<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, wrapper: I) -> Self {
-        self.wrapper = wrapper
-            .into_iter()
-            .map(|arg| arg.as_ref().to_owned())
-            .collect();
+        self.wrapper = wrapper.into_iter().map(|arg| arg.as_ref().to_owned()).collect();
         self
     }
 
@@ -377,10 +352,7 @@ impl Memtrace {
                 .args(["-i", INTERVAL]);
         }
         command.args(&self.args);
-        Running {
-            process: Spawned::spawn(command),
-            dir: self.dir,
-        }
+        Running { process: Spawned::spawn(command), dir: self.dir }
     }
 
     /// Runs memtrace to its end, with its stdin closed.
@@ -435,8 +407,7 @@ impl Running {
                 return trace;
             }
             if Instant::now() >= deadline || self.process.try_wait().is_some() {
-                self.process
-                    .fail(&format!("the trace file never showed {what}"));
+                self.process.fail(&format!("the trace file never showed {what}"));
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -449,11 +420,8 @@ impl Running {
         // The pipes end when every writer (memtrace and the processes it started) is gone.
         self.process.stderr.drain(Instant::now() + DEADLINE);
         let stderr = self.process.stderr_text();
-        let read = |name: &str| {
-            fs::read_to_string(self.dir.path().join(name))
-                .ok()
-                .filter(|text| !text.is_empty())
-        };
+        let read =
+            |name: &str| fs::read_to_string(self.dir.path().join(name)).ok().filter(|text| !text.is_empty());
         let summary = read("summary.json").map(|text| {
             serde_json::from_str(&text).unwrap_or_else(|err| {
                 panic!("the summary is not JSON ({err}):\n{text}\n--- stderr ---\n{stderr}")
@@ -464,13 +432,7 @@ impl Running {
                 panic!("the trace does not load ({err}):\n{text}\n--- stderr ---\n{stderr}")
             })
         });
-        Outcome {
-            status,
-            stderr,
-            summary,
-            trace,
-            dir: self.dir,
-        }
+        Outcome { status, stderr, summary, trace, dir: self.dir }
     }
 }
 
@@ -500,18 +462,12 @@ impl Outcome {
     /// Asserts that stderr contains every one of `needles`.
     pub fn assert_stderr_mentions(&self, needles: &[&str]) {
         for needle in needles {
-            assert!(
-                self.stderr.contains(needle),
-                "stderr does not mention {needle:?}:\n{}",
-                self.stderr
-            );
+            assert!(self.stderr.contains(needle), "stderr does not mention {needle:?}:\n{}", self.stderr);
         }
     }
 
     pub fn summary(&self) -> &Value {
-        self.summary
-            .as_ref()
-            .unwrap_or_else(|| panic!("memtrace wrote no summary; stderr:\n{}", self.stderr))
+        self.summary.as_ref().unwrap_or_else(|| panic!("memtrace wrote no summary; stderr:\n{}", self.stderr))
     }
 
     /// The line of stderr that reports a runtime error (`memtrace: error: ...`).
@@ -529,9 +485,7 @@ impl Outcome {
     }
 
     pub fn trace(&self) -> &Trace {
-        self.trace
-            .as_ref()
-            .unwrap_or_else(|| panic!("memtrace wrote no trace; stderr:\n{}", self.stderr))
+        self.trace.as_ref().unwrap_or_else(|| panic!("memtrace wrote no trace; stderr:\n{}", self.stderr))
     }
 
     /// The summary's entry for the one process traced.
@@ -539,12 +493,7 @@ impl Outcome {
         let processes = self.summary()["processes"]
             .as_array()
             .unwrap_or_else(|| panic!("the summary has no processes: {}", self.summary()));
-        assert_eq!(
-            processes.len(),
-            1,
-            "expected one traced process: {}",
-            self.summary()
-        );
+        assert_eq!(processes.len(), 1, "expected one traced process: {}", self.summary());
         &processes[0]
     }
 }
@@ -561,9 +510,7 @@ impl Trace {
     /// The counter events named `name` ("ph":"C"), in file order.
     pub fn counters(&self, name: &str) -> impl Iterator<Item = &Value> + '_ {
         let name = name.to_owned();
-        self.events
-            .iter()
-            .filter(move |event| event["ph"] == "C" && event["name"] == name)
+        self.events.iter().filter(move |event| event["ph"] == "C" && event["name"] == name)
     }
 
     /// The events of one phase ("M", "C", "v", ...).
@@ -635,16 +582,8 @@ pub fn assert_figures(outcome: &Outcome, expected: Figures) {
         actual, expected,
         "summary figures (left: memtrace, right: the fixture's source)\nsummary: {process:#}"
     );
-    assert_eq!(
-        process["lost_events"], 0,
-        "the process lost events: {process:#}"
-    );
-    assert_eq!(
-        outcome.summary()["lost_events"],
-        0,
-        "the run lost events: {:#}",
-        outcome.summary()
-    );
+    assert_eq!(process["lost_events"], 0, "the process lost events: {process:#}");
+    assert_eq!(outcome.summary()["lost_events"], 0, "the run lost events: {:#}", outcome.summary());
 }
 
 /// Runs `memtrace -- <fixture>` to its end and asserts that the fixture exited with 0 (its own

@@ -3,9 +3,7 @@
 
 use std::process::Command;
 
-use memtrace_tests::{
-    assert_figures, fixture, fixture_variant, Figures, Memtrace, Outcome, Spawned,
-};
+use memtrace_tests::{assert_figures, fixture, fixture_variant, Figures, Memtrace, Outcome, Spawned};
 
 /// fixtures/leaks.c: 5 x malloc(1000) and 3 x calloc(4, 64) never freed; 20 x malloc(333) each
 /// freed at once. The peak is the final live total (the 333-byte temporaries come and go while
@@ -26,10 +24,7 @@ fn assert_traced_through(outcome: &Outcome, kind: &str, file_name: &str) {
     let process = outcome.process();
     assert_eq!(process["allocator_kind"], kind, "{process:#}");
     let path = process["allocator"].as_str().unwrap();
-    assert!(
-        path.ends_with(file_name),
-        "traced through {path}, expected {file_name}"
-    );
+    assert!(path.ends_with(file_name), "traced through {path}, expected {file_name}");
 }
 
 /// The two leaking call sites of leaks.c, exact: startup code (the dynamic linker handing its
@@ -41,10 +36,7 @@ fn assert_source_leaks(outcome: &Outcome) {
             .iter()
             .find(|leak| leak["stack"][0] == function)
             .unwrap_or_else(|| panic!("no leak from {function}: {leaks:#?}"));
-        assert_eq!(
-            (leak["bytes"].as_u64(), leak["allocations"].as_u64()),
-            (Some(bytes), Some(blocks))
-        );
+        assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(bytes), Some(blocks)));
     }
 }
 
@@ -54,9 +46,7 @@ fn trace_held(mut command: Command) -> Outcome {
     command.arg("hold");
     let mut target = Spawned::spawn(command);
     target.wait_for_stdout("ready");
-    let mut memtrace = Memtrace::new()
-        .args(["--pid", &target.pid().to_string()])
-        .spawn();
+    let mut memtrace = Memtrace::new().args(["--pid", &target.pid().to_string()]).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     target.send(b"g");
     assert!(target.wait().success());
@@ -116,10 +106,7 @@ fn process_in_another_mount_namespace_is_traced_through_its_own_libc() {
     let mut target = Spawned::spawn(command);
     target.wait_for_stdout("ready");
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
-    assert!(
-        maps.contains(libc),
-        "the fixture maps {libc} in its namespace"
-    );
+    assert!(maps.contains(libc), "the fixture maps {libc} in its namespace");
     let mut memtrace = run.args(["--pid", &target.pid().to_string()]).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     target.send(b"g");
@@ -134,12 +121,7 @@ fn process_in_another_mount_namespace_is_traced_through_its_own_libc() {
 #[test]
 fn lib_and_allocator_overrides_are_checked() {
     let outcome = Memtrace::new()
-        .args([
-            "--lib",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-            "--allocator",
-            "je_",
-        ])
+        .args(["--lib", "/usr/lib/x86_64-linux-gnu/libc.so.6", "--allocator", "je_"])
         .command(&fixture("leaks"))
         .run();
     outcome.assert_exit_code(1);

@@ -22,10 +22,7 @@ const UNTRACKED: Figures = Figures {
 fn frees_of_blocks_allocated_before_attach_are_untracked() {
     let mut target = Spawned::spawn(Command::new(fixture("untracked")));
     target.wait_for_stdout("ready");
-    let mut memtrace = Memtrace::new()
-        .arg("--pid")
-        .arg(target.pid().to_string())
-        .spawn();
+    let mut memtrace = Memtrace::new().arg("--pid").arg(target.pid().to_string()).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     target.send(b"g");
     let status = target.wait();

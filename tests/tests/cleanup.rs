@@ -52,21 +52,15 @@ fn sigkill_leaves_no_program_loaded_and_a_trace_that_loads() {
     let mut run = Memtrace::new().command(&fixture("wait_stdin")).spawn();
     run.wait_for_stderr("memtrace: tracing");
     let ready = run.wait_for_stdout("ready ");
-    let _fixture = Orphan {
-        pid: ready["ready ".len()..].trim().parse().expect("ready <pid>"),
-    };
+    let _fixture = Orphan { pid: ready["ready ".len()..].trim().parse().expect("ready <pid>") };
     // Only this memtrace's programs: other tests may be running memtraces of their own.
     let programs = bpf_programs_held_by(run.pid());
     let loaded = still_loaded(&programs);
     assert!(
-        loaded
-            .iter()
-            .any(|(_, name)| name.starts_with("malloc_enter")),
+        loaded.iter().any(|(_, name)| name.starts_with("malloc_enter")),
         "memtrace holds no malloc_enter program: {loaded:?}"
     );
-    run.wait_for_trace("a heap counter", |trace| {
-        trace.counters("heap").count() >= 1
-    });
+    run.wait_for_trace("a heap counter", |trace| trace.counters("heap").count() >= 1);
 
     run.kill();
 
@@ -77,19 +71,13 @@ fn sigkill_leaves_no_program_loaded_and_a_trace_that_loads() {
         if left.is_empty() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "BPF programs still loaded {DEADLINE:?} after SIGKILL: {left:?}"
-        );
+        assert!(Instant::now() < deadline, "BPF programs still loaded {DEADLINE:?} after SIGKILL: {left:?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 
     let text = fs::read_to_string(run.trace_path()).expect("reading the trace");
-    let trace = parse_trace(&text)
-        .unwrap_or_else(|err| panic!("the trace cut short does not load ({err}):\n{text}"));
-    assert!(
-        !trace.closed,
-        "a killed memtrace cannot have closed the trace"
-    );
+    let trace =
+        parse_trace(&text).unwrap_or_else(|err| panic!("the trace cut short does not load ({err}):\n{text}"));
+    assert!(!trace.closed, "a killed memtrace cannot have closed the trace");
     assert!(trace.counters("heap").count() >= 1, "{text}");
 }

@@ -22,29 +22,17 @@ fn unknown_pid_is_an_error_naming_it() {
 
 #[test]
 fn unwritable_output_is_an_error_naming_it() {
-    let outcome = Memtrace::new()
-        .without_default_outputs()
-        .args(["-o", "/nonexistent/x.json", "--", "true"])
-        .run();
+    let outcome =
+        Memtrace::new().without_default_outputs().args(["-o", "/nonexistent/x.json", "--", "true"]).run();
     outcome.assert_exit_code(1);
-    assert!(
-        outcome.error_line().contains("/nonexistent/x.json"),
-        "{}",
-        outcome.stderr
-    );
+    assert!(outcome.error_line().contains("/nonexistent/x.json"), "{}", outcome.stderr);
 }
 
 #[test]
 fn missing_command_is_an_error() {
-    let outcome = Memtrace::new()
-        .args(["--", "memtrace-test-no-such-command"])
-        .run();
+    let outcome = Memtrace::new().args(["--", "memtrace-test-no-such-command"]).run();
     outcome.assert_exit_code(1);
-    assert!(
-        outcome.error_line().contains("command not found"),
-        "{}",
-        outcome.stderr
-    );
+    assert!(outcome.error_line().contains("command not found"), "{}", outcome.stderr);
 }
 
 #[test]
@@ -75,9 +63,5 @@ fn unprivileged_run_says_what_it_needs() {
     let outcome = memtrace.args(["--", "true"]).run();
     outcome.assert_exit_code(1);
     let error = outcome.error_line();
-    assert!(
-        error.contains("root") && error.contains("CAP_BPF"),
-        "{}",
-        outcome.stderr
-    );
+    assert!(error.contains("root") && error.contains("CAP_BPF"), "{}", outcome.stderr);
 }

@@ -12,19 +12,11 @@ const CACHE_BYTES: u64 = 3 * 4 * 64;
 const CACHE_BLOCKS: u64 = 3;
 
 fn leak_from<'a>(process: &'a Value, function: &str) -> Option<&'a Value> {
-    process["leaks"]
-        .as_array()?
-        .iter()
-        .find(|leak| leak["stack"][0] == function)
+    process["leaks"].as_array()?.iter().find(|leak| leak["stack"][0] == function)
 }
 
 fn stack_names(leak: &Value) -> Vec<&str> {
-    leak["stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect()
+    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
 }
 
 fn assert_leak(process: &Value, function: &str, bytes: u64, blocks: u64) {
@@ -32,10 +24,7 @@ fn assert_leak(process: &Value, function: &str, bytes: u64, blocks: u64) {
         .unwrap_or_else(|| panic!("no leak from {function} in {:#}", process["leaks"]));
     assert_eq!(leak["bytes"], bytes, "{leak:#}");
     assert_eq!(leak["allocations"], blocks, "{leak:#}");
-    assert!(
-        stack_names(leak).contains(&"main"),
-        "the stack does not reach main: {leak:#}"
-    );
+    assert!(stack_names(leak).contains(&"main"), "the stack does not reach main: {leak:#}");
 }
 
 fn assert_both_leaks_and_no_temporary(outcome: &Outcome) {
@@ -43,14 +32,8 @@ fn assert_both_leaks_and_no_temporary(outcome: &Outcome) {
     assert_leak(process, "leak_textures", TEXTURES_BYTES, TEXTURES_BLOCKS);
     assert_leak(process, "leak_cache", CACHE_BYTES, CACHE_BLOCKS);
     let leaks = process["leaks"].as_array().unwrap();
-    assert_eq!(
-        leaks.len(),
-        2,
-        "only the two leaking call sites: {leaks:#?}"
-    );
-    assert!(leaks
-        .iter()
-        .all(|leak| !stack_names(leak).contains(&"scratch")));
+    assert_eq!(leaks.len(), 2, "only the two leaking call sites: {leaks:#?}");
+    assert!(leaks.iter().all(|leak| !stack_names(leak).contains(&"scratch")));
     assert_eq!(outcome.summary()["lost_events"], 0);
 }
 
@@ -68,13 +51,8 @@ fn leaks_are_named_by_call_site_with_exact_bytes_and_counts() {
     let run = Memtrace::new();
     let pprof = run.dir().join("profile.pb.gz");
     let flamegraph = run.dir().join("live.svg");
-    let outcome = run
-        .arg("--pprof")
-        .arg(&pprof)
-        .arg("--flamegraph")
-        .arg(&flamegraph)
-        .command(&fixture("leaks"))
-        .run();
+    let outcome =
+        run.arg("--pprof").arg(&pprof).arg("--flamegraph").arg(&flamegraph).command(&fixture("leaks")).run();
     outcome.assert_exit_code(0);
     assert_both_leaks_and_no_temporary(&outcome);
 
@@ -85,10 +63,7 @@ fn leaks_are_named_by_call_site_with_exact_bytes_and_counts() {
     let main = function(process, "main");
     assert_eq!(main["live_inclusive_bytes"], TEXTURES_BYTES + CACHE_BYTES);
     assert_eq!(main["live_exclusive_bytes"], 0);
-    assert_eq!(
-        main["allocated_inclusive_bytes"],
-        TEXTURES_BYTES + CACHE_BYTES + 20 * 333
-    );
+    assert_eq!(main["allocated_inclusive_bytes"], TEXTURES_BYTES + CACHE_BYTES + 20 * 333);
     let scratch = function(process, "scratch");
     assert_eq!(scratch["allocated_exclusive_bytes"], 20 * 333);
     assert_eq!(scratch["live_inclusive_bytes"], 0);
@@ -96,51 +71,21 @@ fn leaks_are_named_by_call_site_with_exact_bytes_and_counts() {
     assert!(report.contains("leak: 5000 B in 5 blocks"), "{report}");
 
     let profile = pprof::Profile::read(&pprof);
-    assert_eq!(
-        profile.sample_types(),
-        [
-            "alloc_objects",
-            "alloc_space",
-            "inuse_objects",
-            "inuse_space"
-        ]
-    );
-    assert_eq!(
-        profile.total(3),
-        (TEXTURES_BYTES + CACHE_BYTES) as i64,
-        "inuse_space"
-    );
-    assert_eq!(
-        profile.total(2),
-        (TEXTURES_BLOCKS + CACHE_BLOCKS) as i64,
-        "inuse_objects"
-    );
-    assert_eq!(
-        profile.total(0),
-        (TEXTURES_BLOCKS + CACHE_BLOCKS + 20) as i64,
-        "alloc_objects"
-    );
+    assert_eq!(profile.sample_types(), ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
+    assert_eq!(profile.total(3), (TEXTURES_BYTES + CACHE_BYTES) as i64, "inuse_space");
+    assert_eq!(profile.total(2), (TEXTURES_BLOCKS + CACHE_BLOCKS) as i64, "inuse_objects");
+    assert_eq!(profile.total(0), (TEXTURES_BLOCKS + CACHE_BLOCKS + 20) as i64, "alloc_objects");
     assert!(profile.strings.iter().any(|s| s == "leak_textures"));
 
     let svg = std::fs::read_to_string(&flamegraph).unwrap();
-    assert!(
-        svg.starts_with("<?xml") || svg.starts_with("<svg"),
-        "not an SVG"
-    );
+    assert!(svg.starts_with("<?xml") || svg.starts_with("<svg"), "not an SVG");
     assert!(svg.contains("leak_textures") && svg.contains("leak_cache"));
-    assert!(
-        !svg.contains("scratch"),
-        "freed temporaries hold no live bytes"
-    );
+    assert!(!svg.contains("scratch"), "freed temporaries hold no live bytes");
 }
 
 #[test]
 fn older_keeps_only_blocks_older_than_the_threshold() {
-    let outcome = Memtrace::new()
-        .args(["--older", "1s", "--"])
-        .arg(fixture("leaks"))
-        .arg("aged")
-        .run();
+    let outcome = Memtrace::new().args(["--older", "1s", "--"]).arg(fixture("leaks")).arg("aged").run();
     outcome.assert_exit_code(0);
     let process = outcome.process();
     assert_leak(process, "leak_textures", TEXTURES_BYTES, TEXTURES_BLOCKS);
@@ -149,9 +94,7 @@ fn older_keeps_only_blocks_older_than_the_threshold() {
         "leak_cache is 1.5 s younger: {:#}",
         process["leaks"]
     );
-    let age = leak_from(process, "leak_textures").unwrap()["oldest_age_s"]
-        .as_f64()
-        .unwrap();
+    let age = leak_from(process, "leak_textures").unwrap()["oldest_age_s"].as_f64().unwrap();
     assert!(age >= 1.5, "oldest leak_textures block is {age} s old");
 }
 
@@ -165,14 +108,8 @@ fn process_that_exits_before_memtrace_is_still_symbolized() {
     early.wait_for_stdout("ready");
     let mut late = Spawned::spawn(Command::new(fixture("wait_stdin")));
     late.wait_for_stdout("ready");
-    let mut memtrace = Memtrace::new()
-        .args([
-            "--pid",
-            &early.pid().to_string(),
-            "--pid",
-            &late.pid().to_string(),
-        ])
-        .spawn();
+    let mut memtrace =
+        Memtrace::new().args(["--pid", &early.pid().to_string(), "--pid", &late.pid().to_string()]).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     early.send(b"g");
     assert!(early.wait().success());
@@ -194,10 +131,7 @@ fn process_that_exits_before_memtrace_is_still_symbolized() {
 
 #[test]
 fn no_stacks_still_counts_exactly_but_names_no_leaks() {
-    let outcome = Memtrace::new()
-        .arg("--no-stacks")
-        .command(&fixture("leaks"))
-        .run();
+    let outcome = Memtrace::new().arg("--no-stacks").command(&fixture("leaks")).run();
     outcome.assert_exit_code(0);
     let process = outcome.process();
     assert_eq!(process["live_bytes"], TEXTURES_BYTES + CACHE_BYTES);
@@ -220,26 +154,18 @@ mod pprof {
         pub fn read(path: &std::path::Path) -> Self {
             let gzipped = std::fs::read(path).unwrap();
             let mut bytes = Vec::new();
-            flate2::read::GzDecoder::new(&*gzipped)
-                .read_to_end(&mut bytes)
-                .expect("gzip");
-            let mut profile = Profile {
-                strings: Vec::new(),
-                sample_types: Vec::new(),
-                samples: Vec::new(),
-            };
+            flate2::read::GzDecoder::new(&*gzipped).read_to_end(&mut bytes).expect("gzip");
+            let mut profile = Profile { strings: Vec::new(), sample_types: Vec::new(), samples: Vec::new() };
             for (field, value) in fields(&bytes) {
                 match (field, value) {
                     (1, Field::Bytes(value_type)) => {
-                        let kind = fields(value_type)
-                            .find(|(f, _)| *f == 1)
-                            .map_or(0, |(_, v)| v.int());
+                        let kind = fields(value_type).find(|(f, _)| *f == 1).map_or(0, |(_, v)| v.int());
                         profile.sample_types.push(kind);
                     }
                     (2, Field::Bytes(sample)) => profile.samples.push(sample_values(sample)),
-                    (6, Field::Bytes(text)) => profile
-                        .strings
-                        .push(String::from_utf8(text.to_vec()).unwrap()),
+                    (6, Field::Bytes(text)) => {
+                        profile.strings.push(String::from_utf8(text.to_vec()).unwrap())
+                    }
                     _ => {}
                 }
             }
@@ -247,10 +173,7 @@ mod pprof {
         }
 
         pub fn sample_types(&self) -> Vec<&str> {
-            self.sample_types
-                .iter()
-                .map(|&i| self.strings[i as usize].as_str())
-                .collect()
+            self.sample_types.iter().map(|&i| self.strings[i as usize].as_str()).collect()
         }
 
         pub fn total(&self, index: usize) -> i64 {

@@ -35,9 +35,7 @@ fn ready_pid(line: &str) -> u64 {
 
 /// A MemoryInfra size: a hexadecimal string without `0x`.
 fn hex_size(value: &Value) -> u64 {
-    let text = value
-        .as_str()
-        .unwrap_or_else(|| panic!("a MemoryInfra size is a string: {value}"));
+    let text = value.as_str().unwrap_or_else(|| panic!("a MemoryInfra size is a string: {value}"));
     assert!(!text.starts_with("0x"), "sizes have no 0x: {text}");
     u64::from_str_radix(text, 16).unwrap_or_else(|_| panic!("not hexadecimal: {text}"))
 }
@@ -57,10 +55,7 @@ fn check_memory_dumps(trace: &Trace) {
         let id = dump["id"].as_str().expect("a dump id is a string");
         assert!(id.starts_with("0x"), "dump ids are 0x-prefixed: {id}");
         let (pid, ts) = (&dump["pid"], &dump["ts"]);
-        moments
-            .entry(id.to_owned())
-            .or_default()
-            .insert(ts.as_u64().expect("ts is in microseconds"));
+        moments.entry(id.to_owned()).or_default().insert(ts.as_u64().expect("ts is in microseconds"));
         let dumps = &dump["args"]["dumps"];
         let heap = &counter_at(trace, "heap", pid, ts)["args"];
         let rss = &counter_at(trace, "rss", pid, ts)["args"];
@@ -70,11 +65,7 @@ fn check_memory_dumps(trace: &Trace) {
             "{dump}"
         );
         let malloc = &dumps["allocators"]["malloc"]["attrs"];
-        assert_eq!(
-            hex_size(&malloc["size"]["value"]),
-            heap["live_bytes"].as_u64().unwrap(),
-            "{dump}"
-        );
+        assert_eq!(hex_size(&malloc["size"]["value"]), heap["live_bytes"].as_u64().unwrap(), "{dump}");
         assert_eq!(
             hex_size(&malloc["allocated_objects_count"]["value"]),
             heap["live_allocations"].as_u64().unwrap(),
@@ -82,11 +73,7 @@ fn check_memory_dumps(trace: &Trace) {
         );
     }
     for (id, stamps) in &moments {
-        assert_eq!(
-            stamps.len(),
-            1,
-            "dump id {id} is used at several moments: {stamps:?}"
-        );
+        assert_eq!(stamps.len(), 1, "dump id {id} is used at several moments: {stamps:?}");
     }
 }
 
@@ -96,12 +83,9 @@ fn trace_file_follows_the_output_contract() {
     let pid = ready_pid(&run.wait_for_stdout("ready "));
     // A heap counter written after this read may hold figures read from the kernel before it; the
     // second one written after it was sampled wholly after the fixture said ready, and while it waits.
-    let seen = run
-        .trace_so_far()
-        .map_or(0, |trace| trace.counters("heap").count());
-    let alive = run.wait_for_trace("two more heap counters", |trace| {
-        trace.counters("heap").count() >= seen + 2
-    });
+    let seen = run.trace_so_far().map_or(0, |trace| trace.counters("heap").count());
+    let alive =
+        run.wait_for_trace("two more heap counters", |trace| trace.counters("heap").count() >= seen + 2);
     run.close_stdin();
     let outcome = run.finish();
     outcome.assert_exit_code(0);
@@ -109,10 +93,7 @@ fn trace_file_follows_the_output_contract() {
 
     let heap = alive.counters("heap").nth(seen + 1).unwrap();
     assert_eq!(heap["args"]["live_bytes"], ALIVE_LIVE_BYTES, "{heap}");
-    assert_eq!(
-        heap["args"]["live_allocations"], ALIVE_LIVE_ALLOCATIONS,
-        "{heap}"
-    );
+    assert_eq!(heap["args"]["live_allocations"], ALIVE_LIVE_ALLOCATIONS, "{heap}");
     let rss = counter_at(&alive, "rss", &heap["pid"], &heap["ts"]);
     assert!(rss["args"]["rss_bytes"].as_u64().unwrap() > 0, "{rss}");
 
@@ -134,19 +115,10 @@ fn trace_file_follows_the_output_contract() {
     }
     let last = heaps.last().unwrap();
     assert_eq!(last["args"]["live_bytes"], WAIT_STDIN.live_bytes, "{last}");
-    assert_eq!(
-        last["args"]["live_allocations"], WAIT_STDIN.live_allocations,
-        "{last}"
-    );
+    assert_eq!(last["args"]["live_allocations"], WAIT_STDIN.live_allocations, "{last}");
     assert_eq!(trace.counters("rss").count(), heaps.len());
-    assert!(trace
-        .counters("rss")
-        .all(|rss| rss["args"]["rss_bytes"].is_u64()));
-    assert_eq!(
-        trace.phase("v").count(),
-        heaps.len(),
-        "one memory dump per sample"
-    );
+    assert!(trace.counters("rss").all(|rss| rss["args"]["rss_bytes"].is_u64()));
+    assert_eq!(trace.phase("v").count(), heaps.len(), "one memory dump per sample");
     check_memory_dumps(trace);
 
     // JSON Array Format, one event per line: `[`, the events, `]`.

@@ -14,10 +14,7 @@ use tempfile::TempDir;
 fn build_dir() -> TempDir {
     let parent = workspace_root().join("target/memtrace-tests");
     std::fs::create_dir_all(&parent).unwrap();
-    tempfile::Builder::new()
-        .prefix("usdt-")
-        .tempdir_in(&parent)
-        .unwrap()
+    tempfile::Builder::new().prefix("usdt-").tempdir_in(&parent).unwrap()
 }
 
 fn fixture_source(name: &str) -> PathBuf {
@@ -36,11 +33,7 @@ fn cc(args: &[&str], output: &Path) -> PathBuf {
         .arg(output)
         .output()
         .expect("running cc");
-    assert!(
-        result.status.success(),
-        "cc {args:?} failed:\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    assert!(result.status.success(), "cc {args:?} failed:\n{}", String::from_utf8_lossy(&result.stderr));
     output.to_owned()
 }
 
@@ -56,12 +49,9 @@ fn expectations(text: &str) -> BTreeMap<String, (Option<u64>, Option<i64>)> {
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields.as_slice() {
-            [probe, "hits", n] => {
-                expected.entry(probe.to_string()).or_default().0 = Some(n.parse().unwrap())
-            }
+            [probe, "hits", n] => expected.entry(probe.to_string()).or_default().0 = Some(n.parse().unwrap()),
             [probe, arg, value] => {
-                expected.entry(format!("{probe}={arg}")).or_default().1 =
-                    Some(value.parse().unwrap())
+                expected.entry(format!("{probe}={arg}")).or_default().1 = Some(value.parse().unwrap())
             }
             _ => panic!("unexpected fixture line {line:?}"),
         }
@@ -70,10 +60,7 @@ fn expectations(text: &str) -> BTreeMap<String, (Option<u64>, Option<i64>)> {
 }
 
 fn usdt_options(expected: &BTreeMap<String, (Option<u64>, Option<i64>)>) -> Vec<String> {
-    expected
-        .keys()
-        .flat_map(|label| ["--usdt".to_owned(), label.clone()])
-        .collect()
+    expected.keys().flat_map(|label| ["--usdt".to_owned(), label.clone()]).collect()
 }
 
 /// Each tracked argument holds the fixture's value, and each counter its hits (1 unless given).
@@ -124,11 +111,8 @@ fn argument_forms_decode_to_the_values_passed_at_o0_and_o2() {
         let program = build_c(dir.path(), "usdt_args.c", optimisation);
         // A dry run tells which probes and arguments there are.
         let listing = dir.path().join(format!("expected{optimisation}.txt"));
-        let status = Command::new(&program)
-            .arg(&listing)
-            .stdin(std::process::Stdio::null())
-            .status()
-            .unwrap();
+        let status =
+            Command::new(&program).arg(&listing).stdin(std::process::Stdio::null()).status().unwrap();
         assert!(status.success());
         let expected = expectations(&std::fs::read_to_string(&listing).unwrap());
         assert!(expected.len() > 20, "{expected:?}");
@@ -152,12 +136,7 @@ fn argument_forms_decode_to_the_values_passed_at_o0_and_o2() {
             .unwrap_or_else(|| panic!("no usdt:fixture:tick counter\n{}", outcome.trace_text()))
             .clone();
         assert_eq!(last["args"], serde_json::json!({"hits": 25}));
-        let last = outcome
-            .trace()
-            .counters("usdt:fixture:tick=arg0")
-            .last()
-            .unwrap()
-            .clone();
+        let last = outcome.trace().counters("usdt:fixture:tick=arg0").last().unwrap().clone();
         assert_eq!(last["args"]["value"], 24 * 24);
     }
 }
@@ -168,11 +147,7 @@ fn argument_forms_decode_in_a_running_process() {
     let dir = build_dir();
     let program = build_c(dir.path(), "usdt_args.c", "-O2");
     let probe_list = dir.path().join("dry.txt");
-    Command::new(&program)
-        .arg(&probe_list)
-        .stdin(std::process::Stdio::null())
-        .status()
-        .unwrap();
+    Command::new(&program).arg(&probe_list).stdin(std::process::Stdio::null()).status().unwrap();
     let expected = expectations(&std::fs::read_to_string(&probe_list).unwrap());
     let written = dir.path().join("written.txt");
     let mut fixture = Spawned::spawn({
@@ -180,11 +155,8 @@ fn argument_forms_decode_in_a_running_process() {
         command.arg(&written);
         command
     });
-    let mut memtrace = Memtrace::new()
-        .args(usdt_options(&expected))
-        .arg("--pid")
-        .arg(fixture.pid().to_string())
-        .spawn();
+    let mut memtrace =
+        Memtrace::new().args(usdt_options(&expected)).arg("--pid").arg(fixture.pid().to_string()).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     fixture.send(b"go\n");
     assert!(fixture.wait().success());
@@ -203,21 +175,14 @@ fn semaphore_is_set_while_memtrace_listens_and_cleared_after() {
     let mut fixture = Spawned::spawn(Command::new(&program));
     fixture.wait_for_stdout("waiting semaphore=0");
     let mut memtrace = Memtrace::new()
-        .args([
-            "--usdt",
-            "fixture:ready=arg0",
-            "--usdt",
-            "fixture:ready=arg1",
-        ])
+        .args(["--usdt", "fixture:ready=arg0", "--usdt", "fixture:ready=arg1"])
         .args(["--usdt", "fixture:ready", "--pid"])
         .arg(fixture.pid().to_string())
         .spawn();
     let reported = fixture.wait_for_stdout("reported");
     assert_eq!(reported, "reported hits=3 arg0=3 arg1=6000");
     memtrace.wait_for_trace("three hits", |trace| {
-        trace
-            .counters("usdt:fixture:ready")
-            .any(|event| event["args"]["hits"] == 3)
+        trace.counters("usdt:fixture:ready").any(|event| event["args"]["hits"] == 3)
     });
     // SAFETY: kill with a pid of a child this test started.
     unsafe { libc::kill(memtrace.pid() as i32, libc::SIGINT) };
@@ -243,9 +208,7 @@ fn reported_subsystems(fixture: &mut Spawned, names: &[String]) -> BTreeMap<Stri
 }
 
 fn subsystem_fixture_names() -> Vec<String> {
-    let mut names: Vec<String> = ["pool-0", "pool-1", "pool-2", "cache", "debt"]
-        .map(String::from)
-        .to_vec();
+    let mut names: Vec<String> = ["pool-0", "pool-1", "pool-2", "cache", "debt"].map(String::from).to_vec();
     names.push("x".repeat(63));
     names
 }
@@ -304,10 +267,7 @@ fn subsystems_reach_memtrace_from_a_running_process() {
     let dir = build_dir();
     let program = build_c(dir.path(), "usdt_subsystems.c", "-O2");
     let mut fixture = Spawned::spawn(Command::new(&program));
-    let memtrace = Memtrace::new()
-        .arg("--pid")
-        .arg(fixture.pid().to_string())
-        .spawn();
+    let memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
     let expected = reported_subsystems(&mut fixture, &subsystem_fixture_names());
     assert!(fixture.wait().success());
     let outcome = memtrace.finish();
@@ -318,15 +278,7 @@ fn subsystems_reach_memtrace_from_a_running_process() {
 /// Builds libusdtfixture.so and a program that needs it (RUNPATH $ORIGIN).
 fn build_library_pair(dir: &Path) -> (PathBuf, PathBuf) {
     let library = dir.join("libusdtfixture.so");
-    cc(
-        &[
-            "-O2",
-            "-fPIC",
-            "-shared",
-            fixture_source("usdt_lib.c").to_str().unwrap(),
-        ],
-        &library,
-    );
+    cc(&["-O2", "-fPIC", "-shared", fixture_source("usdt_lib.c").to_str().unwrap()], &library);
     let program = dir.join("usdt_lib_main");
     cc(
         &[
@@ -358,19 +310,14 @@ fn probes_in_a_shared_library() {
     let (library, program) = build_library_pair(dir.path());
 
     let by_name = "libusdtfixture.so:libfixture:called=arg0";
-    let mut memtrace = Memtrace::new()
-        .args(["--usdt", by_name])
-        .command(&program)
-        .spawn();
+    let mut memtrace = Memtrace::new().args(["--usdt", by_name]).command(&program).spawn();
     memtrace.wait_for_stdout("libfixture:called hits 7 last 77");
     assert_library_figures(&memtrace.finish(), by_name);
 
     let by_path = format!("{}:libfixture:called=arg0", library.display());
     let mut fixture = Spawned::spawn(Command::new(&program));
-    let mut memtrace = Memtrace::new()
-        .args(["--usdt", &by_path, "--pid"])
-        .arg(fixture.pid().to_string())
-        .spawn();
+    let mut memtrace =
+        Memtrace::new().args(["--usdt", &by_path, "--pid"]).arg(fixture.pid().to_string()).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     fixture.send(b"go\n");
     assert!(fixture.wait().success());
@@ -382,28 +329,19 @@ fn probes_in_a_shared_library() {
 fn header_example_reports_what_it_prints() {
     let dir = build_dir();
     let example = workspace_root().join("examples/memtrace_subsystems.c");
-    let program = cc(
-        &["-O2", example.to_str().unwrap()],
-        &dir.path().join("memtrace_subsystems"),
-    );
+    let program = cc(&["-O2", example.to_str().unwrap()], &dir.path().join("memtrace_subsystems"));
     let mut memtrace = Memtrace::new().command(&program).spawn();
     let mut expected = BTreeMap::new();
     for name in ["textures", "cache", "requests"] {
         let line = memtrace.wait_for_stdout(&format!("reported {name} "));
-        expected.insert(
-            name.to_owned(),
-            line.rsplit(' ').next().unwrap().parse::<i64>().unwrap(),
-        );
+        expected.insert(name.to_owned(), line.rsplit(' ').next().unwrap().parse::<i64>().unwrap());
     }
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
     assert_subsystems(&outcome, &expected);
     // Untraced, the example knows nobody listened.
     let untraced = Command::new(&program).output().unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&untraced.stdout),
-        "memtrace was not listening\n"
-    );
+    assert_eq!(String::from_utf8_lossy(&untraced.stdout), "memtrace was not listening\n");
 }
 
 /// include/memtrace_usdt.rs: the same probes from Rust, with the semaphore.
@@ -417,38 +355,21 @@ fn rust_emitter_reports_subsystems() {
         .arg(fixture_source("usdt_rust.rs"))
         .output()
         .expect("running rustc");
-    assert!(
-        result.status.success(),
-        "rustc failed:\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    let listing = Command::new(memtrace_tests::memtrace_bin())
-        .arg("usdt")
-        .arg(&program)
-        .output()
-        .unwrap();
+    assert!(result.status.success(), "rustc failed:\n{}", String::from_utf8_lossy(&result.stderr));
+    let listing = Command::new(memtrace_tests::memtrace_bin()).arg("usdt").arg(&program).output().unwrap();
     let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
-    assert!(
-        listing.contains("memtrace:report_total") && !listing.contains("semaphore=none"),
-        "{listing}"
-    );
+    assert!(listing.contains("memtrace:report_total") && !listing.contains("semaphore=none"), "{listing}");
     let mut memtrace = Memtrace::new().command(&program).spawn();
     assert_eq!(memtrace.wait_for_stdout("due"), "due true false");
-    let expected = reported_subsystems(
-        &mut memtrace,
-        &["rust-textures".to_owned(), "rust-pool-7".to_owned()],
-    );
+    let expected =
+        reported_subsystems(&mut memtrace, &["rust-textures".to_owned(), "rust-pool-7".to_owned()]);
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
     assert_subsystems(&outcome, &expected);
 }
 
 fn memtrace_usdt(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(memtrace_tests::memtrace_bin())
-        .arg("usdt")
-        .args(args)
-        .output()
-        .unwrap();
+    let output = Command::new(memtrace_tests::memtrace_bin()).arg("usdt").args(args).output().unwrap();
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -480,27 +401,19 @@ fn usdt_subcommand_lists_probes_with_their_arguments() {
     // Wait until the library is mapped: the program blocks on stdin only after the loader ran.
     let deadline = std::time::Instant::now() + memtrace_tests::DEADLINE;
     let maps = format!("/proc/{}/maps", fixture.pid());
-    while !std::fs::read_to_string(&maps)
-        .unwrap_or_default()
-        .contains("libusdtfixture.so")
-    {
+    while !std::fs::read_to_string(&maps).unwrap_or_default().contains("libusdtfixture.so") {
         assert!(std::time::Instant::now() < deadline, "library never mapped");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let (code, listing, stderr) = memtrace_usdt(&["--pid", &fixture.pid().to_string()]);
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        listing
-            .lines()
-            .any(|l| l.contains("libusdtfixture.so memtrace:report_total")
-                && l.ends_with("args: arg0=8@%rdi arg1=-8@%rsi")
-                && !l.contains("semaphore=none")),
+        listing.lines().any(|l| l.contains("libusdtfixture.so memtrace:report_total")
+            && l.ends_with("args: arg0=8@%rdi arg1=-8@%rsi")
+            && !l.contains("semaphore=none")),
         "{listing}"
     );
-    assert!(
-        listing.contains("libusdtfixture.so libfixture:called"),
-        "{listing}"
-    );
+    assert!(listing.contains("libusdtfixture.so libfixture:called"), "{listing}");
     fixture.kill();
 }
 
@@ -515,28 +428,16 @@ fn bad_usdt_requests_are_clear_errors() {
     let written = dir.path().join("out.txt");
 
     // A malformed option is a usage error.
-    let outcome = Memtrace::new()
-        .args(["--usdt", "no-colon"])
-        .command(&program)
-        .run();
+    let outcome = Memtrace::new().args(["--usdt", "no-colon"]).command(&program).run();
     outcome.assert_exit_code(2);
     outcome.assert_stderr_mentions(&["no-colon", "PROVIDER:NAME"]);
-    let outcome = Memtrace::new()
-        .args(["--usdt", "fixture:tick=first"])
-        .command(&program)
-        .run();
+    let outcome = Memtrace::new().args(["--usdt", "fixture:tick=first"]).command(&program).run();
     outcome.assert_exit_code(2);
     outcome.assert_stderr_mentions(&["arg0"]);
 
     let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
-        (
-            vec!["--usdt".into(), "fixture:nonexistent".into()],
-            vec!["fixture:nonexistent", "memtrace usdt"],
-        ),
-        (
-            vec!["--usdt".into(), "fixture:tick=arg5".into()],
-            vec!["no arg5", "1 argument"],
-        ),
+        (vec!["--usdt".into(), "fixture:nonexistent".into()], vec!["fixture:nonexistent", "memtrace usdt"]),
+        (vec!["--usdt".into(), "fixture:tick=arg5".into()], vec!["no arg5", "1 argument"]),
         (
             vec!["--usdt".into(), format!("{}:app:probe", plain.display())],
             vec!["has no USDT probes", ".note.stapsdt"],
@@ -547,11 +448,7 @@ fn bad_usdt_requests_are_clear_errors() {
         ),
     ];
     for (args, needles) in cases {
-        let outcome = Memtrace::new()
-            .args(&args)
-            .command(&program)
-            .arg(&written)
-            .run();
+        let outcome = Memtrace::new().args(&args).command(&program).arg(&written).run();
         outcome.assert_exit_code(1);
         let error = outcome.error_line().to_owned();
         for needle in needles {
@@ -562,10 +459,7 @@ fn bad_usdt_requests_are_clear_errors() {
 
     let (code, _, stderr) = memtrace_usdt(&["/nonexistent/file"]);
     assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.starts_with("memtrace: error: cannot read /nonexistent/file"),
-        "{stderr}"
-    );
+    assert!(stderr.starts_with("memtrace: error: cannot read /nonexistent/file"), "{stderr}");
     let (code, listing, stderr) = memtrace_usdt(&[plain.to_str().unwrap()]);
     assert_eq!((code, listing.as_str()), (0, ""), "{stderr}");
     assert!(stderr.contains("has no USDT probes"), "{stderr}");

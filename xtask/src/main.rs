@@ -43,18 +43,13 @@ fn main() -> Result<()> {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_owned()
 }
 
 /// Runs a command in the workspace root, failing with its command line when it fails.
 pub fn run(command: &mut Command) -> Result<()> {
     command.current_dir(workspace_root());
-    let status = command
-        .status()
-        .with_context(|| format!("running {command:?}"))?;
+    let status = command.status().with_context(|| format!("running {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed ({status})");
     }
@@ -124,10 +119,7 @@ fn demo() -> Result<()> {
         .arg(&summary)
         .arg("--")
         .arg(&demo))?;
-    println!(
-        "trace:   {}  (open it in Perfetto UI or chrome://tracing)",
-        trace.display()
-    );
+    println!("trace:   {}  (open it in Perfetto UI or chrome://tracing)", trace.display());
     println!("summary: {}", summary.display());
     Ok(())
 }
@@ -135,30 +127,13 @@ fn demo() -> Result<()> {
 fn test() -> Result<()> {
     let memtrace = build()?;
     if !is_root() {
-        bail!(
-            "the integration tests load BPF programs into the kernel: run `sudo cargo xtask test`"
-        );
+        bail!("the integration tests load BPF programs into the kernel: run `sudo cargo xtask test`");
     }
     eprintln!("xtask: checking formatting");
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
-        "fmt",
-        "--manifest-path",
-        "memtrace-ebpf/Cargo.toml",
-        "--",
-        "--check",
-    ]))?;
+    run(cargo().args(["fmt", "--manifest-path", "memtrace-ebpf/Cargo.toml", "--", "--check"]))?;
     eprintln!("xtask: clippy");
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     eprintln!("xtask: unit and integration tests");
-    run(cargo()
-        .args(["test", "--workspace"])
-        .env("MEMTRACE_BIN", &memtrace))
+    run(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))
 }

@@ -16,14 +16,8 @@ const DEBIAN_BPF_CORE: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Debian 12 packages of the verified route: rustc 1.96 with LLVM 22 and a prebuilt BPF `core`, and
 /// the LLVM 22 libraries bpf-linker links against.
-const BPF_PACKAGES: &[&str] = &[
-    "rustc-web",
-    "libstd-rust-web-dev-bpf",
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "zlib1g-dev",
-    "libzstd-dev",
-];
+const BPF_PACKAGES: &[&str] =
+    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
 /// What the test fixtures are built with: a C compiler with static glibc, jemalloc, and
 /// <sys/sdt.h> for USDT probes.
 const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev", "libjemalloc-dev", "systemtap-sdt-dev"];
@@ -35,16 +29,14 @@ pub fn setup() -> Result<()> {
     } else if !on_path("bpf-linker") && !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
         missing.extend(&BPF_PACKAGES[2..]);
     }
-    missing.extend(
-        FIXTURE_PACKAGES
-            .iter()
-            .filter(|package| !is_installed(package)),
-    );
+    missing.extend(FIXTURE_PACKAGES.iter().filter(|package| !is_installed(package)));
     if !missing.is_empty() {
         apt_install(&missing)?;
     }
     if !on_path("bpf-linker") {
-        eprintln!("xtask: installing bpf-linker 0.13 from crates.io, linked against LLVM 22 (takes a few minutes)");
+        eprintln!(
+            "xtask: installing bpf-linker 0.13 from crates.io, linked against LLVM 22 (takes a few minutes)"
+        );
         run(cargo()
             .args(["install", "bpf-linker", "--version", "^0.13"])
             .args(["--no-default-features", "--features", "llvm-22"])
@@ -61,9 +53,7 @@ fn apt_install(packages: &[&str]) -> Result<()> {
         );
     }
     eprintln!("xtask: installing Debian packages: {}", packages.join(" "));
-    run(Command::new("apt-get")
-        .arg("update")
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "--no-install-recommends"])
         .args(packages)
@@ -80,24 +70,16 @@ fn is_installed(package: &str) -> bool {
 fn has_debian_bpf_rust() -> bool {
     Path::new(DEBIAN_RUSTC).exists()
         && std::fs::read_dir(DEBIAN_BPF_CORE).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
+            entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
         })
 }
 
 fn has_nightly_rust_src() -> bool {
-    let Ok(output) = Command::new("rustc")
-        .args(["+nightly", "--print", "sysroot"])
-        .output()
-    else {
+    let Ok(output) = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output() else {
         return false;
     };
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    output.status.success()
-        && Path::new(&sysroot)
-            .join("lib/rustlib/src/rust/library/core")
-            .exists()
+    output.status.success() && Path::new(&sysroot).join("lib/rustlib/src/rust/library/core").exists()
 }
 
 pub fn on_path(program: &str) -> bool {

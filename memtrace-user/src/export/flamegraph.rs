@@ -25,10 +25,7 @@ impl FlamegraphFile {
                 path.display()
             )
         })?;
-        Ok(Self {
-            path: path.to_owned(),
-            file,
-        })
+        Ok(Self { path: path.to_owned(), file })
     }
 }
 
@@ -59,13 +56,7 @@ fn folded_stacks(model: &Model) -> Vec<String> {
     for process in model.processes.values() {
         for stack in process.stacks.iter().filter(|s| s.totals.live_bytes > 0) {
             let mut names = vec![format!("{} ({})", process.comm, process.pid)];
-            names.extend(
-                stack
-                    .frames
-                    .iter()
-                    .rev()
-                    .map(|f| f.name().replace(';', ":")),
-            );
+            names.extend(stack.frames.iter().rev().map(|f| f.name().replace(';', ":")));
             lines.push(format!("{} {}", names.join(";"), stack.totals.live_bytes));
         }
     }
@@ -90,17 +81,8 @@ mod tests {
             module: "m".into(),
             offset: 0,
         };
-        let live = StackTotals {
-            allocations: 1,
-            allocated_bytes: 64,
-            live_allocations: 1,
-            live_bytes: 64,
-        };
-        let freed = StackTotals {
-            live_allocations: 0,
-            live_bytes: 0,
-            ..live
-        };
+        let live = StackTotals { allocations: 1, allocated_bytes: 64, live_allocations: 1, live_bytes: 64 };
+        let freed = StackTotals { live_allocations: 0, live_bytes: 0, ..live };
         let stack = |frames, totals| StackProfile {
             frames,
             totals,

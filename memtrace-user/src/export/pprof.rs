@@ -27,15 +27,9 @@ pub struct PprofFile {
 impl PprofFile {
     pub fn create(path: &Path) -> Result<Self> {
         let file = File::create(path).with_context(|| {
-            format!(
-                "cannot write the pprof profile to {}; choose another path with --pprof",
-                path.display()
-            )
+            format!("cannot write the pprof profile to {}; choose another path with --pprof", path.display())
         })?;
-        Ok(Self {
-            path: path.to_owned(),
-            file,
-        })
+        Ok(Self { path: path.to_owned(), file })
     }
 }
 
@@ -44,8 +38,7 @@ impl Exporter for PprofFile {
         let profile = build_profile(model, end);
         let mut gzip = GzEncoder::new(&mut self.file, Compression::default());
         gzip.write_all(&profile.encode_to_vec())?;
-        gzip.finish()
-            .with_context(|| format!("writing {}", self.path.display()))?;
+        gzip.finish().with_context(|| format!("writing {}", self.path.display()))?;
         Ok(())
     }
 }
@@ -76,16 +69,8 @@ fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
                     stack.totals.live_bytes,
                 ],
                 label: vec![
-                    proto::Label {
-                        key: pid_key,
-                        num: i64::from(process.pid),
-                        ..Default::default()
-                    },
-                    proto::Label {
-                        key: comm_key,
-                        str: comm,
-                        ..Default::default()
-                    },
+                    proto::Label { key: pid_key, num: i64::from(process.pid), ..Default::default() },
+                    proto::Label { key: comm_key, str: comm, ..Default::default() },
                 ],
             });
         }
@@ -128,10 +113,7 @@ impl ProfileBuilder {
     }
 
     fn value_type(&mut self, kind: &str, unit: &str) -> proto::ValueType {
-        proto::ValueType {
-            r#type: self.string(kind),
-            unit: self.string(unit),
-        }
+        proto::ValueType { r#type: self.string(kind), unit: self.string(unit) }
     }
 
     fn function(&mut self, frame: &Frame) -> u64 {
@@ -164,10 +146,7 @@ impl ProfileBuilder {
             id,
             mapping_id: 0,
             address: frame.offset,
-            line: vec![proto::Line {
-                function_id,
-                line: frame.line.map_or(0, i64::from),
-            }],
+            line: vec![proto::Line { function_id, line: frame.line.map_or(0, i64::from) }],
         });
         self.location_ids.insert(key, id);
         id
@@ -281,12 +260,8 @@ mod tests {
             module: "/app".into(),
             offset,
         };
-        let totals = StackTotals {
-            allocations: 4,
-            allocated_bytes: 400,
-            live_allocations: 1,
-            live_bytes: 100,
-        };
+        let totals =
+            StackTotals { allocations: 4, allocated_bytes: 400, live_allocations: 1, live_bytes: 100 };
         let stack = |frames| StackProfile {
             frames,
             totals,
@@ -294,40 +269,18 @@ mod tests {
             leaked_allocations: 0,
             oldest_age: None,
         };
-        model.processes.get_mut(&9).unwrap().stacks = vec![
-            stack(vec![frame("leak", 0x10), frame("main", 0x20)]),
-            stack(vec![frame("main", 0x30)]),
-        ];
-        let profile = build_profile(
-            &model,
-            RunEnd {
-                duration: Duration::from_secs(1),
-            },
-        );
+        model.processes.get_mut(&9).unwrap().stacks =
+            vec![stack(vec![frame("leak", 0x10), frame("main", 0x20)]), stack(vec![frame("main", 0x30)])];
+        let profile = build_profile(&model, RunEnd { duration: Duration::from_secs(1) });
         let decoded = proto::Profile::decode(&*profile.encode_to_vec()).unwrap();
         assert_eq!(decoded, profile);
         assert_eq!(decoded.string_table[0], "");
-        let types: Vec<&str> = decoded
-            .sample_type
-            .iter()
-            .map(|t| decoded.string_table[t.r#type as usize].as_str())
-            .collect();
-        assert_eq!(
-            types,
-            [
-                "alloc_objects",
-                "alloc_space",
-                "inuse_objects",
-                "inuse_space"
-            ]
-        );
+        let types: Vec<&str> =
+            decoded.sample_type.iter().map(|t| decoded.string_table[t.r#type as usize].as_str()).collect();
+        assert_eq!(types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
         assert_eq!(decoded.sample.len(), 2);
         assert_eq!(decoded.sample[0].value, [4, 400, 1, 100]);
         assert_eq!(decoded.location.len(), 3, "one location per distinct frame");
-        assert_eq!(
-            decoded.function.len(),
-            2,
-            "main is one function at two offsets"
-        );
+        assert_eq!(decoded.function.len(), 2, "main is one function at two offsets");
     }
 }

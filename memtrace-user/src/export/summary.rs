@@ -25,6 +25,18 @@ pub struct Summary {
     pub duration_s: f64,
     pub lost_events: u64,
     pub processes: Vec<ProcessSummary>,
+    /// System-wide runs: how full the kernel's tables were, to show they stay bounded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_maps: Option<KernelMapsSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KernelMapsSummary {
+    pub processes: usize,
+    pub live_allocations: usize,
+    pub stack_totals: usize,
+    pub peak_processes: usize,
+    pub released_processes: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,11 +107,14 @@ impl Summary {
             version: SUMMARY_VERSION,
             duration_s: seconds(end.duration),
             lost_events: model.lost_events(),
-            processes: model
-                .processes
-                .values()
-                .map(|p| ProcessSummary::of(p, top))
-                .collect(),
+            processes: model.processes.values().map(|p| ProcessSummary::of(p, top)).collect(),
+            kernel_maps: model.kernel_maps.map(|maps| KernelMapsSummary {
+                processes: maps.processes,
+                live_allocations: maps.live_allocations,
+                stack_totals: maps.stack_totals,
+                peak_processes: maps.peak_processes,
+                released_processes: maps.released_processes,
+            }),
         }
     }
 }
@@ -129,13 +144,7 @@ impl ProcessSummary {
                 .probes
                 .iter()
                 .map(|(label, counter)| {
-                    (
-                        label.clone(),
-                        UsdtCounterSummary {
-                            hits: counter.hits,
-                            value: counter.value,
-                        },
-                    )
+                    (label.clone(), UsdtCounterSummary { hits: counter.hits, value: counter.value })
                 })
                 .collect(),
             leaks: process.leaks(top).map(Leak::of).collect(),
@@ -193,16 +202,9 @@ pub struct SummaryFile {
 impl SummaryFile {
     pub fn create(path: &Path, top: usize) -> Result<Self> {
         let file = File::create(path).with_context(|| {
-            format!(
-                "cannot write the summary to {}; choose another path with --summary",
-                path.display()
-            )
+            format!("cannot write the summary to {}; choose another path with --summary", path.display())
         })?;
-        Ok(Self {
-            path: path.to_owned(),
-            file,
-            top,
-        })
+        Ok(Self { path: path.to_owned(), file, top })
     }
 }
 
@@ -210,9 +212,7 @@ impl Exporter for SummaryFile {
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
         let mut text = serde_json::to_string_pretty(&Summary::of(model, end, self.top))?;
         text.push('\n');
-        self.file
-            .write_all(text.as_bytes())
-            .with_context(|| format!("writing {}", self.path.display()))
+        self.file.write_all(text.as_bytes()).with_context(|| format!("writing {}", self.path.display()))
     }
 }
 
@@ -229,14 +229,9 @@ mod tests {
         process.stats.live_bytes = 100;
         process.stats.lost_events = 2;
         model.unattributed_lost_events = 1;
-        let value = serde_json::to_value(Summary::of(
-            &model,
-            RunEnd {
-                duration: Duration::from_millis(1500),
-            },
-            10,
-        ))
-        .unwrap();
+        let value =
+            serde_json::to_value(Summary::of(&model, RunEnd { duration: Duration::from_millis(1500) }, 10))
+                .unwrap();
         assert_eq!(value["version"], 1);
         assert_eq!(value["duration_s"], 1.5);
         assert_eq!(value["lost_events"], 3);

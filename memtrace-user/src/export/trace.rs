@@ -27,10 +27,7 @@ pub struct TraceFile {
 impl TraceFile {
     pub fn create(path: &Path) -> Result<Self> {
         let mut file = File::create(path).with_context(|| {
-            format!(
-                "cannot write the trace to {}; choose another path with -o/--output",
-                path.display()
-            )
+            format!("cannot write the trace to {}; choose another path with -o/--output", path.display())
         })?;
         file.write_all(b"[")?;
         Ok(Self {
@@ -49,17 +46,11 @@ impl TraceFile {
     fn write_events(&mut self, events: &[Value]) -> Result<()> {
         let mut text = String::new();
         for event in events {
-            text.push_str(if self.events_written == 0 {
-                "\n"
-            } else {
-                ",\n"
-            });
+            text.push_str(if self.events_written == 0 { "\n" } else { ",\n" });
             text.push_str(&event.to_string());
             self.events_written += 1;
         }
-        self.file
-            .write_all(text.as_bytes())
-            .with_context(|| format!("writing {}", self.path.display()))
+        self.file.write_all(text.as_bytes()).with_context(|| format!("writing {}", self.path.display()))
     }
 }
 
@@ -83,9 +74,7 @@ impl Exporter for TraceFile {
 
     fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
         self.file.write_all(b"\n]\n")?;
-        self.file
-            .sync_data()
-            .with_context(|| format!("writing {}", self.path.display()))
+        self.file.sync_data().with_context(|| format!("writing {}", self.path.display()))
     }
 }
 
@@ -109,12 +98,7 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             "heap",
             json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
         ),
-        counter(
-            process,
-            sample.ts_us,
-            "rss",
-            json!({"rss_bytes": process.rss_bytes}),
-        ),
+        counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.rss_bytes})),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations));
@@ -125,12 +109,7 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
 /// `--usdt` option (`usdt:<option>`, args `hits` and, for `=argN`, `value`).
 fn usdt_counters(process: &Process, sample: Sample) -> Vec<Value> {
     let subsystems = process.usdt.subsystems.iter().map(|(name, bytes)| {
-        counter(
-            process,
-            sample.ts_us,
-            &format!("subsystem:{name}"),
-            json!({ "bytes": bytes }),
-        )
+        counter(process, sample.ts_us, &format!("subsystem:{name}"), json!({ "bytes": bytes }))
     });
     let probes = process.usdt.probes.iter().map(|(label, figures)| {
         let args = match figures.value {
@@ -168,11 +147,7 @@ fn allocators(process: &Process, live_bytes: u64, live_allocations: u64) -> Valu
     );
     for (name, &bytes) in &process.usdt.subsystems {
         // A subsystem may not hide the heap.
-        let name = if allocators.contains_key(name) {
-            format!("{name} (subsystem)")
-        } else {
-            name.clone()
-        };
+        let name = if allocators.contains_key(name) { format!("{name} (subsystem)") } else { name.clone() };
         // MemoryInfra sizes are unsigned; a subsystem reported below zero shows as empty.
         let size = scalar(bytes.max(0) as u64, "bytes");
         allocators.insert(name, json!({"attrs": {"size": size}}));
@@ -205,11 +180,7 @@ mod tests {
     }
 
     fn read_lines(path: &Path) -> Vec<String> {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
     }
 
     #[test]
@@ -219,15 +190,7 @@ mod tests {
         let path = dir.join("trace.json");
         let mut trace = TraceFile::create(&path).unwrap();
         let mut model = model();
-        trace
-            .sample(
-                &model,
-                Sample {
-                    ts_us: 1000,
-                    dump_id: 1,
-                },
-            )
-            .unwrap();
+        trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
 
         // Cut short: only the closing bracket is missing.
         let cut = std::fs::read_to_string(&path).unwrap() + "]";
@@ -235,49 +198,17 @@ mod tests {
         assert_eq!(events.len(), 4);
 
         model.processes.get_mut(&42).unwrap().exited = true;
-        trace
-            .sample(
-                &model,
-                Sample {
-                    ts_us: 2000,
-                    dump_id: 2,
-                },
-            )
-            .unwrap();
-        trace
-            .sample(
-                &model,
-                Sample {
-                    ts_us: 3000,
-                    dump_id: 3,
-                },
-            )
-            .unwrap();
-        trace
-            .finish(
-                &model,
-                RunEnd {
-                    duration: Duration::from_secs(3),
-                },
-            )
-            .unwrap();
+        trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
+        trace.sample(&model, Sample { ts_us: 3000, dump_id: 3 }).unwrap();
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(3) }).unwrap();
 
-        let events: Vec<Value> =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(
-            events.len(),
-            7,
-            "an exited process gets one final sample, then no more"
-        );
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(events.len(), 7, "an exited process gets one final sample, then no more");
         assert_eq!(events[0]["ph"], "M");
         assert_eq!(events[0]["args"]["name"], "demo");
         let heap = &events[1];
         assert_eq!(
-            (
-                heap["name"].as_str(),
-                heap["ph"].as_str(),
-                heap["ts"].as_u64()
-            ),
+            (heap["name"].as_str(), heap["ph"].as_str(), heap["ts"].as_u64()),
             (Some("heap"), Some("C"), Some(1000))
         );
         assert_eq!(heap["args"]["live_bytes"], 4096);
@@ -286,14 +217,8 @@ mod tests {
         let dump = &events[3];
         assert_eq!(dump["ph"], "v");
         assert_eq!(dump["id"], "0x1");
-        assert_eq!(
-            dump["args"]["dumps"]["process_totals"]["resident_set_bytes"],
-            "10000"
-        );
-        assert_eq!(
-            dump["args"]["dumps"]["allocators"]["malloc"]["attrs"]["size"]["value"],
-            "1000"
-        );
+        assert_eq!(dump["args"]["dumps"]["process_totals"]["resident_set_bytes"], "10000");
+        assert_eq!(dump["args"]["dumps"]["allocators"]["malloc"]["attrs"]["size"]["value"], "1000");
 
         let lines = read_lines(&path);
         assert_eq!(lines.first().map(String::as_str), Some("["));
@@ -304,9 +229,7 @@ mod tests {
 
     #[test]
     fn unwritable_path_names_the_fix() {
-        let err = TraceFile::create(Path::new("/nonexistent-dir/trace.json"))
-            .err()
-            .unwrap();
+        let err = TraceFile::create(Path::new("/nonexistent-dir/trace.json")).err().unwrap();
         assert!(format!("{err:#}").contains("-o/--output"));
     }
 }

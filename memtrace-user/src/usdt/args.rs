@@ -88,11 +88,7 @@ impl Register {
             .map(|&(_, full, high)| (full, high))
             .or_else(|| numbered_register(name))?;
         let &(full_name, offset) = PT_REGS.iter().find(|(n, _)| *n == full)?;
-        Some(Self {
-            name: full_name,
-            offset,
-            shift: if high { 8 } else { 0 },
-        })
+        Some(Self { name: full_name, offset, shift: if high { 8 } else { 0 } })
     }
 
     fn is_instruction_pointer(&self) -> bool {
@@ -173,10 +169,7 @@ pub fn parse_all(text: &str) -> Result<Vec<ArgSpec>, ArgError> {
 
 /// Parses one spec such as `-4@-12(%rbp)`.
 pub fn parse(spec: &str) -> Result<ArgSpec, ArgError> {
-    let fail = |reason: &str| ArgError {
-        spec: spec.to_owned(),
-        reason: reason.to_owned(),
-    };
+    let fail = |reason: &str| ArgError { spec: spec.to_owned(), reason: reason.to_owned() };
     // The size is optional in the oldest notes; the value is then a full register's width.
     let (size, signed, operand) = match spec.split_once('@') {
         Some((size_text, operand)) if !size_text.is_empty() && !operand.is_empty() => {
@@ -185,9 +178,7 @@ pub fn parse(spec: &str) -> Result<ArgSpec, ArgError> {
                 None => (false, size_text),
             };
             if digits.ends_with('f') {
-                return Err(fail(
-                    "floating-point arguments are not supported (they live in SSE registers)",
-                ));
+                return Err(fail("floating-point arguments are not supported (they live in SSE registers)"));
             }
             let size = match digits {
                 "1" => 1,
@@ -202,12 +193,7 @@ pub fn parse(spec: &str) -> Result<ArgSpec, ArgError> {
         None => (8, false, spec),
     };
     let location = parse_operand(operand).map_err(|reason| fail(&reason))?;
-    Ok(ArgSpec {
-        size,
-        signed,
-        location,
-        text: spec.to_owned(),
-    })
+    Ok(ArgSpec { size, signed, location, text: spec.to_owned() })
 }
 
 fn parse_operand(operand: &str) -> Result<Location, String> {
@@ -221,9 +207,7 @@ fn parse_operand(operand: &str) -> Result<Location, String> {
     }
     let (displacement_text, registers) = match operand.find('(') {
         Some(open) => {
-            let inner = operand[open + 1..]
-                .strip_suffix(')')
-                .ok_or("a memory operand must end with `)`")?;
+            let inner = operand[open + 1..].strip_suffix(')').ok_or("a memory operand must end with `)`")?;
             (&operand[..open], Some(inner))
         }
         None => (operand, None),
@@ -233,11 +217,7 @@ fn parse_operand(operand: &str) -> Result<Location, String> {
         None => (None, None),
         Some(inner) => parse_memory_registers(inner)?,
     };
-    Ok(Location::Memory {
-        displacement,
-        base,
-        index,
-    })
+    Ok(Location::Memory { displacement, base, index })
 }
 
 fn register(name: &str) -> Result<Register, String> {
@@ -245,27 +225,19 @@ fn register(name: &str) -> Result<Register, String> {
 }
 
 /// `%base`, `%base,%index`, `%base,%index,scale`, `,%index,scale`.
-fn parse_memory_registers(
-    inner: &str,
-) -> Result<(Option<Register>, Option<(Register, u8)>), String> {
+fn parse_memory_registers(inner: &str) -> Result<(Option<Register>, Option<(Register, u8)>), String> {
     let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
     if parts.len() > 3 {
         return Err("a memory operand has at most base, index and scale".into());
     }
     let base = match parts[0] {
         "" => None,
-        text => Some(register(
-            text.strip_prefix('%')
-                .ok_or("expected `%` before the base register")?,
-        )?),
+        text => Some(register(text.strip_prefix('%').ok_or("expected `%` before the base register")?)?),
     };
     let index = match parts.get(1) {
         None | Some(&"") => None,
         Some(text) => {
-            let index = register(
-                text.strip_prefix('%')
-                    .ok_or("expected `%` before the index register")?,
-            )?;
+            let index = register(text.strip_prefix('%').ok_or("expected `%` before the index register")?)?;
             let scale = match parts.get(2).copied().unwrap_or("1") {
                 "1" => 1,
                 "2" => 2,
@@ -285,46 +257,28 @@ fn parse_memory_registers(
 /// `-12`, `0x10`, `counter`, `counter+8`, `counter-8`, or nothing (0).
 fn parse_displacement(text: &str) -> Result<Displacement, String> {
     if text.is_empty() {
-        return Ok(Displacement {
-            symbol: None,
-            offset: 0,
-        });
+        return Ok(Displacement { symbol: None, offset: 0 });
     }
     if let Some(offset) = parse_integer(text) {
-        return Ok(Displacement {
-            symbol: None,
-            offset,
-        });
+        return Ok(Displacement { symbol: None, offset });
     }
     // A symbol, maybe with an offset after its name (symbols do not start with a digit or sign).
-    let split = text
-        .char_indices()
-        .skip(1)
-        .find(|&(_, c)| c == '+' || c == '-')
-        .map(|(i, _)| i);
+    let split = text.char_indices().skip(1).find(|&(_, c)| c == '+' || c == '-').map(|(i, _)| i);
     let (symbol, offset) = match split {
         Some(i) => {
             let offset_text = text[i..].strip_prefix('+').unwrap_or(&text[i..]);
-            let offset = parse_integer(offset_text)
-                .ok_or_else(|| format!("`{text}` is not a displacement"))?;
+            let offset =
+                parse_integer(offset_text).ok_or_else(|| format!("`{text}` is not a displacement"))?;
             (&text[..i], offset)
         }
         None => (text, 0),
     };
-    let valid_symbol = symbol
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '.')
-        && symbol
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$'));
+    let valid_symbol = symbol.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '.')
+        && symbol.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$'));
     if !valid_symbol {
         return Err(format!("`{text}` is not a displacement"));
     }
-    Ok(Displacement {
-        symbol: Some(symbol.to_owned()),
-        offset,
-    })
+    Ok(Displacement { symbol: Some(symbol.to_owned()), offset })
 }
 
 /// A decimal or 0x-hexadecimal integer with an optional sign; values up to u64::MAX wrap into i64.
@@ -333,19 +287,12 @@ fn parse_integer(text: &str) -> Option<i64> {
         Some(rest) => (true, rest),
         None => (false, text.strip_prefix('+').unwrap_or(text)),
     };
-    let value = match magnitude
-        .strip_prefix("0x")
-        .or_else(|| magnitude.strip_prefix("0X"))
-    {
+    let value = match magnitude.strip_prefix("0x").or_else(|| magnitude.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok()?,
         None if magnitude.starts_with(|c: char| c.is_ascii_digit()) => magnitude.parse().ok()?,
         None => return None,
     };
-    Some(if negative {
-        (value as i64).wrapping_neg()
-    } else {
-        value as i64
-    })
+    Some(if negative { (value as i64).wrapping_neg() } else { value as i64 })
 }
 
 /// Where the probe site is, for arguments that name a symbol.
@@ -359,15 +306,8 @@ pub struct SiteContext<'a> {
 impl ArgSpec {
     /// The spec in the form the BPF handler evaluates.
     pub fn to_bpf(&self, site: &SiteContext<'_>) -> Result<UsdtArg, ArgError> {
-        let fail = |reason: String| ArgError {
-            spec: self.text.clone(),
-            reason,
-        };
-        let mut arg = UsdtArg {
-            size: self.size,
-            signed: u8::from(self.signed),
-            ..UsdtArg::default()
-        };
+        let fail = |reason: String| ArgError { spec: self.text.clone(), reason };
+        let mut arg = UsdtArg { size: self.size, signed: u8::from(self.signed), ..UsdtArg::default() };
         match &self.location {
             Location::Constant(value) => {
                 arg.location = usdt_location::CONSTANT;
@@ -378,11 +318,7 @@ impl ArgSpec {
                 arg.register_offset = register.offset;
                 arg.register_shift = register.shift;
             }
-            Location::Memory {
-                displacement,
-                base,
-                index,
-            } => {
+            Location::Memory { displacement, base, index } => {
                 arg.location = usdt_location::MEMORY;
                 arg.value = displacement.offset;
                 let mut base = *base;
@@ -395,14 +331,10 @@ impl ArgSpec {
                         // distance.
                         None => {
                             base = Register::named("rip");
-                            arg.value = arg
-                                .value
-                                .wrapping_add(address.wrapping_sub(site.address) as i64);
+                            arg.value = arg.value.wrapping_add(address.wrapping_sub(site.address) as i64);
                         }
                         Some(register) if register.is_instruction_pointer() => {
-                            arg.value = arg
-                                .value
-                                .wrapping_add(address.wrapping_sub(site.address) as i64);
+                            arg.value = arg.value.wrapping_add(address.wrapping_sub(site.address) as i64);
                         }
                         // `table(,%rax,8)` only occurs in position-dependent code: absolute.
                         Some(_) => arg.value = arg.value.wrapping_add(address as i64),
@@ -461,25 +393,16 @@ mod tests {
     #[test]
     fn the_forms_gcc_and_clang_emit() {
         let spec = parse("-4@%eax").unwrap();
-        assert_eq!(
-            (spec.size, spec.signed, spec.location),
-            (4, true, Location::Register(reg("eax")))
-        );
+        assert_eq!((spec.size, spec.signed, spec.location), (4, true, Location::Register(reg("eax"))));
         let spec = parse("8@%rdi").unwrap();
-        assert_eq!(
-            (spec.size, spec.signed, spec.location),
-            (8, false, Location::Register(reg("rdi")))
-        );
+        assert_eq!((spec.size, spec.signed, spec.location), (8, false, Location::Register(reg("rdi"))));
         assert_eq!(parse("8@$5").unwrap().location, Location::Constant(5));
         assert_eq!(parse("-4@$-1").unwrap().location, Location::Constant(-1));
         assert_eq!(parse("8@$0x10").unwrap().location, Location::Constant(16));
         assert_eq!(
             parse("-4@-12(%rbp)").unwrap().location,
             Location::Memory {
-                displacement: Displacement {
-                    symbol: None,
-                    offset: -12
-                },
+                displacement: Displacement { symbol: None, offset: -12 },
                 base: Some(reg("rbp")),
                 index: None
             }
@@ -487,10 +410,7 @@ mod tests {
         assert_eq!(
             parse("8@16(%rax,%rbx,8)").unwrap().location,
             Location::Memory {
-                displacement: Displacement {
-                    symbol: None,
-                    offset: 16
-                },
+                displacement: Displacement { symbol: None, offset: 16 },
                 base: Some(reg("rax")),
                 index: Some((reg("rbx"), 8))
             }
@@ -498,10 +418,7 @@ mod tests {
         assert_eq!(
             parse("8@(,%rbx,4)").unwrap().location,
             Location::Memory {
-                displacement: Displacement {
-                    symbol: None,
-                    offset: 0
-                },
+                displacement: Displacement { symbol: None, offset: 0 },
                 base: None,
                 index: Some((reg("rbx"), 4))
             }
@@ -509,10 +426,7 @@ mod tests {
         assert_eq!(
             parse("-4@counter+4(%rip)").unwrap().location,
             Location::Memory {
-                displacement: Displacement {
-                    symbol: Some("counter".into()),
-                    offset: 4
-                },
+                displacement: Displacement { symbol: Some("counter".into()), offset: 4 },
                 base: Some(reg("rip")),
                 index: None
             }
@@ -544,10 +458,7 @@ mod tests {
     #[test]
     fn symbols_become_relative_to_the_site() {
         let symbol_address = |name: &str| (name == "counter").then_some(0x4010);
-        let site = SiteContext {
-            address: 0x1130,
-            symbol_address: &symbol_address,
-        };
+        let site = SiteContext { address: 0x1130, symbol_address: &symbol_address };
         let arg = parse("-4@counter+4(%rip)").unwrap().to_bpf(&site).unwrap();
         assert_eq!(arg.location, usdt_location::MEMORY);
         assert_eq!(arg.has_base, 1);
@@ -556,10 +467,7 @@ mod tests {
         assert_eq!((arg.size, arg.signed), (4, 1));
         assert!(parse("8@missing(%rip)").unwrap().to_bpf(&site).is_err());
         let arg = parse("8@16(%rax,%rbx,8)").unwrap().to_bpf(&site).unwrap();
-        assert_eq!(
-            (arg.value, arg.register_offset, arg.index_offset, arg.scale),
-            (16, 80, 40, 8)
-        );
+        assert_eq!((arg.value, arg.register_offset, arg.index_offset, arg.scale), (16, 80, 40, 8));
         let arg = parse("1@%ah").unwrap().to_bpf(&site).unwrap();
         assert_eq!((arg.register_shift, arg.size), (8, 1));
     }

@@ -77,16 +77,8 @@ pub enum Scope {
 
 fn uprobe_pmu_type() -> Result<u32> {
     static TYPE: OnceLock<Option<u32>> = OnceLock::new();
-    TYPE.get_or_init(|| {
-        std::fs::read_to_string(UPROBE_PMU_TYPE)
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    })
-    .with_context(|| {
-        format!("cannot read {UPROBE_PMU_TYPE}; this kernel has no uprobe perf events")
-    })
+    TYPE.get_or_init(|| std::fs::read_to_string(UPROBE_PMU_TYPE).ok()?.trim().parse().ok())
+        .with_context(|| format!("cannot read {UPROBE_PMU_TYPE}; this kernel has no uprobe perf events"))
 }
 
 /// Attaches `program` at `offset` in the file at `path` for `scope`, with `cookie` and, when the
@@ -167,10 +159,7 @@ pub fn attach_site(
     }
     // SAFETY: as above.
     let link = unsafe { OwnedFd::from_raw_fd(link as i32) };
-    Ok(SiteLink {
-        _link: link,
-        _event: event,
-    })
+    Ok(SiteLink { _link: link, _event: event })
 }
 
 #[cfg(test)]

@@ -46,17 +46,11 @@ fn list_process(pid: u32) -> Result<String> {
 
 fn list_file(path: &Path) -> Result<String> {
     let data = fs::read(path).with_context(|| {
-        format!(
-            "cannot read {}; give the path of an executable or a library",
-            path.display()
-        )
+        format!("cannot read {}; give the path of an executable or a library", path.display())
     })?;
     let elf = notes::parse_elf(&data).with_context(|| format!("reading {}", path.display()))?;
     if elf.sites.is_empty() {
-        eprintln!(
-            "memtrace: {} has no USDT probes (no .note.stapsdt section)",
-            path.display()
-        );
+        eprintln!("memtrace: {} has no USDT probes (no .note.stapsdt section)", path.display());
     }
     let mut text = String::new();
     for site in &elf.sites {
@@ -66,9 +60,7 @@ fn list_file(path: &Path) -> Result<String> {
 }
 
 fn line(text: &mut String, path: &Path, site: &ProbeSite) {
-    let semaphore = site
-        .semaphore_offset
-        .map_or_else(|| "none".to_owned(), |offset| format!("{offset:#x}"));
+    let semaphore = site.semaphore_offset.map_or_else(|| "none".to_owned(), |offset| format!("{offset:#x}"));
     let _ = write!(
         text,
         "{} {} offset={:#x} semaphore={semaphore} args:",

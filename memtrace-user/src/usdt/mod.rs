@@ -23,8 +23,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use memtrace_common::{
-    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS,
-    USDT_LOST_SLOT,
+    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS, USDT_LOST_SLOT,
 };
 
 use self::{
@@ -84,9 +83,7 @@ impl UsdtRequest {
         let path = parts.next();
         let valid = |part: &str| {
             !part.is_empty()
-                && part
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
         };
         if !valid(provider) || !valid(name) {
             return Err(format!("`{text}` is not a USDT probe; {usage}"));
@@ -132,11 +129,7 @@ pub struct UsdtProbes {
 
 impl UsdtProbes {
     pub fn new(requests: Vec<UsdtRequest>) -> Self {
-        Self {
-            found: vec![false; requests.len()],
-            requests,
-            ..Self::default()
-        }
+        Self { found: vec![false; requests.len()], requests, ..Self::default() }
     }
 }
 
@@ -192,14 +185,8 @@ fn add_named_objects(
             );
         };
         named.push(identity);
-        if !objects
-            .iter()
-            .any(|o| file_identity(&o.host_path) == Some(identity))
-        {
-            objects.push(ObjectFile {
-                path: path.clone(),
-                host_path: host,
-            });
+        if !objects.iter().any(|o| file_identity(&o.host_path) == Some(identity)) {
+            objects.push(ObjectFile { path: path.clone(), host_path: host });
         }
     }
     Ok(named)
@@ -219,11 +206,7 @@ fn attach_objects(
                 continue;
             }
         }
-        let named = probes
-            .usdt
-            .requests
-            .iter()
-            .any(|r| r.path.is_some() && r.wants_object(object, explicit));
+        let named = probes.usdt.requests.iter().any(|r| r.path.is_some() && r.wants_object(object, explicit));
         let Ok(data) = fs::read(&object.host_path) else {
             if named {
                 bail!("cannot read {}", object.path.display());
@@ -237,9 +220,7 @@ fn attach_objects(
                 let _ = err;
                 continue;
             }
-            Err(err) => {
-                return Err(err).with_context(|| format!("reading {}", object.path.display()))
-            }
+            Err(err) => return Err(err).with_context(|| format!("reading {}", object.path.display())),
         };
         if named && elf.sites.is_empty() {
             bail!(
@@ -271,11 +252,7 @@ fn uses_of(
             _ => None,
         };
         if let Some(action) = action {
-            uses.push(Use {
-                action,
-                counter: 0,
-                argument: None,
-            });
+            uses.push(Use { action, counter: 0, argument: None });
         }
     }
     for (index, request) in requests.iter().enumerate() {
@@ -302,14 +279,8 @@ fn attach_use(
     site_use: &Use,
     scope: Scope,
 ) -> Result<()> {
-    let where_ = || {
-        format!(
-            "probe {} in {} at offset {:#x}",
-            site.full_name(),
-            object.path.display(),
-            site.offset
-        )
-    };
+    let where_ =
+        || format!("probe {} in {} at offset {:#x}", site.full_name(), object.path.display(), site.offset);
     let specs = match args::parse_all(&site.arguments) {
         Ok(specs) => specs,
         Err(err) if site_use.action == usdt_action::COUNT_HITS => {
@@ -320,15 +291,8 @@ fn attach_use(
         Err(err) => return Err(err).with_context(where_),
     };
     let symbol_address = |name: &str| elf.symbol_address(name);
-    let context = SiteContext {
-        address: site.address,
-        symbol_address: &symbol_address,
-    };
-    let mut spec = UsdtSpec {
-        action: site_use.action,
-        counter: site_use.counter,
-        ..UsdtSpec::default()
-    };
+    let context = SiteContext { address: site.address, symbol_address: &symbol_address };
+    let mut spec = UsdtSpec { action: site_use.action, counter: site_use.counter, ..UsdtSpec::default() };
     match site_use.action {
         usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => {
             if specs.len() != 2 {
@@ -364,11 +328,8 @@ fn attach_use(
         bail!("more than {MAX_USDT_SPECS} USDT probe sites to attach; name fewer with --usdt");
     }
     {
-        let mut table: Array<&mut MapData, UsdtSpec> =
-            Array::try_from(probes.map_mut("USDT_SPECS")?)?;
-        table
-            .set(index, spec, 0)
-            .context("writing a USDT site's spec")?;
+        let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
+        table.set(index, spec, 0).context("writing a USDT site's spec")?;
     }
     let program = probes.program_fd(HANDLER_PROGRAM)?;
     let link = attach_site(
@@ -382,10 +343,7 @@ fn attach_use(
     .with_context(where_)?;
     probes.usdt.next_spec += 1;
     probes.usdt.links.push(link);
-    if matches!(
-        site_use.action,
-        usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT
-    ) {
+    if matches!(site_use.action, usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT) {
         probes.usdt.found[site_use.counter as usize] = true;
     }
     Ok(())
@@ -394,12 +352,8 @@ fn attach_use(
 /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
 pub fn check_requests_found(probes: &Probes, targets: &str) -> Result<()> {
     let usdt = &probes.usdt;
-    if let Some(missing) = usdt
-        .requests
-        .iter()
-        .zip(&usdt.found)
-        .find(|(_, found)| !**found)
-        .map(|(request, _)| request)
+    if let Some(missing) =
+        usdt.requests.iter().zip(&usdt.found).find(|(_, found)| !**found).map(|(request, _)| request)
     {
         bail!(
             "--usdt {}: no USDT probe {}:{} in {targets}{}; list the probes with `memtrace usdt \
@@ -407,11 +361,7 @@ pub fn check_requests_found(probes: &Probes, targets: &str) -> Result<()> {
             missing.label,
             missing.provider,
             missing.name,
-            missing
-                .path
-                .as_ref()
-                .map(|p| format!(" (in {})", p.display()))
-                .unwrap_or_default()
+            missing.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
         );
     }
     Ok(())
@@ -422,33 +372,21 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
     let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
     let table: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
     // An entry removed between two steps of the walk is no error.
-    for entry in table
-        .iter()
-        .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
-    {
+    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
         let (key, value) = entry.context("reading the USDT subsystem map")?;
-        subsystems
-            .entry(key.tgid)
-            .or_default()
-            .insert(subsystem_name(&key.name), value);
+        subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
     let table: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
         HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    for entry in table
-        .iter()
-        .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
-    {
+    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
         let (key, value) = entry.context("reading the USDT counter map")?;
         let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
             continue;
         };
         counters.entry(key.tgid).or_default().insert(
             request.label.clone(),
-            UsdtProbeCounter {
-                hits: value.hits,
-                value: request.argument.map(|_| value.value),
-            },
+            UsdtProbeCounter { hits: value.hits, value: request.argument.map(|_| value.value) },
         );
     }
     for (pid, process) in &mut model.processes {
@@ -461,10 +399,7 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
             figures
                 .probes
                 .entry(request.label.clone())
-                .or_insert(UsdtProbeCounter {
-                    hits: 0,
-                    value: request.argument.map(|_| 0),
-                });
+                .or_insert(UsdtProbeCounter { hits: 0, value: request.argument.map(|_| 0) });
         }
         if let Some(counters) = counters.remove(pid) {
             figures.probes.extend(counters);
@@ -489,37 +424,19 @@ mod tests {
     fn usdt_options() {
         let request = UsdtRequest::parse("myapp:tick").unwrap();
         assert_eq!(
-            (
-                request.path,
-                request.provider.as_str(),
-                request.name.as_str(),
-                request.argument
-            ),
+            (request.path, request.provider.as_str(), request.name.as_str(), request.argument),
             (None, "myapp", "tick", None)
         );
         let request = UsdtRequest::parse("./lib/libfoo.so:foo:alloc=arg1").unwrap();
         assert_eq!(request.path, Some(PathBuf::from("./lib/libfoo.so")));
-        assert_eq!(
-            (request.provider.as_str(), request.name.as_str()),
-            ("foo", "alloc")
-        );
+        assert_eq!((request.provider.as_str(), request.name.as_str()), ("foo", "alloc"));
         assert_eq!(request.argument, Some(1));
         assert_eq!(request.label, "./lib/libfoo.so:foo:alloc=arg1");
         let request = UsdtRequest::parse("/a:b/c:p:n").unwrap();
         assert_eq!(request.path, Some(PathBuf::from("/a:b/c")));
-        for bad in [
-            "",
-            "tick",
-            ":tick",
-            "p:",
-            "p:n=1",
-            "p:n=arg",
-            "p:n=arg99",
-            "p:n=argx",
-            ":p:n",
-            "p:n/x",
-            "p q:n",
-        ] {
+        for bad in
+            ["", "tick", ":tick", "p:", "p:n=1", "p:n=arg", "p:n=arg99", "p:n=argx", ":p:n", "p:n/x", "p q:n"]
+        {
             let err = UsdtRequest::parse(bad).unwrap_err();
             assert!(err.contains("write"), "{bad}: {err}");
         }

@@ -4,8 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use object::{
-    elf, read::elf::ProgramHeader as _, Architecture, Endianness, Object, ObjectSection,
-    ObjectSymbol,
+    elf, read::elf::ProgramHeader as _, Architecture, Endianness, Object, ObjectSection, ObjectSymbol,
 };
 
 const NOTE_SECTION: &str = ".note.stapsdt";
@@ -54,10 +53,7 @@ pub struct ElfProbes {
 
 impl ElfProbes {
     pub fn symbol_address(&self, name: &str) -> Option<u64> {
-        self.symbols
-            .iter()
-            .find(|(symbol, _)| symbol == name)
-            .map(|&(_, address)| address)
+        self.symbols.iter().find(|(symbol, _)| symbol == name).map(|&(_, address)| address)
     }
 }
 
@@ -68,16 +64,10 @@ pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
         bail!("only 64-bit ELF files are supported");
     };
     if file.architecture() != Architecture::X86_64 {
-        bail!(
-            "only x86-64 is supported (this file is for {:?})",
-            file.architecture()
-        );
+        bail!("only x86-64 is supported (this file is for {:?})", file.architecture());
     }
     let Some(section) = file.section_by_name(NOTE_SECTION) else {
-        return Ok(ElfProbes {
-            sites: Vec::new(),
-            symbols: Vec::new(),
-        });
+        return Ok(ElfProbes { sites: Vec::new(), symbols: Vec::new() });
     };
     let notes = parse_notes(section.data().context("reading .note.stapsdt")?);
     let base_section = file.section_by_name(BASE_SECTION).map(|s| s.address());
@@ -88,20 +78,13 @@ pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
         .iter()
         .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
         .map(|ph| {
-            (
-                ph.p_vaddr(endian),
-                ph.p_memsz(endian),
-                ph.p_offset(endian),
-                ph.p_flags(endian) & elf::PF_X != 0,
-            )
+            (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian), ph.p_flags(endian) & elf::PF_X != 0)
         })
         .collect();
     let to_offset = |address: u64, executable: bool| {
         segments
             .iter()
-            .find(|&&(vaddr, size, _, x)| {
-                (!executable || x) && address >= vaddr && address - vaddr < size
-            })
+            .find(|&&(vaddr, size, _, x)| (!executable || x) && address >= vaddr && address - vaddr < size)
             .map(|&(vaddr, _, offset, _)| address - vaddr + offset)
     };
     let mut sites = Vec::new();
@@ -113,11 +96,7 @@ pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
         };
         let address = note.address.wrapping_add(shift);
         let Some(offset) = to_offset(address, true) else {
-            bail!(
-                "probe {}:{} at {address:#x} lies in no executable segment",
-                note.provider,
-                note.name
-            );
+            bail!("probe {}:{} at {address:#x} lies in no executable segment", note.provider, note.name);
         };
         let semaphore_offset = match note.semaphore {
             0 => None,
@@ -205,21 +184,11 @@ fn parse_desc(desc: &[u8]) -> Option<RawNote> {
     let mut strings = desc.get(24..)?.split(|&b| b == 0);
     let provider = String::from_utf8_lossy(strings.next()?).into_owned();
     let name = String::from_utf8_lossy(strings.next()?).into_owned();
-    let arguments = strings
-        .next()
-        .map(|args| String::from_utf8_lossy(args).into_owned())
-        .unwrap_or_default();
+    let arguments = strings.next().map(|args| String::from_utf8_lossy(args).into_owned()).unwrap_or_default();
     if provider.is_empty() || name.is_empty() {
         return None;
     }
-    Some(RawNote {
-        address,
-        base,
-        semaphore,
-        provider,
-        name,
-        arguments,
-    })
+    Some(RawNote { address, base, semaphore, provider, name, arguments })
 }
 
 #[cfg(test)]
@@ -250,12 +219,7 @@ mod tests {
 
     #[test]
     fn notes_are_read_in_order() {
-        let mut section = note(
-            0x1139,
-            0x2004,
-            0x4010,
-            &["memtrace", "report_total", "8@%rdi -8@%rsi"],
-        );
+        let mut section = note(0x1139, 0x2004, 0x4010, &["memtrace", "report_total", "8@%rdi -8@%rsi"]);
         section.extend(note(0x1150, 0x2004, 0, &["app", "tick", ""]));
         section.extend(note(0x1160, 0, 0, &["app", "noargs"]));
         let notes = parse_notes(&section);
@@ -263,10 +227,7 @@ mod tests {
         assert_eq!(notes[0].provider, "memtrace");
         assert_eq!(notes[0].name, "report_total");
         assert_eq!(notes[0].arguments, "8@%rdi -8@%rsi");
-        assert_eq!(
-            (notes[0].address, notes[0].base, notes[0].semaphore),
-            (0x1139, 0x2004, 0x4010)
-        );
+        assert_eq!((notes[0].address, notes[0].base, notes[0].semaphore), (0x1139, 0x2004, 0x4010));
         assert_eq!(notes[1].arguments, "");
         assert_eq!(notes[2].name, "noargs");
     }

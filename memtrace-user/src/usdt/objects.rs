@@ -39,18 +39,11 @@ pub fn of_process(pid: u32) -> Result<Vec<ObjectFile>> {
     let mappings = procfs::mappings(pid)
         .with_context(|| format!("reading /proc/{pid}/maps (is pid {pid} still running?)"))?;
     let mut seen = HashSet::new();
-    let paths = std::iter::once(executable).chain(
-        mappings
-            .into_iter()
-            .filter(|m| m.executable)
-            .map(|m| m.path),
-    );
+    let paths =
+        std::iter::once(executable).chain(mappings.into_iter().filter(|m| m.executable).map(|m| m.path));
     Ok(paths
         .filter(|path| seen.insert(path.clone()))
-        .map(|path| ObjectFile {
-            host_path: procfs::in_root_of(pid, &path),
-            path,
-        })
+        .map(|path| ObjectFile { host_path: procfs::in_root_of(pid, &path), path })
         .collect())
 }
 
@@ -76,13 +69,7 @@ pub fn of_command(program: &Path) -> Vec<ObjectFile> {
             }
         }
     }
-    objects
-        .into_iter()
-        .map(|path| ObjectFile {
-            host_path: path.clone(),
-            path,
-        })
-        .collect()
+    objects.into_iter().map(|path| ObjectFile { host_path: path.clone(), path }).collect()
 }
 
 /// What the dynamic linker reads from an object to find its libraries.
@@ -130,14 +117,9 @@ impl DynamicInfo {
 fn system_library_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     read_ld_so_conf(Path::new("/etc/ld.so.conf"), &mut dirs, 0);
-    for default in [
-        "/lib/x86_64-linux-gnu",
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib64",
-        "/usr/lib64",
-        "/lib",
-        "/usr/lib",
-    ] {
+    for default in
+        ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    {
         dirs.push(PathBuf::from(default));
     }
     dirs
@@ -157,10 +139,7 @@ fn read_ld_so_conf(path: &Path, dirs: &mut Vec<PathBuf>, depth: u32) {
             let pattern = Path::new(pattern.trim());
             let (Some(dir), Some(suffix)) = (
                 pattern.parent(),
-                pattern
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(|n| n.strip_prefix('*')),
+                pattern.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix('*')),
             ) else {
                 continue;
             };
@@ -189,16 +168,10 @@ fn resolve_library(needed: &str, requester: &Path, dynamic: &DynamicInfo) -> Opt
     if needed.contains('/') {
         return Some(PathBuf::from(needed)).filter(|p| p.is_file());
     }
-    let origin = requester
-        .parent()
-        .map(Path::to_owned)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let origin = requester.parent().map(Path::to_owned).unwrap_or_else(|| PathBuf::from("."));
     let expand = |dir: &str| -> PathBuf {
         let origin = origin.to_string_lossy();
-        PathBuf::from(
-            dir.replace("${ORIGIN}", &origin)
-                .replace("$ORIGIN", &origin),
-        )
+        PathBuf::from(dir.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin))
     };
     let mut dirs: Vec<PathBuf> = Vec::new();
     if dynamic.runpath.is_empty() {
@@ -209,18 +182,14 @@ fn resolve_library(needed: &str, requester: &Path, dynamic: &DynamicInfo) -> Opt
     }
     dirs.extend(dynamic.runpath.iter().map(|d| expand(d)));
     dirs.extend(system_library_dirs());
-    dirs.into_iter()
-        .map(|dir| dir.join(needed))
-        .find(|candidate| is_elf64(candidate))
+    dirs.into_iter().map(|dir| dir.join(needed)).find(|candidate| is_elf64(candidate))
 }
 
 /// The dynamic linker skips libraries of another class; so does memtrace.
 fn is_elf64(path: &Path) -> bool {
     use std::io::Read;
     let mut header = [0u8; 5];
-    fs::File::open(path)
-        .and_then(|mut file| file.read_exact(&mut header))
-        .is_ok()
+    fs::File::open(path).and_then(|mut file| file.read_exact(&mut header)).is_ok()
         && header == [0x7f, b'E', b'L', b'F', 2]
 }
 
@@ -234,10 +203,9 @@ mod tests {
         let objects = of_command(&exe);
         assert_eq!(objects[0].path, exe);
         assert!(
-            objects.iter().any(|o| o
-                .path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))),
+            objects
+                .iter()
+                .any(|o| o.path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))),
             "{objects:?}"
         );
     }
