@@ -57,6 +57,12 @@ pub struct ProcessStats {
     pub lost_events: u64,
     /// Non-zero once the process has exited: the figures are final (system-wide tracing).
     pub exited: u64,
+    /// CLOCK_MONOTONIC nanoseconds when these figures began: the program image they belong to.
+    /// Live allocations and stack totals from before (an earlier image of the same pid, replaced
+    /// by exec) are stale.
+    pub started_ns: u64,
+    /// Which allocator probes saw the process first: the BPF cookie of the attachment, 0 unknown.
+    pub allocator: u64,
     /// The process's command name when it first allocated, and when it exited.
     pub comm: [u8; 16],
 }
@@ -133,6 +139,8 @@ pub struct StackKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackTotals {
+    /// CLOCK_MONOTONIC nanoseconds when the first allocation from this stack was seen.
+    pub started_ns: u64,
     pub allocations: u64,
     pub allocated_bytes: u64,
     pub live_allocations: i64,

@@ -17,7 +17,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::bpf_get_stack,
+        generated::{bpf_get_attach_cookie, bpf_get_stack},
     },
     macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -140,7 +140,11 @@ fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
     if let Some(stats) = STATS.get_ptr(tgid) {
         return Some(unsafe { &*stats });
     }
-    let fresh = ProcessStats { comm: bpf_get_current_comm().unwrap_or_default(), ..ProcessStats::default() };
+    let fresh = ProcessStats {
+        comm: bpf_get_current_comm().unwrap_or_default(),
+        started_ns: unsafe { bpf_ktime_get_ns() },
+        ..ProcessStats::default()
+    };
     let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
     match STATS.get_ptr(tgid) {
         Some(stats) => Some(unsafe { &*stats }),
@@ -280,7 +284,8 @@ fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, live_allocations:
     let totals = match STACK_TOTALS.get_ptr(key) {
         Some(totals) => totals,
         None => {
-            let _ = STACK_TOTALS.insert(key, StackTotals::default(), u64::from(BPF_NOEXIST));
+            let fresh = StackTotals { started_ns: unsafe { bpf_ktime_get_ns() }, ..StackTotals::default() };
+            let _ = STACK_TOTALS.insert(key, fresh, u64::from(BPF_NOEXIST));
             match STACK_TOTALS.get_ptr(key) {
                 Some(totals) => totals,
                 None => {
@@ -316,10 +321,16 @@ fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
         }
         Err(err) if err == -EEXIST => {
             // A block handed out again without a free we saw: the old record is stale, replace it.
+            // Only a record of this program image counted towards its live figures; one from
+            // before an exec did not.
             if let Some(stale) = ALLOCATIONS.get_ptr(key) {
                 let stale = unsafe { *stale };
-                growth -= stale.size as i64;
-                count_in_stack(tgid, stats, stale.stack, -1, -(stale.size as i64));
+                if stale.timestamp_ns >= stats.started_ns {
+                    growth -= stale.size as i64;
+                    count_in_stack(tgid, stats, stale.stack, -1, -(stale.size as i64));
+                } else {
+                    add_signed(&stats.live_allocations, 1);
+                }
             }
             if ALLOCATIONS.insert(key, allocation, 0).is_err() {
                 add(&stats.lost_events, 1);
@@ -347,7 +358,8 @@ fn record_free(tgid: u32, address: u64) {
         return;
     };
     let allocation = unsafe { *allocation };
-    if ALLOCATIONS.remove(key).is_err() {
+    let stale = allocation.timestamp_ns < stats.started_ns;
+    if ALLOCATIONS.remove(key).is_err() || stale {
         // Another thread freed the same block first (a double free in the target).
         add(&stats.untracked_frees, 1);
         return;
@@ -400,6 +412,17 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
+/// Remembers which allocator's probes saw the process: the attachment's cookie names it.
+fn note_allocator(ctx: &impl EbpfContext, tgid: u32) {
+    if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        unsafe {
+            if (*stats).allocator == 0 {
+                (*stats).allocator = bpf_get_attach_cookie(ctx.as_ptr());
+            }
+        }
+    }
+}
+
 fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
     let Some((tgid, call)) = take_pending(function) else {
         return 0;
@@ -432,6 +455,7 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
         }
         _ => record_allocation(tgid, call.size, result, stack),
     }
+    note_allocator(ctx, tgid);
     0
 }
 
@@ -543,6 +567,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     record_free(tgid, arg(&ctx, 0));
+    note_allocator(&ctx, tgid);
     0
 }
 
@@ -563,10 +588,13 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     0
 }
 
-/// Tells userspace a process began a new program, which may bring an allocator not probed yet.
+/// A new program image starts its figures afresh (what the process did before exec, say as the
+/// shell that forked it, is not the new program's), and userspace hears of it: the program may bring
+/// an allocator not probed yet.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, .. } = caller();
+    let _ = STATS.remove(tgid);
     if !is_traced(tgid) {
         return 0;
     }

@@ -128,17 +128,21 @@ impl Allocator {
     /// The allocator of a process that has just exec'd a program, before the dynamic linker has
     /// mapped its libraries: resolved like a command, inside the process's own root.
     pub fn of_exec(pid: u32, overrides: &Overrides) -> Result<Self> {
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let program = PathBuf::from(format!("/proc/{pid}/exe"));
-        let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let environ: Vec<String> =
-            environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();
-        let objects = link_order_of_command(&program, &root, &environ)?;
+        let objects = link_order_of_exec(pid)?;
         let lib = overrides
             .lib
             .as_ref()
             .map(|lib| ObjectFile { path: lib.clone(), host_path: procfs::in_root_of(pid, lib) });
         choose(&objects, lib, overrides.prefix.as_deref())
+    }
+
+    /// The object files a just-exec'd process will map: (path as it sees it, path to open now).
+    pub fn objects_of_exec(pid: u32) -> Vec<(PathBuf, PathBuf)> {
+        link_order_of_exec(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|object| (object.path, object.host_path))
+            .collect()
     }
 
     /// The allocator a library file provides, if it provides one (plain or with a known prefix).
@@ -263,6 +267,15 @@ fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
     Ok(order)
 }
 
+fn link_order_of_exec(pid: u32) -> Result<Vec<ObjectFile>> {
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let program = PathBuf::from(format!("/proc/{pid}/exe"));
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let environ: Vec<String> =
+        environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();
+    link_order_of_command(&program, &root, &environ)
+}
+
 /// The objects a program will load, resolved before it runs, in the file system under `root`
 /// (`/`, or /proc/PID/root for a process in another mount namespace). `environ` is the program's
 /// environment when it is not memtrace's own.
@@ -375,8 +388,9 @@ pub fn installed_allocator_libraries() -> Vec<PathBuf> {
         let Ok(entries) = fs::read_dir(dir) else { continue };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let allocator =
-                ["libjemalloc.so", "libtcmalloc", "libmimalloc"].iter().any(|prefix| name.starts_with(prefix));
+            let allocator = ["libjemalloc.so", "libtcmalloc", "libmimalloc"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix));
             if (allocator && name.contains(".so")) || name == "libc.so.6" {
                 found.push(entry.path());
             }

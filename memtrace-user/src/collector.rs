@@ -50,6 +50,12 @@ impl Collector {
         Ok(())
     }
 
+    /// Makes an object file of a process known: `readable` is where to open it now (through
+    /// /proc/PID/root), `path` where it stays after the process exits.
+    pub fn index_object_of_process(&mut self, readable: &std::path::Path, path: &std::path::Path) {
+        self.symbolizer.index(readable, path);
+    }
+
     /// Makes an object file known before the process maps it (a command's executable, its allocator).
     pub fn index_object(&mut self, path: &std::path::Path) {
         self.symbolizer.index(path, path);
@@ -64,9 +70,12 @@ impl Collector {
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
         let now_ns = monotonic_now_ns();
+        // Records from before a process's current program image (it exec'd) are not its own.
+        let image_start = |tgid: u32| model.processes.get(&tgid).map(|p| p.stats.started_ns);
+        let current = |tgid: u32, since_ns: u64| image_start(tgid).is_some_and(|start| since_ns >= start);
         let mut leaked: HashMap<StackKey, Leaked> = HashMap::new();
         for (key, allocation) in probes.live_allocations()? {
-            if !of_process(key.tgid) {
+            if !of_process(key.tgid) || !current(key.tgid, allocation.timestamp_ns) {
                 continue;
             }
             let stack = StackKey { tgid: key.tgid, _pad: 0, stack: allocation.stack };
@@ -78,7 +87,11 @@ impl Collector {
                 entry.allocations += 1;
             }
         }
-        let mut totals: HashMap<StackKey, StackTotals> = probes.stack_totals()?.into_iter().collect();
+        let mut totals: HashMap<StackKey, StackTotals> = probes
+            .stack_totals()?
+            .into_iter()
+            .filter(|(key, totals)| current(key.tgid, totals.started_ns))
+            .collect();
         for key in leaked.keys() {
             totals.entry(*key).or_default();
         }

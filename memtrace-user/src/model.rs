@@ -176,6 +176,7 @@ mod tests {
                 allocated_bytes: allocated,
                 live_allocations: 1,
                 live_bytes: live,
+                ..StackTotals::default()
             },
             leaked_bytes: live as u64,
             leaked_allocations: 1,

@@ -7,7 +7,10 @@ use std::{collections::HashSet, num::NonZeroU32};
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, RingBuf},
-    programs::{uprobe::UProbeScope, Program, UProbe},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        Program, UProbe,
+    },
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
@@ -75,6 +78,8 @@ pub struct Probes {
     ebpf: Ebpf,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
     pub usdt: crate::usdt::UsdtProbes,
+    /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
+    allocators: Vec<(String, std::path::PathBuf)>,
 }
 
 impl Probes {
@@ -103,7 +108,7 @@ impl Probes {
         for pid in &filter.excluded_pids {
             excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
         }
-        Ok(Self { ebpf, usdt: crate::usdt::UsdtProbes::default() })
+        Ok(Self { ebpf, usdt: crate::usdt::UsdtProbes::default(), allocators: Vec::new() })
     }
 
     /// Attaches to every entry point of `allocator`, for one process or for all that map it.
@@ -114,6 +119,7 @@ impl Probes {
             }
             Scope::AllProcesses => UProbeScope::AllProcesses,
         };
+        self.allocators.push((allocator.kind.clone(), allocator.path.clone()));
         for resolved in &allocator.entry_points {
             let (enter, exit) = program_names(resolved.entry.function);
             self.attach_one(enter, resolved.probe_offset, allocator, scope)?;
@@ -125,6 +131,11 @@ impl Probes {
         Ok(())
     }
 
+    /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.
+    pub fn allocator_named(&self, cookie: u64) -> Option<&(String, std::path::PathBuf)> {
+        self.allocators.get(usize::try_from(cookie).ok()?.checked_sub(1)?)
+    }
+
     fn attach_one(
         &mut self,
         program: &str,
@@ -132,13 +143,21 @@ impl Probes {
         allocator: &Allocator,
         scope: UProbeScope,
     ) -> Result<()> {
+        let cookie = self.allocators.len() as u64;
         let uprobe: &mut UProbe = self
             .ebpf
             .program_mut(program)
             .with_context(|| format!("the BPF object has no program {program}"))?
             .try_into()?;
         uprobe
-            .attach(offset, &allocator.host_path, scope)
+            .attach(
+                UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie: Some(cookie),
+                },
+                &allocator.host_path,
+                scope,
+            )
             .with_context(|| format!("attaching {program} to {}+{offset:#x}", allocator.path.display()))?;
         Ok(())
     }

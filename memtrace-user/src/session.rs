@@ -29,7 +29,7 @@ use crate::{
     },
     model::{KernelMaps, Model, RunEnd, Sample},
     privileges,
-    probes::{ProbeConfig, ProcessFilter, Probes, Scope},
+    probes::{ProbeConfig, Probes, ProcessFilter, Scope},
     procfs,
     system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
@@ -102,7 +102,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(all) => format!("all processes through {} allocator files", all.probed_files()),
         None => describe(&model),
     };
-    crate::usdt::check_requests_found(&probes, &what)?;
+    crate::usdt::check_requests_found(&probes)?;
     eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
         held.release()?;
@@ -245,7 +245,9 @@ impl Run<'_> {
             None
         };
         if let (true, Some(all)) = (execs_ready, &mut self.all_processes) {
-            all.handle_execs(&mut self.probes)?;
+            for (path, readable) in all.handle_execs(&mut self.probes)? {
+                self.collector.index_object_of_process(&readable, &path);
+            }
         }
         for &i in &exited {
             self.targets[i].exited = true;
@@ -288,9 +290,8 @@ impl Run<'_> {
             return Ok(());
         }
         if !self.cli.no_stacks {
-            self.collector.collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| {
-                exited.contains(&pid)
-            })?;
+            self.collector
+                .collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| exited.contains(&pid))?;
         }
         self.probes.release(&exited)?;
         for pid in &exited {

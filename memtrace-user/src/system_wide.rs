@@ -2,7 +2,7 @@
 //! firing in every process; processes are found as they first allocate and released when they exit.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     fs,
     os::{
         fd::{AsFd, BorrowedFd},
@@ -27,15 +27,13 @@ pub struct SystemWide {
     /// (device, inode) of every allocator file probed: uprobes belong to the file, so one
     /// attachment serves every process that maps it, in any mount namespace.
     probed: HashSet<(u64, u64)>,
-    /// What each process is traced through, as far as known: (kind, path).
-    allocator_of: HashMap<u32, (String, PathBuf)>,
 }
 
 impl SystemWide {
     /// Probes the allocators of every running process and every allocator library installed.
     pub fn start(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
-        let mut this = Self { exec_events, overrides, probed: HashSet::new(), allocator_of: HashMap::new() };
+        let mut this = Self { exec_events, overrides, probed: HashSet::new() };
         if this.overrides.lib.is_none() {
             for library in installed_allocator_libraries() {
                 if let Some(allocator) = Allocator::of_file(&library) {
@@ -48,7 +46,6 @@ impl SystemWide {
             // Kernel threads and processes that exit meanwhile have no allocator to find.
             if let Ok(allocator) = Allocator::of_process(pid, &this.overrides) {
                 this.probe(probes, &allocator)?;
-                this.allocator_of.insert(pid, (allocator.kind.clone(), allocator.path.clone()));
             }
         }
         Ok(this)
@@ -63,8 +60,9 @@ impl SystemWide {
         self.exec_events.as_fd()
     }
 
-    /// Probes the allocators that newly exec'd programs bring along.
-    pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<()> {
+    /// Probes the allocators that newly exec'd programs bring along; returns the object files they
+    /// will map, (as the process sees the path, where to read it now), for symbolization.
+    pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<(PathBuf, PathBuf)>> {
         let mut pids = Vec::new();
         while let Some(item) = self.exec_events.next() {
             if item.len() >= size_of::<ExecEvent>() {
@@ -73,14 +71,15 @@ impl SystemWide {
                 pids.push(event.tgid);
             }
         }
+        let mut objects = Vec::new();
         for pid in pids {
             // A process may be gone already; it then needs no probe.
             if let Ok(allocator) = Allocator::of_exec(pid, &self.overrides) {
                 self.probe(probes, &allocator)?;
-                self.allocator_of.insert(pid, (allocator.kind.clone(), allocator.path.clone()));
+                objects.extend(Allocator::objects_of_exec(pid));
             }
         }
-        Ok(())
+        Ok(objects)
     }
 
     /// Adds the processes the kernel has seen allocate since the last sample to the model.
@@ -90,7 +89,7 @@ impl SystemWide {
                 continue;
             }
             let comm = String::from_utf8_lossy(stats.comm.split(|&b| b == 0).next().unwrap_or_default());
-            let (kind, path) = self.allocator_of.get(&pid).cloned().unwrap_or_default();
+            let (kind, path) = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
             model.add_process(pid, comm.into_owned(), path);
             if let Some(process) = model.processes.get_mut(&pid) {
                 process.allocator_kind = kind;

@@ -66,6 +66,8 @@ impl HeldCommand {
                 let unblocked: libc::sigset_t = std::mem::zeroed();
                 libc::sigprocmask(libc::SIG_SETMASK, &unblocked, std::ptr::null_mut());
                 let mut go = 0u8;
+                // The child's own copy of the write end would keep the pipe open forever.
+                libc::close(go_write.as_raw_fd());
                 // End of file: memtrace failed before attaching; never run the command untraced.
                 if libc::read(go_read.as_raw_fd(), (&raw mut go).cast(), 1) == 1 {
                     libc::execv(program.as_ptr(), argv_ptrs.as_ptr());

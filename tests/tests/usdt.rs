@@ -311,6 +311,8 @@ fn probes_in_a_shared_library() {
 
     let by_name = "libusdtfixture.so:libfixture:called=arg0";
     let mut memtrace = Memtrace::new().args(["--usdt", by_name]).command(&program).spawn();
+    // The command shares memtrace's stdin; it reports after a line.
+    memtrace.send(b"go\n");
     memtrace.wait_for_stdout("libfixture:called hits 7 last 77");
     assert_library_figures(&memtrace.finish(), by_name);
 

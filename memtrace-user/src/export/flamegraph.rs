@@ -81,7 +81,13 @@ mod tests {
             module: "m".into(),
             offset: 0,
         };
-        let live = StackTotals { allocations: 1, allocated_bytes: 64, live_allocations: 1, live_bytes: 64 };
+        let live = StackTotals {
+            allocations: 1,
+            allocated_bytes: 64,
+            live_allocations: 1,
+            live_bytes: 64,
+            ..StackTotals::default()
+        };
         let freed = StackTotals { live_allocations: 0, live_bytes: 0, ..live };
         let stack = |frames, totals| StackProfile {
             frames,

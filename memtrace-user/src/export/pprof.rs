@@ -260,8 +260,13 @@ mod tests {
             module: "/app".into(),
             offset,
         };
-        let totals =
-            StackTotals { allocations: 4, allocated_bytes: 400, live_allocations: 1, live_bytes: 100 };
+        let totals = StackTotals {
+            allocations: 4,
+            allocated_bytes: 400,
+            live_allocations: 1,
+            live_bytes: 100,
+            ..StackTotals::default()
+        };
         let stack = |frames| StackProfile {
             frames,
             totals,

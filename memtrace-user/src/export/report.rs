@@ -130,9 +130,10 @@ mod tests {
         let mut model = Model::default();
         model.add_process(7, "server".into(), "/lib/libc.so.6".into());
         model.processes.get_mut(&7).unwrap().stats.untracked_frees = 3;
+        model.processes.get_mut(&7).unwrap().allocator_kind = "glibc".into();
         let end = RunEnd { duration: Duration::from_secs(2) };
         let text = render(&model, end, 10);
-        assert!(text.contains("pid 7 (server) via /lib/libc.so.6"), "{text}");
+        assert!(text.contains("pid 7 (server) via glibc (/lib/libc.so.6)"), "{text}");
         assert!(text.contains("3 untracked frees"), "{text}");
         assert!(!text.contains("warning"));
         model.unattributed_lost_events = 5;

@@ -9,6 +9,8 @@
 
 pub mod args;
 pub mod attach;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod list;
 pub mod notes;
 pub mod objects;
@@ -350,14 +352,14 @@ fn attach_use(
 }
 
 /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
-pub fn check_requests_found(probes: &Probes, targets: &str) -> Result<()> {
+pub fn check_requests_found(probes: &Probes) -> Result<()> {
     let usdt = &probes.usdt;
     if let Some(missing) =
         usdt.requests.iter().zip(&usdt.found).find(|(_, found)| !**found).map(|(request, _)| request)
     {
         bail!(
-            "--usdt {}: no USDT probe {}:{} in {targets}{}; list the probes with `memtrace usdt \
-             --pid PID` or `memtrace usdt PATH`",
+            "--usdt {}: no USDT probe {}:{} in the traced program or the libraries it maps{}; \
+             list the probes with `memtrace usdt --pid PID` or `memtrace usdt PATH`",
             missing.label,
             missing.provider,
             missing.name,
