@@ -270,10 +270,14 @@ fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
 fn link_order_of_exec(pid: u32) -> Result<Vec<ObjectFile>> {
     let root = PathBuf::from(format!("/proc/{pid}/root"));
     let program = PathBuf::from(format!("/proc/{pid}/exe"));
+    // Where the process sees its program: the path that outlives the process.
+    let seen_as = fs::read_link(&program).with_context(|| format!("pid {pid} has exited"))?;
     let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     let environ: Vec<String> =
         environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();
-    link_order_of_command(&program, &root, &environ)
+    let mut order = link_order_of_command(&program, &root, &environ)?;
+    order[0].path = seen_as;
+    Ok(order)
 }
 
 /// The objects a program will load, resolved before it runs, in the file system under `root`

@@ -6,6 +6,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -53,6 +54,7 @@ pub struct StackSymbolizer {
     /// Build ID (zero-padded to 20 bytes as the kernel reports it) -> a readable path of the file.
     build_ids: HashMap<[u8; 20], PathBuf>,
     indexed: HashSet<PathBuf>,
+    by_inode: HashMap<(u64, u64), Option<[u8; 20]>>,
 }
 
 impl StackSymbolizer {
@@ -63,11 +65,20 @@ impl StackSymbolizer {
         if !self.indexed.insert(readable.to_owned()) {
             return;
         }
-        let Some(build_id) = read_build_id(readable) else {
-            return;
+        let (build_id, keep) = match (self.build_id(readable), self.build_id(stable)) {
+            (Some(id), Some(stable_id)) if id == stable_id => (id, stable),
+            (Some(id), _) => (id, readable),
+            // The process is gone, and its file with it from /proc; it is still where it saw it.
+            (None, Some(id)) => (id, stable),
+            (None, None) => return,
         };
-        let keep = if read_build_id(stable) == Some(build_id) { stable } else { readable };
         self.build_ids.entry(build_id).or_insert_with(|| keep.to_owned());
+    }
+
+    /// A file's build ID, read once per file however many processes map it.
+    fn build_id(&mut self, path: &Path) -> Option<[u8; 20]> {
+        let metadata = std::fs::metadata(path).ok()?;
+        *self.by_inode.entry((metadata.dev(), metadata.ino())).or_insert_with(|| read_build_id(path))
     }
 
     /// Resolves the frames of a stack, innermost first.

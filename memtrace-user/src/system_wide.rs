@@ -4,16 +4,23 @@
 use std::{
     collections::HashSet,
     fs,
+    io::Read,
     os::{
-        fd::{AsFd, BorrowedFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
         unix::fs::MetadataExt,
     },
     path::PathBuf,
+    sync::mpsc::{self, Receiver},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use memtrace_common::ExecEvent;
+use nix::{
+    fcntl::OFlag,
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+    unistd::pipe2,
+};
 
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
@@ -21,19 +28,36 @@ use crate::{
     probes::{Probes, Scope},
 };
 
+/// A program a process has just exec'd, as the watcher thread saw it.
+struct Exec {
+    pid: u32,
+    /// The object files it will map: (path as the process sees it, path to read now).
+    objects: Vec<(PathBuf, PathBuf)>,
+}
+
 pub struct SystemWide {
-    exec_events: RingBuf<MapData>,
     overrides: Overrides,
     /// (device, inode) of every allocator file probed: uprobes belong to the file, so one
     /// attachment serves every process that maps it, in any mount namespace.
     probed: HashSet<(u64, u64)>,
+    execs: Receiver<Exec>,
+    /// Readable when the watcher has seen execs.
+    wakeup: std::fs::File,
 }
 
 impl SystemWide {
     /// Probes the allocators of every running process and every allocator library installed.
     pub fn start(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
-        let mut this = Self { exec_events, overrides, probed: HashSet::new() };
+        let (sender, execs) = mpsc::channel();
+        let (wakeup, wake) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).context("creating a pipe")?;
+        // A thread of its own reads exec events at once: a short-lived process is gone by the next
+        // sample, and with it the /proc entries that name its files.
+        std::thread::Builder::new()
+            .name("exec-watcher".into())
+            .spawn(move || watch_execs(exec_events, |exec| sender.send(exec).is_ok(), wake))
+            .context("starting the exec watcher")?;
+        let mut this = Self { overrides, probed: HashSet::new(), execs, wakeup: wakeup.into() };
         if this.overrides.lib.is_none() {
             for library in installed_allocator_libraries() {
                 if let Some(allocator) = Allocator::of_file(&library) {
@@ -57,27 +81,21 @@ impl SystemWide {
 
     /// Readable when processes have exec'd new programs.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.exec_events.as_fd()
+        self.wakeup.as_fd()
     }
 
     /// Probes the allocators that newly exec'd programs bring along; returns the object files they
-    /// will map, (as the process sees the path, where to read it now), for symbolization.
+    /// map, (as the process sees the path, where to read it now), for symbolization.
     pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<(PathBuf, PathBuf)>> {
-        let mut pids = Vec::new();
-        while let Some(item) = self.exec_events.next() {
-            if item.len() >= size_of::<ExecEvent>() {
-                // SAFETY: the kernel side writes exactly one ExecEvent per record.
-                let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                pids.push(event.tgid);
-            }
-        }
+        let mut drained = [0u8; 256];
+        while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
-        for pid in pids {
+        while let Ok(exec) = self.execs.try_recv() {
             // A process may be gone already; it then needs no probe.
-            if let Ok(allocator) = Allocator::of_exec(pid, &self.overrides) {
+            if let Ok(allocator) = Allocator::of_exec(exec.pid, &self.overrides) {
                 self.probe(probes, &allocator)?;
-                objects.extend(Allocator::objects_of_exec(pid));
             }
+            objects.extend(exec.objects);
         }
         Ok(objects)
     }
@@ -104,6 +122,30 @@ impl SystemWide {
             probes.attach(allocator, Scope::AllProcesses)?;
         }
         Ok(())
+    }
+}
+
+/// The exec watcher: names the files of each exec'd process while it still exists, hands them on
+/// with `deliver` and wakes the main loop, until the main loop is gone.
+fn watch_execs(mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool, wake: OwnedFd) {
+    loop {
+        let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        while let Some(item) = events.next() {
+            if item.len() < size_of::<ExecEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel side writes exactly one ExecEvent per record.
+            let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let objects = Allocator::objects_of_exec(event.tgid);
+            if !deliver(Exec { pid: event.tgid, objects }) {
+                return;
+            }
+        }
+        // SAFETY: writing one byte from a valid buffer to a pipe we own.
+        unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
     }
 }
 

@@ -253,6 +253,13 @@ impl Spawned {
     }
 
     /// Kills the child with SIGKILL and reaps it.
+    /// Sends SIGINT, as Ctrl-C would.
+    pub fn interrupt(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the child is ours and not yet reaped.
+        let sent = unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGINT) };
+        assert_eq!(sent, 0, "sending SIGINT to {}", self.pid());
+    }
+
     pub fn kill(&mut self) {
         if self.try_wait().is_none() {
             let _ = self.child.kill();
@@ -576,14 +583,18 @@ impl Figures {
 
 /// Asserts the figures of the one traced process exactly, and that nothing was lost.
 pub fn assert_figures(outcome: &Outcome, expected: Figures) {
-    let process = outcome.process();
+    assert_figures_of(outcome.process(), expected);
+    assert_eq!(outcome.summary()["lost_events"], 0, "the run lost events: {:#}", outcome.summary());
+}
+
+/// Compares one process entry of a summary with the fixture's figures, exactly.
+pub fn assert_figures_of(process: &Value, expected: Figures) {
     let actual = Figures::of(process, expected.peak_live_bytes.is_some());
     assert_eq!(
         actual, expected,
         "summary figures (left: memtrace, right: the fixture's source)\nsummary: {process:#}"
     );
     assert_eq!(process["lost_events"], 0, "the process lost events: {process:#}");
-    assert_eq!(outcome.summary()["lost_events"], 0, "the run lost events: {:#}", outcome.summary());
 }
 
 /// Runs `memtrace -- <fixture>` to its end and asserts that the fixture exited with 0 (its own

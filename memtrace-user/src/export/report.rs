@@ -61,6 +61,24 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             stats.failed_allocations,
             stats.lost_events
         );
+        if !process.usdt.subsystems.is_empty() {
+            let subsystems: Vec<String> = process
+                .usdt
+                .subsystems
+                .iter()
+                .map(|(name, &value)| match u64::try_from(value) {
+                    Ok(value) => format!("{name} {}", bytes(value)),
+                    Err(_) => format!("{name} {value} B"),
+                })
+                .collect();
+            let _ = writeln!(text, "    subsystems: {}", subsystems.join(", "));
+        }
+        for (label, counter) in &process.usdt.probes {
+            let _ = match counter.value {
+                Some(value) => writeln!(text, "    usdt {label}: {} hits, last value {value}", counter.hits),
+                None => writeln!(text, "    usdt {label}: {} hits", counter.hits),
+            };
+        }
         for leak in process.leaks(top) {
             let names: Vec<String> = leak.frames.iter().map(Frame::name).collect();
             let _ = writeln!(

@@ -45,6 +45,8 @@ pub struct ProcessSummary {
     pub comm: String,
     pub allocator: PathBuf,
     pub allocator_kind: String,
+    /// Whether the process ended during the run (its figures are final).
+    pub exited: bool,
     pub allocations: u64,
     pub frees: u64,
     pub allocated_bytes: u64,
@@ -127,6 +129,7 @@ impl ProcessSummary {
             comm: process.comm.clone(),
             allocator: process.allocator.clone(),
             allocator_kind: process.allocator_kind.clone(),
+            exited: process.exited,
             allocations: stats.allocations,
             frees: stats.frees,
             allocated_bytes: stats.allocated_bytes,

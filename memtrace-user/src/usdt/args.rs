@@ -225,7 +225,10 @@ fn register(name: &str) -> Result<Register, String> {
 }
 
 /// `%base`, `%base,%index`, `%base,%index,scale`, `,%index,scale`.
-fn parse_memory_registers(inner: &str) -> Result<(Option<Register>, Option<(Register, u8)>), String> {
+/// A memory operand's base register and (index register, scale).
+type MemoryRegisters = (Option<Register>, Option<(Register, u8)>);
+
+fn parse_memory_registers(inner: &str) -> Result<MemoryRegisters, String> {
     let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
     if parts.len() > 3 {
         return Err("a memory operand has at most base, index and scale".into());
