@@ -1,5 +1,5 @@
 /*
- * memtrace.h: report subsystem memory counters to memtrace (https://... this repository), from C or C++.
+ * memtrace.h: report subsystem memory counters to memtrace, from C or C++.
  *
  * Header-only. Needs <sys/sdt.h> (Debian/Ubuntu: systemtap-sdt-dev; Fedora: systemtap-sdt-devel).
  *

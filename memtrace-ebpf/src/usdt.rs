@@ -2,7 +2,8 @@
 //!
 //! Userspace attaches each site with a BPF cookie that indexes `USDT_SPECS`; the spec says what the
 //! site means (a subsystem report or a `--usdt` counter) and where its arguments are, decoded from
-//! the note's x86-64 argument specs. Arguments are read from the saved registers (`struct pt_regs`,
+//! the note's x86-64 argument specs. Figures are keyed by the process the probe fires in; under
+//! system-wide tracing the process filter of the allocator probes applies. Arguments are read from the saved registers (`struct pt_regs`,
 //! the program's context) or from the target's memory; nothing is ever written to the target.
 
 use core::arch::asm;
@@ -70,6 +71,17 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // System-wide, a site fires in every process that maps its file: the same processes count as
+    // for allocator events (never memtrace itself, --comm, --exclude-pid).
+    if !crate::is_traced(tgid) {
+        return 0;
+    }
+    if unsafe { core::ptr::read_volatile(&crate::FILTER_PROCESSES) } != 0 {
+        // Figures in STATS make the process known to userspace (with its command name) even if
+        // it never allocates, and tell it when the process exits, so its entries here are
+        // released too. A full STATS table is counted there; the report still counts here.
+        let _ = crate::stats_of(tgid);
+    }
     match spec.action {
         usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),
         usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT => count(&ctx, tgid, spec),

@@ -69,6 +69,8 @@ pub struct KernelMaps {
     pub processes: usize,
     pub live_allocations: usize,
     pub stack_totals: usize,
+    /// USDT subsystem and `--usdt` counter entries at the end.
+    pub usdt_entries: usize,
     /// The most processes the kernel held figures for at any sample.
     pub peak_processes: usize,
     /// Exited processes whose kernel state was released during the run.

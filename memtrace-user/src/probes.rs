@@ -72,6 +72,8 @@ pub struct MapOccupancy {
     pub processes: usize,
     pub live_allocations: usize,
     pub stack_totals: usize,
+    /// USDT subsystem and `--usdt` counter entries.
+    pub usdt_entries: usize,
 }
 
 pub struct Probes {
@@ -210,7 +212,7 @@ impl Probes {
         for key in &doomed {
             let _ = totals.remove(key);
         }
-        Ok(())
+        crate::usdt::release(self, tgids)
     }
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {
@@ -222,6 +224,7 @@ impl Probes {
             processes: stats.keys().count(),
             live_allocations: allocations.keys().count(),
             stack_totals: totals.keys().count(),
+            usdt_entries: crate::usdt::occupancy(self)?,
         })
     }
 

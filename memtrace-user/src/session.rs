@@ -99,7 +99,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Some(held)
     };
     let what = match &all_processes {
-        Some(all) => format!("all processes through {} allocator files", all.probed_files()),
+        Some(all) => format!(
+            "all processes through {} allocator files and {} USDT probe sites",
+            all.probed_files(),
+            probes.usdt.attached_sites()
+        ),
         None => describe(&model),
     };
     crate::usdt::check_requests_found(&probes)?;
@@ -319,6 +323,7 @@ impl Run<'_> {
             maps.processes = occupancy.processes;
             maps.live_allocations = occupancy.live_allocations;
             maps.stack_totals = occupancy.stack_totals;
+            maps.usdt_entries = occupancy.usdt_entries;
         }
         for exporter in &mut self.exporters {
             exporter.finish(&self.model, RunEnd { duration })?;

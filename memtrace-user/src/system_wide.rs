@@ -1,5 +1,7 @@
 //! System-wide tracing (`--all`): probes on every allocator any process uses, or may load later,
-//! firing in every process; processes are found as they first allocate and released when they exit.
+//! firing in every process; processes are found as they first allocate (or report through USDT)
+//! and released when they exit. USDT probe sites are attached the same way, file by file, for every
+//! process (crate::usdt).
 
 use std::{
     collections::HashSet,
@@ -9,7 +11,7 @@ use std::{
         fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
         unix::fs::MetadataExt,
     },
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::mpsc::{self, Receiver},
 };
 
@@ -26,6 +28,8 @@ use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     model::Model,
     probes::{Probes, Scope},
+    procfs,
+    usdt::objects::ObjectFile,
 };
 
 /// A program a process has just exec'd, as the watcher thread saw it.
@@ -33,6 +37,9 @@ struct Exec {
     pid: u32,
     /// The object files it will map: (path as the process sees it, path to read now).
     objects: Vec<(PathBuf, PathBuf)>,
+    /// The same files, opened while the process existed: a short-lived program is gone, and its
+    /// /proc/PID/exe with it, by the time the main loop scans them for USDT probes.
+    opened: Vec<(PathBuf, fs::File)>,
 }
 
 pub struct SystemWide {
@@ -66,12 +73,14 @@ impl SystemWide {
             }
         }
         let own_pid = std::process::id();
-        for pid in running_pids().into_iter().filter(|&pid| pid != own_pid) {
+        let pids: Vec<u32> = running_pids().into_iter().filter(|&pid| pid != own_pid).collect();
+        for &pid in &pids {
             // Kernel threads and processes that exit meanwhile have no allocator to find.
             if let Ok(allocator) = Allocator::of_process(pid, &this.overrides) {
                 this.probe(probes, &allocator)?;
             }
         }
+        crate::usdt::attach_system_wide(probes, &pids)?;
         Ok(this)
     }
 
@@ -84,8 +93,9 @@ impl SystemWide {
         self.wakeup.as_fd()
     }
 
-    /// Probes the allocators that newly exec'd programs bring along; returns the object files they
-    /// map, (as the process sees the path, where to read it now), for symbolization.
+    /// Probes the allocators and USDT sites that newly exec'd programs bring along; returns the
+    /// object files they map, (as the process sees the path, where to read it now), for
+    /// symbolization.
     pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<(PathBuf, PathBuf)>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
@@ -95,12 +105,24 @@ impl SystemWide {
             if let Ok(allocator) = Allocator::of_exec(exec.pid, &self.overrides) {
                 self.probe(probes, &allocator)?;
             }
+            // Opened files are read through this process's descriptors, which outlive the program.
+            let usdt_objects: Vec<ObjectFile> = exec
+                .opened
+                .iter()
+                .map(|(path, file)| ObjectFile {
+                    path: path.clone(),
+                    host_path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+                })
+                .collect();
+            crate::usdt::attach_exec_objects(probes, usdt_objects);
+            drop(exec.opened);
             objects.extend(exec.objects);
         }
         Ok(objects)
     }
 
-    /// Adds the processes the kernel has seen allocate since the last sample to the model.
+    /// Adds the processes the kernel has seen allocate or report through USDT since the last
+    /// sample to the model.
     pub fn adopt_new_processes(&self, probes: &Probes, model: &mut Model) -> Result<()> {
         for (pid, stats) in probes.traced_processes()? {
             if model.processes.contains_key(&pid) {
@@ -111,6 +133,23 @@ impl SystemWide {
             model.add_process(pid, comm.into_owned(), path);
             if let Some(process) = model.processes.get_mut(&pid) {
                 process.allocator_kind = kind;
+            }
+        }
+        // The USDT handler gives a reporting process figures in the kernel too; these are the
+        // ones it could not (the table of processes was full).
+        for pid in crate::usdt::reporting_processes(probes)? {
+            if !model.processes.contains_key(&pid) {
+                model.add_process(pid, procfs::comm(pid).unwrap_or_default(), PathBuf::new());
+            }
+        }
+        // The kernel marks a process exited in its figures; a process without any (it has not
+        // allocated since its last exec, or the table was full) is seen to be gone here.
+        for process in model.processes.values_mut() {
+            if !process.exited
+                && process.stats.started_ns == 0
+                && !Path::new(&format!("/proc/{}", process.pid)).exists()
+            {
+                process.exited = true;
             }
         }
         Ok(())
@@ -140,7 +179,11 @@ fn watch_execs(mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool, wak
             // SAFETY: the kernel side writes exactly one ExecEvent per record.
             let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             let objects = Allocator::objects_of_exec(event.tgid);
-            if !deliver(Exec { pid: event.tgid, objects }) {
+            let opened = objects
+                .iter()
+                .filter_map(|(path, readable)| Some((path.clone(), fs::File::open(readable).ok()?)))
+                .collect();
+            if !deliver(Exec { pid: event.tgid, objects, opened }) {
                 return;
             }
         }

@@ -540,6 +540,21 @@ pub fn parse_trace(text: &str) -> serde_json::Result<Trace> {
     Ok(Trace { events, closed })
 }
 
+/// fixtures/leaks.c: 5 x malloc(1000) and 3 x calloc(4, 64) never freed; 20 x malloc(333) each
+/// freed at once. The peak is the final live total (the 333-byte temporaries come and go while
+/// only the 5000 bytes are live).
+pub const LEAKS: Figures = Figures {
+    allocations: 5 + 3 + 20,
+    frees: 20,
+    allocated_bytes: 5000 + 768 + 20 * 333,
+    freed_bytes: 20 * 333,
+    live_allocations: 8,
+    live_bytes: 5768,
+    peak_live_bytes: Some(5768),
+    untracked_frees: 0,
+    failed_allocations: 0,
+};
+
 /// A process's figures in the summary, as the accounting semantics define them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Figures {

@@ -1,7 +1,7 @@
 //! The accounting semantics, held exactly: each fixture calls the allocator exactly as its source
 //! says (no stdio), and the figures below are derived from that source.
 
-use memtrace_tests::{assert_fixture_figures, Figures};
+use memtrace_tests::{assert_fixture_figures, fixture, Figures, Memtrace};
 
 /// fixtures/malloc_free.c: malloc 100, 200, 300 and 0 (live 600 in 4 blocks: the peak); free the 200,
 /// free(NULL) (nothing), free the 100; malloc 50; free the 0-byte block. Live: 300 + 50.
@@ -131,4 +131,21 @@ const THREAD_FIGURES: Figures = Figures {
 #[test]
 fn threads_lose_nothing() {
     assert_fixture_figures("threads", THREAD_FIGURES);
+}
+
+/// fixtures/leaks.c with room for 3 live blocks: the first 3 of leak_textures' 5 blocks fit; the
+/// other 2, all 20 temporaries and the 3 cache blocks cannot be recorded (25 lost events), so the 20
+/// frees of temporaries find nothing to free (untracked). Nothing is dropped silently.
+#[test]
+fn a_full_allocation_table_is_counted_as_lost_and_said() {
+    let outcome = Memtrace::new().args(["--max-allocations", "3"]).command(&fixture("leaks")).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["allocations"], 28);
+    assert_eq!(process["live_allocations"], 3);
+    assert_eq!(process["live_bytes"], 3000);
+    assert_eq!(process["untracked_frees"], 20);
+    assert_eq!(process["lost_events"], 25);
+    assert_eq!(outcome.summary()["lost_events"], 25);
+    outcome.assert_stderr_mentions(&["25 events could not be recorded", "--max-allocations"]);
 }

@@ -3,22 +3,7 @@
 
 use std::process::Command;
 
-use memtrace_tests::{assert_figures, fixture, fixture_variant, Figures, Memtrace, Outcome, Spawned};
-
-/// fixtures/leaks.c: 5 x malloc(1000) and 3 x calloc(4, 64) never freed; 20 x malloc(333) each
-/// freed at once. The peak is the final live total (the 333-byte temporaries come and go while
-/// only the 5000 bytes are live).
-const LEAKS: Figures = Figures {
-    allocations: 5 + 3 + 20,
-    frees: 20,
-    allocated_bytes: 5000 + 768 + 20 * 333,
-    freed_bytes: 20 * 333,
-    live_allocations: 8,
-    live_bytes: 5768,
-    peak_live_bytes: Some(5768),
-    untracked_frees: 0,
-    failed_allocations: 0,
-};
+use memtrace_tests::{assert_figures, fixture, fixture_variant, Memtrace, Outcome, Spawned, LEAKS};
 
 fn assert_traced_through(outcome: &Outcome, kind: &str, file_name: &str) {
     let process = outcome.process();

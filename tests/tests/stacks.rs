@@ -67,6 +67,9 @@ fn leaks_are_named_by_call_site_with_exact_bytes_and_counts() {
     let scratch = function(process, "scratch");
     assert_eq!(scratch["allocated_exclusive_bytes"], 20 * 333);
     assert_eq!(scratch["live_inclusive_bytes"], 0);
+    let innermost = &leak_from(process, "leak_textures").unwrap()["frames"][0];
+    assert_eq!(innermost["file"], "leaks.c", "debug info gives file:line: {innermost:#}");
+    assert!(innermost["line"].as_u64().is_some_and(|line| line > 0), "{innermost:#}");
     let report = &outcome.stderr;
     assert!(report.contains("leak: 5000 B in 5 blocks"), "{report}");
 

@@ -3,21 +3,8 @@
 
 use std::{process::Command, sync::Mutex, time::Instant};
 
-use memtrace_tests::{assert_figures_of, fixture, fixture_variant, Figures, Memtrace, Outcome, DEADLINE};
+use memtrace_tests::{assert_figures_of, fixture, fixture_variant, Memtrace, Outcome, DEADLINE, LEAKS};
 use serde_json::Value;
-
-/// fixtures/leaks.c, as in allocators.rs: 5 x 1000 and 3 x 256 bytes leaked, 20 x 333 freed.
-const LEAKS: Figures = Figures {
-    allocations: 5 + 3 + 20,
-    frees: 20,
-    allocated_bytes: 5000 + 768 + 20 * 333,
-    freed_bytes: 20 * 333,
-    live_allocations: 8,
-    live_bytes: 5768,
-    peak_live_bytes: Some(5768),
-    untracked_frees: 0,
-    failed_allocations: 0,
-};
 
 fn run_to_exit(program: &std::path::Path) -> u32 {
     let mut child = Command::new(program).spawn().expect("starting a fixture");

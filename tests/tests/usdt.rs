@@ -5,13 +5,36 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
-use memtrace_tests::{workspace_root, Memtrace, Outcome, Spawned};
+use memtrace_tests::{workspace_root, Memtrace, Outcome, Running, Spawned};
+use serde_json::Value;
 use tempfile::TempDir;
 
-/// A directory of its own for a test's builds.
-fn build_dir() -> TempDir {
+/// A system-wide run attaches to every program that starts and raises its semaphores, which would
+/// change what the other tests' fixtures see (one waiting for its own memtrace would report too
+/// early): system-wide tests run alone, the others together.
+static SYSTEM_WIDE: RwLock<()> = RwLock::new(());
+
+/// A directory of its own for a test's builds; it holds the test's shared turn (see SYSTEM_WIDE).
+struct BuildDir {
+    dir: TempDir,
+    _turn: Option<RwLockReadGuard<'static, ()>>,
+}
+
+impl BuildDir {
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn build_dir() -> BuildDir {
+    let turn = SYSTEM_WIDE.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    BuildDir { dir: temp_dir(), _turn: Some(turn) }
+}
+
+fn temp_dir() -> TempDir {
     let parent = workspace_root().join("target/memtrace-tests");
     std::fs::create_dir_all(&parent).unwrap();
     tempfile::Builder::new().prefix("usdt-").tempdir_in(&parent).unwrap()
@@ -465,4 +488,160 @@ fn bad_usdt_requests_are_clear_errors() {
     let (code, listing, stderr) = memtrace_usdt(&[plain.to_str().unwrap()]);
     assert_eq!((code, listing.as_str()), (0, ""), "{stderr}");
     assert!(stderr.contains("has no USDT probes"), "{stderr}");
+}
+
+/// A system-wide run, alone (see SYSTEM_WIDE): memtrace --all with `args`, once it is tracing.
+fn trace_all(args: &[String]) -> (RwLockWriteGuard<'static, ()>, Running) {
+    let turn = SYSTEM_WIDE.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut memtrace = Memtrace::new().arg("--all").args(args).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    (turn, memtrace)
+}
+
+/// Runs `program` to its end and returns its pid and stdout.
+fn run_to_exit(program: &Path) -> (u32, String) {
+    let child = Command::new(program)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting a fixture");
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{} failed", program.display());
+    (pid, String::from_utf8(output.stdout).unwrap())
+}
+
+fn summary_of(outcome: &Outcome, pid: u32) -> Option<&Value> {
+    outcome.summary()["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid)
+}
+
+fn subsystems_of(process: &Value) -> BTreeMap<String, i64> {
+    process["subsystems"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no subsystems in {process:#}"))
+        .iter()
+        .map(|(name, value)| (name.clone(), value.as_i64().unwrap()))
+        .collect()
+}
+
+/// `subsystem NAME BYTES` lines of a fixture's output.
+fn printed_subsystems(stdout: &str) -> BTreeMap<String, i64> {
+    stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("subsystem "))
+        .map(|rest| {
+            let (name, bytes) = rest.rsplit_once(' ').unwrap();
+            (name.to_owned(), bytes.parse().unwrap())
+        })
+        .collect()
+}
+
+/// --all: programs started after memtrace are attached as they exec, their semaphore is raised
+/// and their reports land exactly under their own pid, also for a process that never allocates;
+/// --comm leaves out a reporting process of another name; every entry is released at its exit.
+#[test]
+fn system_wide_subsystems_of_programs_started_later() {
+    let dir = temp_dir();
+    // Two programs under one command name, for --comm; the third is left out by it.
+    for sub in ["a", "b", "c"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+    }
+    let subsystems =
+        cc(&["-O2", fixture_source("usdt_subsystems.c").to_str().unwrap()], &dir.path().join("a/usdt_all"));
+    let report_only =
+        cc(&["-O2", fixture_source("usdt_report_only.c").to_str().unwrap()], &dir.path().join("b/usdt_all"));
+    let other =
+        cc(&["-O2", fixture_source("usdt_subsystems.c").to_str().unwrap()], &dir.path().join("c/usdt_other"));
+
+    let (_turn, mut memtrace) = trace_all(&["--comm".into(), "usdt_all".into()]);
+    let (subsystems_pid, subsystems_out) = run_to_exit(&subsystems);
+    let (report_only_pid, report_only_out) = run_to_exit(&report_only);
+    let (other_pid, other_out) = run_to_exit(&other);
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+
+    let expected = printed_subsystems(&subsystems_out);
+    assert_eq!(expected.len(), 6, "{subsystems_out}");
+    assert_eq!(expected["cache"], 100 * 4096 - 5000);
+    assert!(subsystems_out.contains("due 1"), "{subsystems_out}");
+    let process = summary_of(&outcome, subsystems_pid)
+        .unwrap_or_else(|| panic!("pid {subsystems_pid} is not in the summary\n{}", outcome.stderr));
+    assert_eq!(subsystems_of(process), expected, "{}", outcome.stderr);
+    assert_eq!(process["comm"], "usdt_all");
+
+    // Never allocates: known through its reports alone.
+    let expected = printed_subsystems(&report_only_out);
+    assert_eq!(expected, BTreeMap::from([("only-usdt".to_owned(), 5096)]));
+    let process = summary_of(&outcome, report_only_pid)
+        .unwrap_or_else(|| panic!("pid {report_only_pid} is not in the summary\n{}", outcome.stderr));
+    assert_eq!(subsystems_of(process), expected, "{process:#}");
+    assert_eq!(process["comm"], "usdt_all", "{process:#}");
+    assert_eq!(process["allocations"], 0, "{process:#}");
+    assert_eq!(process["exited"], true, "{process:#}");
+    let last = outcome
+        .trace()
+        .counters("subsystem:only-usdt")
+        .filter(|event| event["pid"] == report_only_pid)
+        .last()
+        .unwrap_or_else(|| panic!("no subsystem:only-usdt counter"))
+        .clone();
+    assert_eq!(last["args"]["bytes"], 5096, "{last}");
+
+    // The semaphore is the file's: the other program reported too, but --comm leaves it out.
+    assert_eq!(printed_subsystems(&other_out).len(), 6, "{other_out}");
+    assert!(summary_of(&outcome, other_pid).is_none(), "--comm usdt_all traced pid {other_pid}");
+
+    let maps = &outcome.summary()["kernel_maps"];
+    assert_eq!(maps["released_processes"], 2, "{maps:#}");
+    assert_eq!(maps["processes"], 0, "{maps:#}");
+    assert_eq!(maps["usdt_entries"], 0, "{maps:#}");
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+}
+
+/// --all with --usdt: a request naming a file by path is attached before the program starts (its
+/// semaphore is set from its first instruction); one without a path is attached to a program as it
+/// execs, which then sees its semaphore set; one that matches nothing yet is said, not an error.
+#[test]
+fn system_wide_usdt_requests_and_semaphores() {
+    let dir = temp_dir();
+    for sub in ["named", "scanned"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+    }
+    let source = fixture_source("usdt_semaphore.c");
+    let named = cc(&["-O2", source.to_str().unwrap()], &dir.path().join("named/usdt_semaphore"));
+    let scanned = cc(&["-O2", source.to_str().unwrap()], &dir.path().join("scanned/usdt_semaphore"));
+    let by_path = format!("{}:fixture:ready=arg0", named.display());
+    let anywhere = "fixture:ready=arg1";
+    let args: Vec<String> =
+        ["--usdt", &by_path, "--usdt", anywhere, "--usdt", "fixture:not_there"].map(String::from).to_vec();
+
+    let (_turn, mut memtrace) = trace_all(&args);
+    let mut named_fixture = Spawned::spawn(Command::new(&named));
+    assert_eq!(named_fixture.wait_for_stdout("waiting"), "waiting semaphore=1");
+    let mut scanned_fixture = Spawned::spawn(Command::new(&scanned));
+    for fixture in [&mut named_fixture, &mut scanned_fixture] {
+        assert_eq!(fixture.wait_for_stdout("reported"), "reported hits=3 arg0=3 arg1=6000");
+    }
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    for fixture in [&mut named_fixture, &mut scanned_fixture] {
+        fixture.wait_for_stdout("released");
+        assert!(fixture.wait().success());
+    }
+    outcome.assert_stderr_mentions(&["fixture:not_there", "no USDT probe"]);
+
+    let usdt_of = |pid: u32| {
+        summary_of(&outcome, pid)
+            .unwrap_or_else(|| panic!("pid {pid} is not in the summary\n{}", outcome.stderr))["usdt"]
+            .clone()
+    };
+    let usdt = usdt_of(named_fixture.pid());
+    assert_eq!(usdt[&by_path], serde_json::json!({"hits": 3, "value": 3}), "{usdt:#}");
+    assert_eq!(usdt[anywhere], serde_json::json!({"hits": 3, "value": 6000}), "{usdt:#}");
+    let usdt = usdt_of(scanned_fixture.pid());
+    assert_eq!(usdt[anywhere], serde_json::json!({"hits": 3, "value": 6000}), "{usdt:#}");
+    assert!(usdt.get(&by_path).is_none(), "{usdt:#}");
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
 }

@@ -1,4 +1,5 @@
-//! What tracing costs the traced program: a malloc/free loop timed untraced and traced in one run.
+//! What tracing costs the traced program: a malloc/free loop timed untraced, traced with stacks and
+//! traced without, in one run, reported as ratios.
 
 use std::{path::Path, process::Command};
 
@@ -10,11 +11,19 @@ const PAIRS: &str = "200000";
 
 pub fn run(memtrace: &Path) -> Result<()> {
     let program = compile_c("bench/malloc_loop.c", "bench", &[])?;
-    let untraced = ns_per_pair(Command::new(&program).arg(PAIRS))?;
     let trace = workspace_root().join("target/bench/trace.json");
-    let traced = ns_per_pair(as_root(memtrace).arg("-o").arg(&trace).arg("--").arg(&program).arg(PAIRS))?;
-    println!("malloc/free pair, {PAIRS} pairs: untraced {untraced:.1} ns, traced {traced:.1} ns");
-    println!("traced/untraced ratio: {:.1}", traced / untraced);
+    let traced = |extra: &[&str]| {
+        let mut command = as_root(memtrace);
+        command.arg("-o").arg(&trace).args(extra).arg("--").arg(&program).arg(PAIRS);
+        ns_per_pair(&mut command)
+    };
+    let untraced = ns_per_pair(Command::new(&program).arg(PAIRS))?;
+    let with_stacks = traced(&[])?;
+    let without_stacks = traced(&["--no-stacks"])?;
+    println!("malloc/free pair, {PAIRS} pairs, one run:");
+    println!("  untraced             {untraced:>8.1} ns");
+    println!("  traced               {with_stacks:>8.1} ns   ratio {:.1}", with_stacks / untraced);
+    println!("  traced, --no-stacks  {without_stacks:>8.1} ns   ratio {:.1}", without_stacks / untraced);
     Ok(())
 }
 

@@ -35,6 +35,7 @@ pub struct KernelMapsSummary {
     pub processes: usize,
     pub live_allocations: usize,
     pub stack_totals: usize,
+    pub usdt_entries: usize,
     pub peak_processes: usize,
     pub released_processes: usize,
 }
@@ -114,6 +115,7 @@ impl Summary {
                 processes: maps.processes,
                 live_allocations: maps.live_allocations,
                 stack_totals: maps.stack_totals,
+                usdt_entries: maps.usdt_entries,
                 peak_processes: maps.peak_processes,
                 released_processes: maps.released_processes,
             }),

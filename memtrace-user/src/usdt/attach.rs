@@ -73,6 +73,8 @@ pub struct SiteLink {
 pub enum Scope {
     /// One process (and, through exec, what it becomes).
     Process(u32),
+    /// Every process that maps the file, now or later (`--all`); the BPF side filters.
+    AllProcesses,
 }
 
 fn uprobe_pmu_type() -> Result<u32> {
@@ -105,14 +107,19 @@ pub fn attach_site(
         config2: offset,
         ..PerfEventAttr::default()
     };
-    let Scope::Process(pid) = scope;
+    // A uprobe event for every process is opened on one CPU (as aya does): the kernel runs the
+    // program wherever the probe is hit.
+    let (pid, cpu) = match scope {
+        Scope::Process(pid) => (pid as libc::pid_t, -1),
+        Scope::AllProcesses => (-1, 0),
+    };
     // SAFETY: the attribute and the path it points to outlive the call; the result is a new fd.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
             &raw const attr,
-            pid as libc::pid_t,
-            -1 as libc::c_int,
+            pid,
+            cpu as libc::c_int,
             -1 as libc::c_int,
             PERF_FLAG_FD_CLOEXEC,
         )
@@ -121,8 +128,12 @@ pub fn attach_site(
         let err = io::Error::last_os_error();
         return Err(err).with_context(|| {
             format!(
-                "opening a uprobe at {}+{offset:#x} for pid {pid}{}",
+                "opening a uprobe at {}+{offset:#x} for {}{}",
                 path.display(),
+                match scope {
+                    Scope::Process(pid) => format!("pid {pid}"),
+                    Scope::AllProcesses => "every process".to_owned(),
+                },
                 if semaphore_offset.is_some() {
                     " with its semaphore (another tracer attached with a different semaphore?)"
                 } else {

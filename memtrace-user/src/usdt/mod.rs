@@ -6,6 +6,12 @@
 //! reads the handler's maps at every sample:
 //! - every `memtrace:report_total` / `memtrace:report_delta` site, for subsystem counters;
 //! - the sites of each `--usdt [PATH:]PROVIDER:NAME[=argN]`, for hit counts or an argument's value.
+//!
+//! System-wide (`--all`), each object file is attached once, for every process: at start every
+//! file a running process maps and every file `--usdt PATH:...` names, then the files of each
+//! program as it is exec'd. Uprobes (and the semaphores the kernel keeps for them) belong to the
+//! file, so one attachment serves every process that maps it, now or later; the BPF side keys the
+//! figures by the process a probe fires in and filters processes as it does allocator events.
 
 pub mod args;
 pub mod attach;
@@ -16,7 +22,7 @@ pub mod notes;
 pub mod objects;
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fs,
     os::fd::AsFd,
     path::{Path, PathBuf},
@@ -127,11 +133,36 @@ pub struct UsdtProbes {
     found: Vec<bool>,
     links: Vec<SiteLink>,
     next_spec: u32,
+    /// Set with `--all`: sites fire in every process, and a request not found yet may still be.
+    system_wide: bool,
+    /// System-wide: (device, inode) of every object file scanned for probe sites, so that each is
+    /// attached once, whatever path names it.
+    scanned: HashSet<(u64, u64)>,
+    /// System-wide: the identities of the files `--usdt PATH:...` names by path.
+    named: Vec<(u64, u64)>,
 }
 
 impl UsdtProbes {
     pub fn new(requests: Vec<UsdtRequest>) -> Self {
         Self { found: vec![false; requests.len()], requests, ..Self::default() }
+    }
+
+    /// How many probe sites are attached (a site attached for two uses counts twice).
+    pub fn attached_sites(&self) -> usize {
+        self.links.len()
+    }
+
+    /// The objects not scanned yet, each once, now marked scanned. Objects whose file cannot be
+    /// found are left out (and not marked).
+    fn take_unscanned(&mut self, objects: Vec<ObjectFile>) -> Vec<ObjectFile> {
+        objects
+            .into_iter()
+            .filter(|object| file_identity(&object.host_path).is_some_and(|id| self.scanned.insert(id)))
+            .collect()
+    }
+
+    fn missing_requests(&self) -> impl Iterator<Item = (usize, &UsdtRequest)> {
+        self.requests.iter().enumerate().filter(|&(index, _)| !self.found[index])
     }
 }
 
@@ -152,7 +183,61 @@ pub fn attach_process(probes: &mut Probes, pid: u32) -> Result<()> {
             path.to_owned()
         }
     })?;
-    attach_objects(probes, &objects, &named, Scope::Process(pid))
+    attach_objects(probes, &objects, &named, Scope::Process(pid), false)
+}
+
+/// System-wide (`--all`): attaches, for every process, to the probe sites of each file `--usdt
+/// PATH:...` names and of each object file a process in `pids` maps, every file once. A named file
+/// that is missing or has no probes is an error; a request that matches nothing yet is only said
+/// on stderr, as a program started later may bring its probe.
+pub fn attach_system_wide(probes: &mut Probes, pids: &[u32]) -> Result<()> {
+    probes.usdt.system_wide = true;
+    let mut named_objects = Vec::new();
+    let named = add_named_objects(&probes.usdt.requests, &mut named_objects, Path::to_owned)?;
+    probes.usdt.named.clone_from(&named);
+    let named_objects = probes.usdt.take_unscanned(named_objects);
+    attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
+    let own_pid = std::process::id();
+    let mut mapped = Vec::new();
+    for &pid in pids.iter().filter(|&&pid| pid != own_pid) {
+        // Kernel threads map nothing; a process may exit meanwhile.
+        if let Ok(objects) = objects::of_process(pid) {
+            mapped.extend(objects);
+        }
+    }
+    let mapped = probes.usdt.take_unscanned(mapped);
+    attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
+    for (_, request) in probes.usdt.missing_requests() {
+        eprintln!(
+            "memtrace: --usdt {}: no USDT probe {}:{} in any running process{} yet; it is attached \
+             when a program that has it starts",
+            request.label,
+            request.provider,
+            request.name,
+            request.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// System-wide: attaches to the probe sites of the object files a program just exec'd maps, those
+/// no earlier scan saw. Never fails: a file or site memtrace cannot use is named on stderr.
+pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
+    let objects = probes.usdt.take_unscanned(objects);
+    if objects.is_empty() {
+        return;
+    }
+    let missing: Vec<usize> = probes.usdt.missing_requests().map(|(index, _)| index).collect();
+    let named = probes.usdt.named.clone();
+    if let Err(err) = attach_objects(probes, &objects, &named, Scope::AllProcesses, true) {
+        eprintln!("memtrace: warning: {err:#}");
+    }
+    for index in missing.into_iter().filter(|&index| probes.usdt.found[index]) {
+        eprintln!(
+            "memtrace: --usdt {}: found in a program just started; attached",
+            probes.usdt.requests[index].label
+        );
+    }
 }
 
 /// Attaches, for the held child `pid`, to the probe sites of the command's executable and of the
@@ -160,7 +245,7 @@ pub fn attach_process(probes: &mut Probes, pid: u32) -> Result<()> {
 pub fn attach_command(probes: &mut Probes, program: &Path, pid: u32) -> Result<()> {
     let mut objects = objects::of_command(program);
     let named = add_named_objects(&probes.usdt.requests, &mut objects, Path::to_owned)?;
-    attach_objects(probes, &objects, &named, Scope::Process(pid))
+    attach_objects(probes, &objects, &named, Scope::Process(pid), false)
 }
 
 /// Adds each file a `--usdt PATH:...` names by path, mapped yet or not: a uprobe on a file fires in
@@ -194,11 +279,14 @@ fn add_named_objects(
     Ok(named)
 }
 
+/// Attaches to the sites of every object. `lenient` (system-wide, files no option names by path):
+/// a file or site that cannot be used is a warning on stderr, not the end of the run.
 fn attach_objects(
     probes: &mut Probes,
     objects: &[ObjectFile],
     explicit: &[(u64, u64)],
     scope: Scope,
+    lenient: bool,
 ) -> Result<()> {
     let mut seen = HashSet::new();
     for object in objects {
@@ -208,32 +296,57 @@ fn attach_objects(
                 continue;
             }
         }
-        let named = probes.usdt.requests.iter().any(|r| r.path.is_some() && r.wants_object(object, explicit));
-        let Ok(data) = fs::read(&object.host_path) else {
-            if named {
-                bail!("cannot read {}", object.path.display());
+        if let Err(err) = attach_object(probes, object, explicit, scope, lenient) {
+            if !lenient {
+                return Err(err);
             }
-            continue;
-        };
-        let elf = match notes::parse_elf(&data) {
-            Ok(elf) => elf,
-            // Not ours to judge unless a --usdt option names it.
-            Err(err) if !named => {
-                let _ = err;
-                continue;
-            }
-            Err(err) => return Err(err).with_context(|| format!("reading {}", object.path.display())),
-        };
-        if named && elf.sites.is_empty() {
-            bail!(
-                "{} has no USDT probes (no .note.stapsdt section); build it with <sys/sdt.h> \
-                 probes, or list what a process has with `memtrace usdt --pid PID`",
-                object.path.display()
-            );
+            eprintln!("memtrace: warning: {err:#}");
         }
-        for site in &elf.sites {
-            for site_use in uses_of(&probes.usdt.requests, site, object, explicit) {
-                attach_use(probes, object, &elf, site, &site_use, scope)?;
+    }
+    Ok(())
+}
+
+fn attach_object(
+    probes: &mut Probes,
+    object: &ObjectFile,
+    explicit: &[(u64, u64)],
+    scope: Scope,
+    lenient: bool,
+) -> Result<()> {
+    let named = probes.usdt.requests.iter().any(|r| r.path.is_some() && r.wants_object(object, explicit));
+    // Most files have no notes: look at the section headers before reading a whole file.
+    if !named && !notes::may_have_probes(&object.host_path) {
+        return Ok(());
+    }
+    let Ok(data) = fs::read(&object.host_path) else {
+        if named {
+            bail!("cannot read {}", object.path.display());
+        }
+        return Ok(());
+    };
+    let elf = match notes::parse_elf(&data) {
+        Ok(elf) => elf,
+        // Not ours to judge unless a --usdt option names it.
+        Err(err) if !named => {
+            let _ = err;
+            return Ok(());
+        }
+        Err(err) => return Err(err).with_context(|| format!("reading {}", object.path.display())),
+    };
+    if named && elf.sites.is_empty() {
+        bail!(
+            "{} has no USDT probes (no .note.stapsdt section); build it with <sys/sdt.h> \
+             probes, or list what a process has with `memtrace usdt --pid PID`",
+            object.path.display()
+        );
+    }
+    for site in &elf.sites {
+        for site_use in uses_of(&probes.usdt.requests, site, object, explicit) {
+            if let Err(err) = attach_use(probes, object, &elf, site, &site_use, scope) {
+                if !lenient {
+                    return Err(err);
+                }
+                eprintln!("memtrace: warning: {err:#}");
             }
         }
     }
@@ -354,6 +467,10 @@ fn attach_use(
 /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
 pub fn check_requests_found(probes: &Probes) -> Result<()> {
     let usdt = &probes.usdt;
+    if usdt.system_wide {
+        // attach_system_wide has said which are missing; a program started later may bring them.
+        return Ok(());
+    }
     if let Some(missing) =
         usdt.requests.iter().zip(&usdt.found).find(|(_, found)| !**found).map(|(request, _)| request)
     {
@@ -396,8 +513,9 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
         if let Some(subsystems) = subsystems.remove(pid) {
             figures.subsystems = subsystems;
         }
-        // Every requested counter shows, at 0 before the first hit.
-        for request in &probes.usdt.requests {
+        // Every requested counter shows, at 0 before the first hit; system-wide, only in the
+        // processes that hit it.
+        for request in probes.usdt.requests.iter().filter(|_| !probes.usdt.system_wide) {
             figures
                 .probes
                 .entry(request.label.clone())
@@ -410,6 +528,44 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
     let lost: Array<&MapData, u64> = Array::try_from(probes.map("USDT_LOST_EVENTS")?)?;
     model.usdt_lost_events = lost.get(&USDT_LOST_SLOT, 0)?;
     Ok(())
+}
+
+/// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
+pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
+    let mut tgids = BTreeSet::new();
+    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    tgids.extend(subsystems.keys().filter_map(Result::ok).map(|key| key.tgid));
+    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    tgids.extend(counters.keys().filter_map(Result::ok).map(|key| key.tgid));
+    Ok(tgids)
+}
+
+/// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
+pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
+    let mut subsystems: HashMap<&mut MapData, SubsystemKey, i64> =
+        HashMap::try_from(probes.map_mut("SUBSYSTEMS")?)?;
+    let doomed: Vec<SubsystemKey> =
+        subsystems.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+    for key in &doomed {
+        let _ = subsystems.remove(key);
+    }
+    let mut counters: HashMap<&mut MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map_mut("USDT_COUNTERS")?)?;
+    let doomed: Vec<UsdtCounterKey> =
+        counters.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+    for key in &doomed {
+        let _ = counters.remove(key);
+    }
+    Ok(())
+}
+
+/// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
+pub fn occupancy(probes: &Probes) -> Result<usize> {
+    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    Ok(subsystems.keys().count() + counters.keys().count())
 }
 
 /// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.

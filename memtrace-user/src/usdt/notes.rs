@@ -57,6 +57,16 @@ impl ElfProbes {
     }
 }
 
+/// Whether the file at `path` may have probe sites: false for a file that cannot be read, that is
+/// not ELF or that has no `.note.stapsdt` section. Reads only the headers, not the whole file.
+pub fn may_have_probes(path: &std::path::Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let cache = object::read::ReadCache::new(file);
+    object::File::parse(&cache).is_ok_and(|parsed| parsed.section_by_name(NOTE_SECTION).is_some())
+}
+
 /// Parses the probe sites of an x86-64 ELF file; an ELF file without notes has none.
 pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
     let file = object::File::parse(data).context("not an ELF file")?;
