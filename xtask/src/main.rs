@@ -135,5 +135,64 @@ fn test() -> Result<()> {
     eprintln!("xtask: clippy");
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     eprintln!("xtask: unit and integration tests");
-    run(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))
+    let (tally, status) = run_tests(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))?;
+    // One closing line for the whole run: cargo's own last line is that of its last test binary.
+    println!("tests: {} passed, {} failed", tally.passed, tally.failed);
+    if !status.success() || tally.failed > 0 || tally.passed == 0 {
+        bail!("the tests did not pass ({status})");
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+}
+
+/// Runs `cargo test`, passing its output through, and adds up its `test result:` lines.
+fn run_tests(command: &mut Command) -> Result<(Tally, std::process::ExitStatus)> {
+    command.current_dir(workspace_root()).stdout(std::process::Stdio::piped());
+    let mut child = command.spawn().with_context(|| format!("running {command:?}"))?;
+    let stdout = child.stdout.take().context("cargo test's output")?;
+    let mut tally = Tally::default();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line?;
+        println!("{line}");
+        tally.add(&line);
+    }
+    Ok((tally, child.wait()?))
+}
+
+impl Tally {
+    /// Adds a line such as `test result: ok. 6 passed; 0 failed; 0 ignored; ...`.
+    fn add(&mut self, line: &str) {
+        let Some(counts) = line.strip_prefix("test result: ") else { return };
+        for part in counts.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(kind), Some(number)) = (words.next(), words.next()) else { continue };
+            let Ok(number) = number.parse::<u64>() else { continue };
+            match kind {
+                "passed" => self.passed += number,
+                "failed" => self.failed += number,
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_result_lines_add_up() {
+        let mut tally = Tally::default();
+        tally.add(
+            "test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 19.13s",
+        );
+        tally.add("test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out");
+        tally.add("running 4 tests");
+        assert_eq!(tally, Tally { passed: 9, failed: 2 });
+    }
 }
