@@ -244,11 +244,22 @@ fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
         fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))?;
     let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
     let object = |path: &Path| ObjectFile { path: path.to_owned(), host_path: procfs::in_root_of(pid, path) };
+    // A needed name is a soname; the mapped file may be named otherwise (libtcmalloc.so.4 is
+    // libtcmalloc.so.4.5.10), so fall back on the sonames the mapped objects declare.
+    let sonames = std::cell::OnceCell::new();
+    let soname_of = |path: &PathBuf| -> Option<String> {
+        let data = fs::read(procfs::in_root_of(pid, path)).ok()?;
+        ElfObject::parse(&data).ok()?.dynamic_info().ok()?.soname
+    };
     let find_mapped = |name: &str| -> Option<PathBuf> {
-        mapped
+        let by_file_name = mapped
             .iter()
-            .find(|path| path.as_os_str() == name || path.file_name().is_some_and(|n| n == name))
-            .cloned()
+            .find(|path| path.as_os_str() == name || path.file_name().is_some_and(|n| n == name));
+        by_file_name.cloned().or_else(|| {
+            let sonames: &Vec<(PathBuf, Option<String>)> =
+                sonames.get_or_init(|| mapped.iter().map(|path| (path.clone(), soname_of(path))).collect());
+            sonames.iter().find(|(_, soname)| soname.as_deref() == Some(name)).map(|(path, _)| path.clone())
+        })
     };
     let mut order =
         vec![ObjectFile { path: exe.clone(), host_path: PathBuf::from(format!("/proc/{pid}/exe")) }];

@@ -18,9 +18,16 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// the LLVM 22 libraries bpf-linker links against.
 const BPF_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
-/// What the test fixtures are built with: a C compiler with static glibc, jemalloc, and
-/// <sys/sdt.h> for USDT probes.
-const FIXTURE_PACKAGES: &[&str] = &["gcc", "libc6-dev", "libjemalloc-dev", "systemtap-sdt-dev"];
+/// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
+/// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes.
+const FIXTURE_PACKAGES: &[&str] = &[
+    "gcc",
+    "libc6-dev",
+    "libjemalloc-dev",
+    "libgoogle-perftools-dev",
+    "libmimalloc-dev",
+    "systemtap-sdt-dev",
+];
 
 pub fn setup() -> Result<()> {
     let mut missing: Vec<&str> = Vec::new();
