@@ -1,4 +1,4 @@
-//! memtrace's kernel side: uprobes on every glibc allocator entry point.
+//! memtrace's kernel side: uprobes on every allocator entry point.
 //!
 //! Entry probes remember the arguments per (thread, function); return probes turn the result into an
 //! allocation, a free or a failure and update per-process totals. Only the outermost allocator call of a
@@ -6,32 +6,29 @@
 //! realloc(p, 0) calls free, and none of those inner calls is a second allocation.
 #![no_std]
 #![no_main]
-// The prebuilt `core` for bpfel has no atomic read-modify-write types; the counters use BPF atomics directly.
+// Inline BPF assembly for the atomic counters (counters.rs).
 #![feature(asm_experimental_arch)]
 
+mod counters;
+mod processes;
+mod stacks;
 mod usdt;
 
-use core::arch::asm;
-
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{bpf_get_attach_cookie, bpf_get_stack},
-    },
-    macros::{map, raw_tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
-    EbpfContext,
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::HashMap,
+    programs::{ProbeContext, RetProbeContext},
 };
 use memtrace_common::{
-    Allocation, AllocationKey, AllocatorFunction, ExecEvent, PendingCall, PendingKey, ProcessStats,
-    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT,
-    MAX_EXCLUDED_PIDS, MAX_PENDING_CALLS, MAX_PROCESSES, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
+    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProcessStats,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_PENDING_CALLS, NO_STACK,
 };
 
-#[map]
-static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+use counters::{add, add_signed, compare_exchange};
+use processes::{caller, is_traced, note_allocator, stats_of, Caller, FILTER_PROCESSES};
+use stacks::{count_in_stack, stack_of};
 
 #[map]
 static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
@@ -44,128 +41,7 @@ static PENDING: HashMap<PendingKey, PendingCall> = HashMap::with_max_entries(MAX
 #[map]
 static DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0);
 
-#[map]
-static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
-
-/// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
-#[map]
-static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(MAX_STACKS, BPF_F_NO_PREALLOC);
-
-#[map]
-static STACK_TOTALS: HashMap<StackKey, StackTotals> = HashMap::with_max_entries(MAX_STACK_TOTALS, 0);
-
-/// A stack is 1 KiB, more than the BPF stack holds: it is captured here first.
-#[map]
-static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
-
-/// Set by the loader: 0 when run with --no-stacks.
-#[no_mangle]
-static CAPTURE_STACKS: u8 = 1;
-
-/// Set by the loader for system-wide tracing, where probes fire in every process: memtrace's own
-/// pid, and whether to consult EXCLUDED_PIDS and ONLY_COMM.
-#[no_mangle]
-static SELF_TGID: u32 = 0;
-#[no_mangle]
-static FILTER_PROCESSES: u8 = 0;
-/// Trace only processes with this command name (all when empty).
-#[no_mangle]
-static ONLY_COMM: [u8; 16] = [0; 16];
-
-#[map]
-static EXCLUDED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PIDS, 0);
-
-#[map]
-static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
-
 const EEXIST: i32 = 17;
-
-struct Caller {
-    tgid: u32,
-    tid: u32,
-}
-
-fn caller() -> Caller {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    Caller { tgid: (pid_tgid >> 32) as u32, tid: pid_tgid as u32 }
-}
-
-/// Atomically adds `n` to a counter in a map value and returns the counter's previous value. Atomic
-/// because threads of one process update the same value from different CPUs.
-fn fetch_add(counter: *const u64, n: u64) -> u64 {
-    let mut value = n;
-    // SAFETY: `counter` points into a map value, which stays valid while the program runs.
-    unsafe {
-        asm!(
-            "{value} = atomic_fetch_add((u64 *)({counter} + 0), {value})",
-            counter = in(reg) counter,
-            value = inout(reg) value,
-        );
-    }
-    value
-}
-
-/// Atomically replaces `*target` with `new` if it still holds `expected`; returns what it held.
-fn compare_exchange(target: *const u64, expected: u64, new: u64) -> u64 {
-    let mut seen = expected;
-    // SAFETY: as for fetch_add.
-    unsafe {
-        asm!(
-            "r0 = cmpxchg_64({target} + 0, r0, {new})",
-            target = in(reg) target,
-            new = in(reg) new,
-            inout("r0") seen,
-        );
-    }
-    seen
-}
-
-fn add(counter: &u64, n: u64) {
-    fetch_add(counter, n);
-}
-
-/// Adds a signed change and returns the new value.
-fn add_signed(counter: &i64, n: i64) -> i64 {
-    fetch_add(counter as *const i64 as *const u64, n as u64) as i64 + n
-}
-
-fn count_global_loss() {
-    if let Some(lost) = LOST_EVENTS.get_ptr_mut(GLOBAL_LOST_SLOT) {
-        add(unsafe { &*lost }, 1);
-    }
-}
-
-/// The totals of a process, created on its first event. None (and a global loss) when the map is full.
-fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
-    if let Some(stats) = STATS.get_ptr(tgid) {
-        return Some(unsafe { &*stats });
-    }
-    let fresh = ProcessStats {
-        comm: bpf_get_current_comm().unwrap_or_default(),
-        started_ns: unsafe { bpf_ktime_get_ns() },
-        ..ProcessStats::default()
-    };
-    let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
-    match STATS.get_ptr(tgid) {
-        Some(stats) => Some(unsafe { &*stats }),
-        None => {
-            count_global_loss();
-            None
-        }
-    }
-}
-
-/// Whether events of this process count; only system-wide tracing ever says no.
-fn is_traced(tgid: u32) -> bool {
-    if unsafe { core::ptr::read_volatile(&FILTER_PROCESSES) } == 0 {
-        return true;
-    }
-    if tgid == unsafe { core::ptr::read_volatile(&SELF_TGID) } || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
-        return false;
-    }
-    let only = unsafe { core::ptr::read_volatile(&ONLY_COMM) };
-    only[0] == 0 || bpf_get_current_comm().is_ok_and(|comm| comm == only)
-}
 
 fn raise_peak(stats: &ProcessStats, live: i64) {
     let peak = &stats.peak_live_bytes as *const i64 as *const u64;
@@ -235,73 +111,6 @@ fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
     let call = unsafe { *PENDING.get_ptr(key)? };
     let _ = PENDING.remove(key);
     Some((tgid, call))
-}
-
-/// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
-/// frame-pointer walk starts at the allocator's caller.
-fn capture_stack(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
-    if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
-        return NO_STACK;
-    }
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return NO_STACK;
-    };
-    let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
-    let size = core::mem::size_of::<StackFrames>() as u32;
-    // bpf_get_stack zeroes what it does not fill, so equal stacks are equal bytes.
-    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, flags) };
-    if copied <= 0 {
-        add(&stats.lost_events, 1);
-        return NO_STACK;
-    }
-    let words = scratch as *const u64;
-    let used_words = copied as usize / 8;
-    // FNV-1a over the frames: 64 bits make collisions between distinct stacks negligible.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for i in 0..STACK_DEPTH * 4 {
-        if i >= used_words {
-            break;
-        }
-        hash ^= unsafe { *words.add(i) };
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    if hash == NO_STACK {
-        hash = 1;
-    }
-    if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
-        add(&stats.lost_events, 1);
-        return NO_STACK;
-    }
-    hash
-}
-
-/// Adds an allocation (or, with a negative count, a free) to its stack's totals.
-fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, live_allocations: i64, live_bytes: i64) {
-    if stack == NO_STACK {
-        return;
-    }
-    let key = StackKey { tgid, _pad: 0, stack };
-    let totals = match STACK_TOTALS.get_ptr(key) {
-        Some(totals) => totals,
-        None => {
-            let fresh = StackTotals { started_ns: unsafe { bpf_ktime_get_ns() }, ..StackTotals::default() };
-            let _ = STACK_TOTALS.insert(key, fresh, u64::from(BPF_NOEXIST));
-            match STACK_TOTALS.get_ptr(key) {
-                Some(totals) => totals,
-                None => {
-                    add(&stats.lost_events, 1);
-                    return;
-                }
-            }
-        }
-    };
-    let totals = unsafe { &*totals };
-    if live_allocations > 0 {
-        add(&totals.allocations, 1);
-        add(&totals.allocated_bytes, live_bytes as u64);
-    }
-    add_signed(&totals.live_allocations, live_allocations);
-    add_signed(&totals.live_bytes, live_bytes);
 }
 
 fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
@@ -412,17 +221,6 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-/// Remembers which allocator's probes saw the process: the attachment's cookie names it.
-fn note_allocator(ctx: &impl EbpfContext, tgid: u32) {
-    if let Some(stats) = STATS.get_ptr_mut(tgid) {
-        unsafe {
-            if (*stats).allocator == 0 {
-                (*stats).allocator = bpf_get_attach_cookie(ctx.as_ptr());
-            }
-        }
-    }
-}
-
 fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
     let Some((tgid, call)) = take_pending(function) else {
         return 0;
@@ -457,13 +255,6 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
     }
     note_allocator(ctx, tgid);
     0
-}
-
-fn stack_of(ctx: &RetProbeContext, tgid: u32) -> u64 {
-    match stats_of(tgid) {
-        Some(stats) => capture_stack(ctx, stats),
-        None => NO_STACK,
-    }
 }
 
 #[uprobe]
@@ -568,39 +359,6 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     }
     record_free(tgid, arg(&ctx, 0));
     note_allocator(&ctx, tgid);
-    0
-}
-
-/// Marks a process's figures final when it exits, so that system-wide tracing can report and then
-/// release it. Threads other than the leader exit without ending the process.
-#[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
-    let Caller { tgid, tid } = caller();
-    if tgid != tid {
-        return 0;
-    }
-    if let Some(stats) = STATS.get_ptr_mut(tgid) {
-        unsafe {
-            (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
-            (*stats).exited = 1;
-        }
-    }
-    0
-}
-
-/// A new program image starts its figures afresh (what the process did before exec, say as the
-/// shell that forked it, is not the new program's), and userspace hears of it: the program may bring
-/// an allocator not probed yet.
-#[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
-    let Caller { tgid, .. } = caller();
-    let _ = STATS.remove(tgid);
-    if !is_traced(tgid) {
-        return 0;
-    }
-    if EXEC_EVENTS.output::<ExecEvent>(ExecEvent { tgid }, 0).is_err() {
-        count_global_loss();
-    }
     0
 }
 
