@@ -24,6 +24,8 @@ use memtrace_common::{
     MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
 };
 
+use crate::processes;
+
 #[map]
 static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
 
@@ -73,14 +75,14 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // System-wide, a site fires in every process that maps its file: the same processes count as
     // for allocator events (never memtrace itself, --comm, --exclude-pid).
-    if !crate::is_traced(tgid) {
+    if !processes::is_traced(tgid) {
         return 0;
     }
-    if unsafe { core::ptr::read_volatile(&crate::FILTER_PROCESSES) } != 0 {
+    if unsafe { core::ptr::read_volatile(&processes::FILTER_PROCESSES) } != 0 {
         // Figures in STATS make the process known to userspace (with its command name) even if
         // it never allocates, and tell it when the process exits, so its entries here are
         // released too. A full STATS table is counted there; the report still counts here.
-        let _ = crate::stats_of(tgid);
+        let _ = processes::stats_of(tgid);
     }
     match spec.action {
         usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),

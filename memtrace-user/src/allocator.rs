@@ -145,6 +145,15 @@ impl Allocator {
             .collect()
     }
 
+    /// The object files a command will map, as they are found on this machine.
+    pub fn objects_of_command(program: &Path) -> Vec<PathBuf> {
+        link_order_of_command(program, Path::new("/"), &[])
+            .unwrap_or_default()
+            .into_iter()
+            .map(|object| object.host_path)
+            .collect()
+    }
+
     /// The allocator a library file provides, if it provides one (plain or with a known prefix).
     pub fn of_file(path: &Path) -> Option<Self> {
         let object = ObjectFile { path: path.to_owned(), host_path: path.to_owned() };

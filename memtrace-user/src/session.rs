@@ -39,64 +39,28 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     privileges::check()?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
-    let output = cli.output.clone().unwrap_or_else(default_output_path);
-    let trace = TraceFile::create(&output)?;
-    let trace_path = trace.path().to_owned();
-    let mut exporters: Vec<Box<dyn Exporter>> = vec![Box::new(trace)];
-    if let Some(path) = &cli.summary {
-        exporters.push(Box::new(SummaryFile::create(path, cli.top)?));
-    }
-    if let Some(path) = &cli.pprof {
-        exporters.push(Box::new(PprofFile::create(path)?));
-    }
-    if let Some(path) = &cli.flamegraph {
-        exporters.push(Box::new(FlamegraphFile::create(path)?));
-    }
-    exporters.push(Box::new(TextReport { top: cli.top }));
-
-    let overrides =
-        Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
-    let system_wide = cli.all.then(|| ProcessFilter {
-        self_tgid: std::process::id(),
-        excluded_pids: cli.exclude_pids.clone(),
-        only_comm: cli.comm.clone(),
-    });
+    // Outputs are opened first: an unwritable path is reported before anything is traced.
+    let (exporters, trace_path) = open_outputs(&cli)?;
     let mut probes = Probes::load(&ProbeConfig {
         max_allocations: cli.max_allocations,
         capture_stacks: !cli.no_stacks,
-        system_wide,
+        system_wide: cli.all.then(|| ProcessFilter {
+            self_tgid: std::process::id(),
+            excluded_pids: cli.exclude_pids.clone(),
+            only_comm: cli.comm.clone(),
+        }),
     })?;
     probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
+    let overrides =
+        Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
     let mut model = Model::default();
-    let mut targets = Vec::new();
-    let mut all_processes = None;
-    let held = if cli.all {
-        all_processes = Some(SystemWide::start(&mut probes, overrides.clone())?);
-        None
+    let Targets { watched: targets, all_processes, held } = if cli.all {
+        Targets::all(&mut probes, overrides)?
     } else if cli.command.is_empty() {
-        for &pid in &pids {
-            let allocator = Allocator::of_process(pid, &overrides)?;
-            probes.attach(&allocator, Scope::Process(pid))?;
-            crate::usdt::attach_process(&mut probes, pid)?;
-            targets.push(Watched::new(pid, false)?);
-            add_traced(&mut model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
-        }
-        // Read every target's mappings now: a process may exit before the first interval, and
-        // its stacks are symbolized through the files it mapped.
-        collector.sample(&probes, &mut model)?;
-        None
+        Targets::pids(&pids, &overrides, &mut probes, &mut collector, &mut model)?
     } else {
-        let program = resolve_program(&cli.command[0])?;
-        let allocator = Allocator::of_command(&program, &overrides)?;
-        collector.index_object(&program);
-        collector.index_object(&allocator.host_path);
-        let held = HeldCommand::spawn(&program, &cli.command)?;
-        probes.attach(&allocator, Scope::Process(held.pid))?;
-        crate::usdt::attach_command(&mut probes, &program, held.pid)?;
-        targets.push(Watched::new(held.pid, true)?);
-        add_traced(&mut model, held.pid, command_name(&program), &allocator);
-        Some(held)
+        Targets::command(&cli.command, &overrides, &mut probes, &mut collector, &mut model)?
     };
     let what = match &all_processes {
         Some(all) => format!(
@@ -138,6 +102,84 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     // Detach before waiting on a command that outlives the trace.
     drop(probes);
     exit_code(ending, &targets)
+}
+
+/// Every output of the run, opened; and where the trace goes.
+fn open_outputs(cli: &Cli) -> Result<(Vec<Box<dyn Exporter>>, PathBuf)> {
+    let trace = TraceFile::create(&cli.output.clone().unwrap_or_else(default_output_path))?;
+    let trace_path = trace.path().to_owned();
+    let mut exporters: Vec<Box<dyn Exporter>> = vec![Box::new(trace)];
+    if let Some(path) = &cli.summary {
+        exporters.push(Box::new(SummaryFile::create(path, cli.top)?));
+    }
+    if let Some(path) = &cli.pprof {
+        exporters.push(Box::new(PprofFile::create(path)?));
+    }
+    if let Some(path) = &cli.flamegraph {
+        exporters.push(Box::new(FlamegraphFile::create(path)?));
+    }
+    exporters.push(Box::new(TextReport { top: cli.top }));
+    Ok((exporters, trace_path))
+}
+
+/// What a run traces, with every probe attached.
+struct Targets {
+    /// Processes whose exit ends the run.
+    watched: Vec<Watched>,
+    /// Set with --all.
+    all_processes: Option<SystemWide>,
+    /// A command waiting to exec until tracing is announced.
+    held: Option<HeldCommand>,
+}
+
+impl Targets {
+    fn pids(
+        pids: &[u32],
+        overrides: &Overrides,
+        probes: &mut Probes,
+        collector: &mut Collector,
+        model: &mut Model,
+    ) -> Result<Self> {
+        let mut watched = Vec::new();
+        for &pid in pids {
+            let allocator = Allocator::of_process(pid, overrides)?;
+            probes.attach(&allocator, Scope::Process(pid))?;
+            crate::usdt::attach_process(probes, pid)?;
+            watched.push(Watched::new(pid, false)?);
+            add_traced(model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
+        }
+        // Read every target's mappings now: a process may exit before the first interval, and its
+        // stacks are symbolized through the files it mapped.
+        collector.sample(probes, model)?;
+        Ok(Self { watched, all_processes: None, held: None })
+    }
+
+    fn command(
+        command: &[std::ffi::OsString],
+        overrides: &Overrides,
+        probes: &mut Probes,
+        collector: &mut Collector,
+        model: &mut Model,
+    ) -> Result<Self> {
+        let program = resolve_program(&command[0])?;
+        let allocator = Allocator::of_command(&program, overrides)?;
+        // The command may exit before the first sample: know its files for symbols already.
+        for object in Allocator::objects_of_command(&program) {
+            collector.index_object(&object);
+        }
+        collector.index_object(&allocator.host_path);
+        let held = HeldCommand::spawn(&program, command)?;
+        probes.attach(&allocator, Scope::Process(held.pid))?;
+        crate::usdt::attach_command(probes, &program, held.pid)?;
+        let watched = vec![Watched::new(held.pid, true)?];
+        add_traced(model, held.pid, command_name(&program), &allocator);
+        Ok(Self { watched, all_processes: None, held: Some(held) })
+    }
+
+    fn all(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
+        let all_processes = Some(SystemWide::start(probes, overrides)?);
+        Ok(Self { watched: Vec::new(), all_processes, held: None })
+    }
 }
 
 /// The processes behind the --pid arguments: each once, by its process id even when given a thread id.
