@@ -289,8 +289,14 @@ fn subsystems_from_the_header_match_what_the_program_reported() {
 fn subsystems_reach_memtrace_from_a_running_process() {
     let dir = build_dir();
     let program = build_c(dir.path(), "usdt_subsystems.c", "-O2");
-    let mut fixture = Spawned::spawn(Command::new(&program));
-    let memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
+    let mut fixture = Spawned::spawn({
+        let mut command = Command::new(&program);
+        command.arg("hold");
+        command
+    });
+    let mut memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    fixture.send(b"g");
     let expected = reported_subsystems(&mut fixture, &subsystem_fixture_names());
     assert!(fixture.wait().success());
     let outcome = memtrace.finish();
