@@ -3,7 +3,7 @@
 //! library), and the file offsets of its entry points.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::HashSet,
     fs,
     path::{Path, PathBuf},
 };
@@ -12,7 +12,13 @@ use anyhow::{bail, Context, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 use memtrace_common::AllocatorFunction;
 
-use crate::{elf::ElfObject, procfs};
+use crate::{
+    elf::ElfObject,
+    objects::{
+        link_order_of_command, link_order_of_exec, link_order_of_process, ObjectFile, SYSTEM_LIBRARY_DIRS,
+    },
+    procfs,
+};
 
 /// An allocator entry point and the symbol that names it, without any prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,13 +101,6 @@ pub struct Allocator {
     /// The path to open from memtrace's mount namespace.
     pub host_path: PathBuf,
     pub entry_points: Vec<ResolvedEntryPoint>,
-}
-
-/// An object file a process maps or will map, in the dynamic linker's search order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ObjectFile {
-    path: PathBuf,
-    host_path: PathBuf,
 }
 
 impl Allocator {
@@ -238,172 +237,6 @@ fn is_libc(path: &Path) -> bool {
     })
 }
 
-/// The objects of a running process in the dynamic linker's symbol search order: the executable,
-/// LD_PRELOAD, then DT_NEEDED breadth-first; objects loaded later (dlopen) last.
-fn link_order_of_process(pid: u32) -> Result<Vec<ObjectFile>> {
-    let maps = procfs::mappings(pid)
-        .with_context(|| format!("reading /proc/{pid}/maps (is pid {pid} still running?)"))?;
-    let mut mapped: Vec<PathBuf> = Vec::new();
-    for mapping in maps.into_iter().filter(|m| m.executable) {
-        if !mapped.contains(&mapping.path) {
-            mapped.push(mapping.path);
-        }
-    }
-    let exe =
-        fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))?;
-    let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
-    let object = |path: &Path| ObjectFile { path: path.to_owned(), host_path: procfs::in_root_of(pid, path) };
-    // A needed name is a soname; the mapped file may be named otherwise (libtcmalloc.so.4 is
-    // libtcmalloc.so.4.5.10), so fall back on the sonames the mapped objects declare.
-    let sonames = std::cell::OnceCell::new();
-    let soname_of = |path: &PathBuf| -> Option<String> {
-        let data = fs::read(procfs::in_root_of(pid, path)).ok()?;
-        ElfObject::parse(&data).ok()?.dynamic_info().ok()?.soname
-    };
-    let find_mapped = |name: &str| -> Option<PathBuf> {
-        let by_file_name = mapped
-            .iter()
-            .find(|path| path.as_os_str() == name || path.file_name().is_some_and(|n| n == name));
-        by_file_name.cloned().or_else(|| {
-            let sonames: &Vec<(PathBuf, Option<String>)> =
-                sonames.get_or_init(|| mapped.iter().map(|path| (path.clone(), soname_of(path))).collect());
-            sonames.iter().find(|(_, soname)| soname.as_deref() == Some(name)).map(|(path, _)| path.clone())
-        })
-    };
-    let mut order =
-        vec![ObjectFile { path: exe.clone(), host_path: PathBuf::from(format!("/proc/{pid}/exe")) }];
-    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    for preload in preloads(environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned())) {
-        if let Some(path) = find_mapped(&preload) {
-            order.push(object(&path));
-        }
-    }
-    let needed = needed_breadth_first(&order[0].host_path, |name, _| find_mapped(name).map(|p| object(&p)));
-    order.extend(needed);
-    for path in &mapped {
-        order.push(object(path));
-    }
-    dedup(&mut order);
-    Ok(order)
-}
-
-fn link_order_of_exec(pid: u32) -> Result<Vec<ObjectFile>> {
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let program = PathBuf::from(format!("/proc/{pid}/exe"));
-    // Where the process sees its program: the path that outlives the process.
-    let seen_as = fs::read_link(&program).with_context(|| format!("pid {pid} has exited"))?;
-    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let environ: Vec<String> =
-        environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();
-    let mut order = link_order_of_command(&program, &root, &environ)?;
-    order[0].path = seen_as;
-    Ok(order)
-}
-
-/// The objects a program will load, resolved before it runs, in the file system under `root`
-/// (`/`, or /proc/PID/root for a process in another mount namespace). `environ` is the program's
-/// environment when it is not memtrace's own.
-fn link_order_of_command(program: &Path, root: &Path, environ: &[String]) -> Result<Vec<ObjectFile>> {
-    let in_root = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
-    let object = |path: &Path| ObjectFile {
-        path: path.strip_prefix(root).map_or_else(|_| path.to_owned(), |p| Path::new("/").join(p)),
-        host_path: path.to_owned(),
-    };
-    let mut order = vec![ObjectFile { path: program.to_owned(), host_path: program.to_owned() }];
-    let environ: Vec<String> = if environ.is_empty() {
-        std::env::vars().map(|(k, v)| format!("{k}={v}")).collect()
-    } else {
-        environ.to_vec()
-    };
-    let library_path: Vec<PathBuf> = environ
-        .iter()
-        .filter_map(|var| var.strip_prefix("LD_LIBRARY_PATH="))
-        .flat_map(|paths| std::env::split_paths(paths).map(|p| in_root(&p)).collect::<Vec<_>>())
-        .collect();
-    let system_dirs: Vec<PathBuf> = SYSTEM_LIBRARY_DIRS.iter().map(|dir| in_root(Path::new(dir))).collect();
-    for preload in preloads(environ.iter().cloned()) {
-        let preload = match preload.strip_prefix('/') {
-            Some(_) => in_root(Path::new(&preload)).to_string_lossy().into_owned(),
-            None => preload,
-        };
-        if let Some(path) = find_library(&preload, &library_path, &[], &system_dirs) {
-            order.push(object(&path));
-        }
-    }
-    let needed = needed_breadth_first(program, |name, runpath| {
-        find_library(name, &library_path, runpath, &system_dirs).map(|p| object(&p))
-    });
-    order.extend(needed);
-    dedup(&mut order);
-    Ok(order)
-}
-
-fn preloads(environ: impl Iterator<Item = String>) -> Vec<String> {
-    environ
-        .filter_map(|var| var.strip_prefix("LD_PRELOAD=").map(str::to_owned))
-        .flat_map(|value| {
-            value.split([' ', ':']).filter(|s| !s.is_empty()).map(str::to_owned).collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-/// DT_NEEDED of `root`, breadth-first as the dynamic linker loads them. `locate` finds a needed
-/// name, given the search paths (DT_RUNPATH/DT_RPATH, $ORIGIN expanded) of the object needing it.
-fn needed_breadth_first(
-    root: &Path,
-    mut locate: impl FnMut(&str, &[PathBuf]) -> Option<ObjectFile>,
-) -> Vec<ObjectFile> {
-    let mut found = Vec::new();
-    let mut seen = HashSet::new();
-    let mut queue = VecDeque::from([root.to_owned()]);
-    while let Some(host_path) = queue.pop_front() {
-        let Ok(data) = fs::read(&host_path) else {
-            continue;
-        };
-        let Ok(info) = ElfObject::parse(&data).and_then(|elf| elf.dynamic_info()) else {
-            continue;
-        };
-        let origin = host_path.parent().unwrap_or(Path::new("/"));
-        let runpath: Vec<PathBuf> = info
-            .search_paths
-            .iter()
-            .map(|p| PathBuf::from(p.replace("$ORIGIN", &origin.to_string_lossy())))
-            .collect();
-        for name in info.needed {
-            if !seen.insert(name.clone()) {
-                continue;
-            }
-            if let Some(object) = locate(&name, &runpath) {
-                queue.push_back(object.host_path.clone());
-                found.push(object);
-            }
-        }
-    }
-    found
-}
-
-/// The default search directories of Debian's x86-64 dynamic linker, after LD_LIBRARY_PATH and
-/// the object's run path.
-const SYSTEM_LIBRARY_DIRS: [&str; 6] =
-    ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
-
-fn find_library(
-    name: &str,
-    library_path: &[PathBuf],
-    runpath: &[PathBuf],
-    system_dirs: &[PathBuf],
-) -> Option<PathBuf> {
-    if name.contains('/') {
-        return Path::new(name).is_file().then(|| PathBuf::from(name));
-    }
-    library_path
-        .iter()
-        .chain(runpath)
-        .chain(system_dirs)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-}
-
 /// Allocator libraries installed in the system's library directories, which a program started
 /// later may load: probing them up front traces such a program from its first allocation.
 pub fn installed_allocator_libraries() -> Vec<PathBuf> {
@@ -421,11 +254,6 @@ pub fn installed_allocator_libraries() -> Vec<PathBuf> {
         }
     }
     found
-}
-
-fn dedup(objects: &mut Vec<ObjectFile>) {
-    let mut seen = HashSet::new();
-    objects.retain(|object| seen.insert(object.path.clone()));
 }
 
 /// Locates every entry point `prefix` + symbol that an ELF file defines, once per address.
@@ -520,12 +348,6 @@ mod tests {
         let overrides = Overrides { lib: Some(own_libc()), prefix: Some("je_".into()) };
         let err = Allocator::of_process(std::process::id(), &overrides).unwrap_err();
         assert!(format!("{err:#}").contains("defines no je_malloc"), "{err:#}");
-    }
-
-    #[test]
-    fn preload_lists_split_on_spaces_and_colons() {
-        let environ = ["HOME=/root".to_owned(), "LD_PRELOAD=/a/libx.so:liby.so libz.so".to_owned()];
-        assert_eq!(preloads(environ.into_iter()), ["/a/libx.so", "liby.so", "libz.so"]);
     }
 
     #[test]

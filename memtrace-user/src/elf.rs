@@ -14,12 +14,13 @@ pub struct ElfObject<'data> {
     data: &'data [u8],
 }
 
-/// DT_NEEDED, DT_SONAME and DT_RUNPATH/DT_RPATH of a dynamic object.
+/// DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a dynamic object.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DynamicInfo {
     pub needed: Vec<String>,
     pub soname: Option<String>,
-    pub search_paths: Vec<String>,
+    pub rpath: Vec<String>,
+    pub runpath: Vec<String>,
 }
 
 impl<'data> ElfObject<'data> {
@@ -75,14 +76,17 @@ impl<'data> ElfObject<'data> {
             match entry.tag32(endian) {
                 Some(elf::DT_NEEDED) => info.needed.push(text),
                 Some(elf::DT_SONAME) => info.soname = Some(text),
-                Some(elf::DT_RUNPATH | elf::DT_RPATH) => {
-                    info.search_paths.extend(text.split(':').map(str::to_owned))
-                }
+                Some(elf::DT_RPATH) => info.rpath.extend(search_list(&text)),
+                Some(elf::DT_RUNPATH) => info.runpath.extend(search_list(&text)),
                 _ => {}
             }
         }
         Ok(info)
     }
+}
+
+fn search_list(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(':').filter(|dir| !dir.is_empty()).map(str::to_owned)
 }
 
 #[cfg(test)]

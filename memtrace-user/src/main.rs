@@ -6,6 +6,7 @@ mod collector;
 mod elf;
 mod export;
 mod model;
+mod objects;
 mod privileges;
 mod probes;
 mod procfs;

@@ -27,9 +27,9 @@ use nix::{
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     model::Model,
+    objects::ObjectFile,
     probes::{Probes, Scope},
     procfs,
-    usdt::objects::ObjectFile,
 };
 
 /// A program a process has just exec'd, as the watcher thread saw it.

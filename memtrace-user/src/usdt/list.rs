@@ -7,10 +7,8 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::{bail, Context, Result};
 
-use super::{
-    notes::{self, ProbeSite},
-    objects,
-};
+use super::notes::{self, ProbeSite};
+use crate::objects;
 
 /// Prints the probes of process `pid` (every object it maps) or of the file at `path`.
 pub fn run(pid: Option<u32>, path: Option<&Path>) -> Result<()> {
@@ -26,7 +24,7 @@ pub fn run(pid: Option<u32>, path: Option<&Path>) -> Result<()> {
 fn list_process(pid: u32) -> Result<String> {
     let mut text = String::new();
     let mut sites = 0;
-    for object in objects::of_process(pid)? {
+    for object in objects::mapped_by(pid)? {
         let Ok(data) = fs::read(&object.host_path) else {
             continue;
         };

@@ -19,7 +19,6 @@ pub mod attach;
 mod fuzz_tests;
 pub mod list;
 pub mod notes;
-pub mod objects;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -38,10 +37,10 @@ use self::{
     args::SiteContext,
     attach::{attach_site, Scope, SiteLink},
     notes::{ElfProbes, ProbeSite},
-    objects::{file_identity, ObjectFile},
 };
 use crate::{
     model::{Model, UsdtProbeCounter},
+    objects::{self, file_identity, ObjectFile},
     probes::Probes,
 };
 
@@ -175,7 +174,7 @@ struct Use {
 
 /// Attaches to the probe sites of every object process `pid` maps, and the objects `--usdt` names.
 pub fn attach_process(probes: &mut Probes, pid: u32) -> Result<()> {
-    let mut objects = objects::of_process(pid)?;
+    let mut objects = objects::mapped_by(pid)?;
     let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| {
         if path.is_absolute() {
             crate::procfs::in_root_of(pid, path)
@@ -201,7 +200,7 @@ pub fn attach_system_wide(probes: &mut Probes, pids: &[u32]) -> Result<()> {
     let mut mapped = Vec::new();
     for &pid in pids.iter().filter(|&&pid| pid != own_pid) {
         // Kernel threads map nothing; a process may exit meanwhile.
-        if let Ok(objects) = objects::of_process(pid) {
+        if let Ok(objects) = objects::mapped_by(pid) {
             mapped.extend(objects);
         }
     }
@@ -243,7 +242,7 @@ pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
 /// Attaches, for the held child `pid`, to the probe sites of the command's executable and of the
 /// libraries it needs; the kernel places them as exec maps the files.
 pub fn attach_command(probes: &mut Probes, program: &Path, pid: u32) -> Result<()> {
-    let mut objects = objects::of_command(program);
+    let mut objects = objects::link_order_of_command(program, Path::new("/"), &[])?;
     let named = add_named_objects(&probes.usdt.requests, &mut objects, Path::to_owned)?;
     attach_objects(probes, &objects, &named, Scope::Process(pid), false)
 }
