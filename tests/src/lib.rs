@@ -156,8 +156,12 @@ impl Lines {
 
     /// Waits for a line that starts with `prefix`.
     fn wait_for(&mut self, prefix: &str, deadline: Instant) -> Option<String> {
+        self.wait_until(|line| line.starts_with(prefix), deadline)
+    }
+
+    fn wait_until(&mut self, wanted: impl Fn(&str) -> bool, deadline: Instant) -> Option<String> {
         while let Some(line) = self.next_line(deadline) {
-            if line.starts_with(prefix) {
+            if wanted(line) {
                 return Some(line.to_owned());
             }
         }
@@ -213,6 +217,17 @@ impl Spawned {
     pub fn wait_for_stderr(&mut self, prefix: &str) -> String {
         let found = self.stderr.wait_for(prefix, Instant::now() + DEADLINE);
         found.unwrap_or_else(|| self.fail(&format!("no line starting with {prefix:?} on stderr")))
+    }
+
+    pub fn wait_for_stderr_containing(&mut self, needle: &str) -> String {
+        let found = self.stderr.wait_until(|line| line.contains(needle), Instant::now() + DEADLINE);
+        found.unwrap_or_else(|| self.fail(&format!("no line containing {needle:?} on stderr")))
+    }
+
+    /// Everything the child wrote to stdout so far, once it has ended.
+    pub fn stdout_text(&mut self) -> String {
+        self.stdout.drain(Instant::now() + DEADLINE);
+        self.stdout.text()
     }
 
     /// Writes to the child's stdin.

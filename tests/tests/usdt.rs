@@ -517,6 +517,21 @@ fn run_to_exit(program: &Path) -> (u32, String) {
     (pid, String::from_utf8(output.stdout).unwrap())
 }
 
+/// Runs a fixture in "hold" mode, lets it report once memtrace says it attached to its file (the
+/// semaphore rises a moment before), and returns its pid and what it printed.
+fn run_once_attached(memtrace: &mut Running, program: &Path) -> (u32, String) {
+    let mut fixture = Spawned::spawn({
+        let mut command = Command::new(program);
+        command.arg("hold");
+        command
+    });
+    let attached = memtrace.wait_for_stderr_containing(&format!("USDT probe sites in {}", program.display()));
+    assert!(attached.contains("a program just started"), "{attached}");
+    fixture.send(b"g");
+    assert!(fixture.wait().success(), "{} failed", program.display());
+    (fixture.pid(), fixture.stdout_text())
+}
+
 fn summary_of(outcome: &Outcome, pid: u32) -> Option<&Value> {
     outcome.summary()["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid)
 }
@@ -562,8 +577,8 @@ fn system_wide_subsystems_of_programs_started_later() {
     std::os::unix::fs::symlink(&subsystems, &other).unwrap();
 
     let (_turn, mut memtrace) = trace_all(&["--comm".into(), "usdt_all".into()]);
-    let (subsystems_pid, subsystems_out) = run_to_exit(&subsystems);
-    let (report_only_pid, report_only_out) = run_to_exit(&report_only);
+    let (subsystems_pid, subsystems_out) = run_once_attached(&mut memtrace, &subsystems);
+    let (report_only_pid, report_only_out) = run_once_attached(&mut memtrace, &report_only);
     let (other_pid, other_out) = run_to_exit(&other);
     memtrace.interrupt();
     let outcome = memtrace.finish();
@@ -622,35 +637,60 @@ fn system_wide_usdt_requests_and_semaphores() {
     let scanned = cc(&["-O2", source.to_str().unwrap()], &dir.path().join("scanned/usdt_semaphore"));
     let by_path = format!("{}:fixture:ready=arg0", named.display());
     let anywhere = "fixture:ready=arg1";
-    let args: Vec<String> =
-        ["--usdt", &by_path, "--usdt", anywhere, "--usdt", "fixture:not_there"].map(String::from).to_vec();
 
+    // A request by path: attached at start, so the program sees its semaphore set at once; the
+    // same program elsewhere (another file) is not traced.
+    let args: Vec<String> = ["--usdt", &by_path, "--usdt", "fixture:not_there"].map(String::from).to_vec();
+    let (named_pid, other_pid, outcome) = run_semaphore_fixtures(&args, &named, &scanned);
+    outcome.assert_stderr_mentions(&["fixture:not_there", "no USDT probe"]);
+    let usdt = usdt_of(&outcome, named_pid);
+    assert_eq!(usdt[&by_path], serde_json::json!({"hits": 3, "value": 3}), "{usdt:#}");
+    assert!(summary_of(&outcome, other_pid).is_none_or(|p| p["usdt"].get(&by_path).is_none()));
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+
+    // A request without a path: attached to a program that has the probe as it execs, which memtrace
+    // says on stderr; the program then sees its semaphore set.
+    let args: Vec<String> = ["--usdt", anywhere].map(String::from).to_vec();
     let (_turn, mut memtrace) = trace_all(&args);
-    let mut named_fixture = Spawned::spawn(Command::new(&named));
-    assert_eq!(named_fixture.wait_for_stdout("waiting"), "waiting semaphore=1");
-    let mut scanned_fixture = Spawned::spawn(Command::new(&scanned));
-    for fixture in [&mut named_fixture, &mut scanned_fixture] {
-        assert_eq!(fixture.wait_for_stdout("reported"), "reported hits=3 arg0=3 arg1=6000");
-    }
+    let mut fixture = Spawned::spawn({
+        let mut command = Command::new(&scanned);
+        command.arg("hold");
+        command
+    });
+    memtrace.wait_for_stderr(&format!("memtrace: --usdt {anywhere}: found in a program just started"));
+    fixture.send(b"g");
+    assert_eq!(fixture.wait_for_stdout("reported"), "reported hits=3 arg0=3 arg1=6000");
     memtrace.interrupt();
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
-    for fixture in [&mut named_fixture, &mut scanned_fixture] {
-        fixture.wait_for_stdout("released");
-        assert!(fixture.wait().success());
-    }
-    outcome.assert_stderr_mentions(&["fixture:not_there", "no USDT probe"]);
-
-    let usdt_of = |pid: u32| {
-        summary_of(&outcome, pid)
-            .unwrap_or_else(|| panic!("pid {pid} is not in the summary\n{}", outcome.stderr))["usdt"]
-            .clone()
-    };
-    let usdt = usdt_of(named_fixture.pid());
-    assert_eq!(usdt[&by_path], serde_json::json!({"hits": 3, "value": 3}), "{usdt:#}");
+    fixture.wait_for_stdout("released");
+    assert!(fixture.wait().success());
+    let usdt = usdt_of(&outcome, fixture.pid());
     assert_eq!(usdt[anywhere], serde_json::json!({"hits": 3, "value": 6000}), "{usdt:#}");
-    let usdt = usdt_of(scanned_fixture.pid());
-    assert_eq!(usdt[anywhere], serde_json::json!({"hits": 3, "value": 6000}), "{usdt:#}");
-    assert!(usdt.get(&by_path).is_none(), "{usdt:#}");
     assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+}
+
+/// Runs memtrace --all with `args` while `first` and `second` (usdt_semaphore.c builds) run: the
+/// first must see its semaphore set from its start and report; the second is left waiting and
+/// killed. Returns their pids and memtrace's outcome.
+fn run_semaphore_fixtures(args: &[String], first: &Path, second: &Path) -> (u32, u32, Outcome) {
+    let (_turn, mut memtrace) = trace_all(args);
+    let mut first_fixture = Spawned::spawn(Command::new(first));
+    assert_eq!(first_fixture.wait_for_stdout("waiting"), "waiting semaphore=1");
+    assert_eq!(first_fixture.wait_for_stdout("reported"), "reported hits=3 arg0=3 arg1=6000");
+    let mut second_fixture = Spawned::spawn(Command::new(second));
+    assert_eq!(second_fixture.wait_for_stdout("waiting"), "waiting semaphore=0");
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    first_fixture.wait_for_stdout("released");
+    assert!(first_fixture.wait().success());
+    second_fixture.kill();
+    (first_fixture.pid(), second_fixture.pid(), outcome)
+}
+
+fn usdt_of(outcome: &Outcome, pid: u32) -> Value {
+    summary_of(outcome, pid).unwrap_or_else(|| panic!("pid {pid} is not in the summary\n{}", outcome.stderr))
+        ["usdt"]
+        .clone()
 }

@@ -228,8 +228,21 @@ pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
     }
     let missing: Vec<usize> = probes.usdt.missing_requests().map(|(index, _)| index).collect();
     let named = probes.usdt.named.clone();
-    if let Err(err) = attach_objects(probes, &objects, &named, Scope::AllProcesses, true) {
-        eprintln!("memtrace: warning: {err:#}");
+    for object in &objects {
+        let before = probes.usdt.attached_sites();
+        if let Err(err) =
+            attach_objects(probes, std::slice::from_ref(object), &named, Scope::AllProcesses, true)
+        {
+            eprintln!("memtrace: warning: {err:#}");
+        }
+        // Said, as the program may report through a site only once it is attached.
+        let added = probes.usdt.attached_sites() - before;
+        if added > 0 {
+            eprintln!(
+                "memtrace: attached {added} USDT probe sites in {} (a program just started)",
+                object.path.display()
+            );
+        }
     }
     for index in missing.into_iter().filter(|&index| probes.usdt.found[index]) {
         eprintln!(
