@@ -47,19 +47,8 @@ proptest! {
         corruption in proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6),
         cut in any::<u16>(),
     ) {
-        let mut desc = Vec::new();
-        desc.extend(address.to_le_bytes());
-        desc.extend([0u8; 16]);
-        for s in &strings {
-            desc.extend(s.as_bytes());
-            desc.push(0);
-        }
-        let mut bytes = Vec::new();
-        bytes.extend(8u32.to_le_bytes());
-        bytes.extend((desc.len() as u32).to_le_bytes());
-        bytes.extend(3u32.to_le_bytes());
-        bytes.extend(b"stapsdt\0");
-        bytes.extend(&desc);
+        let strings: Vec<&str> = strings.iter().map(String::as_str).collect();
+        let mut bytes = notes::tests::note(address, 0, 0, &strings);
         for (at, value) in corruption {
             if !bytes.is_empty() {
                 let at = at as usize % bytes.len();

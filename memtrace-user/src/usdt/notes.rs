@@ -202,11 +202,11 @@ fn parse_desc(desc: &[u8]) -> Option<RawNote> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A note as <sys/sdt.h> lays it out.
-    pub fn note(address: u64, base: u64, semaphore: u64, strings: &[&str]) -> Vec<u8> {
+    pub(crate) fn note(address: u64, base: u64, semaphore: u64, strings: &[&str]) -> Vec<u8> {
         let mut desc = Vec::new();
         desc.extend(address.to_le_bytes());
         desc.extend(base.to_le_bytes());
