@@ -14,9 +14,7 @@ use memtrace_common::AllocatorFunction;
 
 use crate::{
     elf::ElfObject,
-    objects::{
-        link_order_of_command, link_order_of_exec, link_order_of_process, ObjectFile, SYSTEM_LIBRARY_DIRS,
-    },
+    objects::{link_order_of_command, link_order_of_process, ObjectFile, SYSTEM_LIBRARY_DIRS},
     procfs,
 };
 
@@ -66,6 +64,11 @@ pub struct Overrides {
 }
 
 impl Overrides {
+    /// The `--lib` object, opened at `host_path(lib)`.
+    fn lib_object(&self, host_path: impl Fn(&Path) -> PathBuf) -> Option<ObjectFile> {
+        self.lib.as_ref().map(|lib| ObjectFile { path: lib.clone(), host_path: host_path(lib) })
+    }
+
     /// `--allocator`: a known allocator's name or a literal symbol prefix.
     pub fn prefix_for(name: &str) -> String {
         match name {
@@ -107,41 +110,26 @@ impl Allocator {
     /// The allocator of a running process, read through /proc/PID/root (containers see other files).
     pub fn of_process(pid: u32, overrides: &Overrides) -> Result<Self> {
         let objects = link_order_of_process(pid)?;
-        let lib = overrides
-            .lib
-            .as_ref()
-            .map(|lib| ObjectFile { path: lib.clone(), host_path: procfs::in_root_of(pid, lib) });
-        choose(&objects, lib, overrides.prefix.as_deref())
-            .with_context(|| format!("finding the allocator of pid {pid}"))
+        choose(
+            &objects,
+            overrides.lib_object(|lib| procfs::in_root_of(pid, lib)),
+            overrides.prefix.as_deref(),
+        )
+        .with_context(|| format!("finding the allocator of pid {pid}"))
     }
 
     /// The allocator a command will use once it runs, found by resolving its dependencies the way
     /// the dynamic linker will.
     pub fn of_command(program: &Path, overrides: &Overrides) -> Result<Self> {
         let objects = link_order_of_command(program, Path::new("/"), &[])?;
-        let lib = overrides.lib.as_ref().map(|lib| ObjectFile { path: lib.clone(), host_path: lib.clone() });
-        choose(&objects, lib, overrides.prefix.as_deref())
+        choose(&objects, overrides.lib_object(Path::to_owned), overrides.prefix.as_deref())
             .with_context(|| format!("finding the allocator of {}", program.display()))
     }
 
-    /// The allocator of a process that has just exec'd a program, before the dynamic linker has
-    /// mapped its libraries: resolved like a command, inside the process's own root.
-    pub fn of_exec(pid: u32, overrides: &Overrides) -> Result<Self> {
-        let objects = link_order_of_exec(pid)?;
-        let lib = overrides
-            .lib
-            .as_ref()
-            .map(|lib| ObjectFile { path: lib.clone(), host_path: procfs::in_root_of(pid, lib) });
-        choose(&objects, lib, overrides.prefix.as_deref())
-    }
-
-    /// The object files a just-exec'd process will map: (path as it sees it, path to open now).
-    pub fn objects_of_exec(pid: u32) -> Vec<(PathBuf, PathBuf)> {
-        link_order_of_exec(pid)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|object| (object.path, object.host_path))
-            .collect()
+    /// The allocator among the objects of process `pid` in link order, e.g. of a program it has
+    /// just exec'd (objects::link_order_of_exec).
+    pub fn among(objects: &[ObjectFile], pid: u32, overrides: &Overrides) -> Result<Self> {
+        choose(objects, overrides.lib_object(|lib| procfs::in_root_of(pid, lib)), overrides.prefix.as_deref())
     }
 
     /// The object files a command will map, as they are found on this machine.

@@ -62,8 +62,8 @@ pub struct Model {
     pub kernel_maps: Option<KernelMaps>,
 }
 
-/// Occupancy of the kernel's tables at the end of a system-wide run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Occupancy of the kernel's tables at the end of a system-wide run (`kernel_maps` in the summary).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KernelMaps {
     /// Processes with figures in the kernel at the end.
     pub processes: usize,

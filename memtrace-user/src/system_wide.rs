@@ -27,7 +27,7 @@ use nix::{
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     model::Model,
-    objects::ObjectFile,
+    objects::{self, ObjectFile},
     probes::{Probes, Scope},
     procfs,
 };
@@ -35,8 +35,8 @@ use crate::{
 /// A program a process has just exec'd, as the watcher thread saw it.
 struct Exec {
     pid: u32,
-    /// The object files it will map: (path as the process sees it, path to read now).
-    objects: Vec<(PathBuf, PathBuf)>,
+    /// The object files it will map, in link order.
+    objects: Vec<ObjectFile>,
     /// The same files, opened while the process existed: a short-lived program is gone, and its
     /// /proc/PID/exe with it, by the time the main loop scans them for USDT probes.
     opened: Vec<(PathBuf, fs::File)>,
@@ -101,12 +101,8 @@ impl SystemWide {
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
         while let Ok(exec) = self.execs.try_recv() {
-            // A process may be gone already; it then needs no probe.
-            if let Ok(allocator) = Allocator::of_exec(exec.pid, &self.overrides) {
-                self.probe(probes, &allocator)?;
-            }
             // Opened files are read through this process's descriptors, which outlive the program.
-            let usdt_objects: Vec<ObjectFile> = exec
+            let opened: Vec<ObjectFile> = exec
                 .opened
                 .iter()
                 .map(|(path, file)| ObjectFile {
@@ -114,9 +110,13 @@ impl SystemWide {
                     host_path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
                 })
                 .collect();
-            crate::usdt::attach_exec_objects(probes, usdt_objects);
+            // A program may have no allocator memtrace knows; it then needs no probe.
+            if let Ok(allocator) = Allocator::among(&opened, exec.pid, &self.overrides) {
+                self.probe(probes, &allocator)?;
+            }
+            crate::usdt::attach_exec_objects(probes, opened);
             drop(exec.opened);
-            objects.extend(exec.objects);
+            objects.extend(exec.objects.into_iter().map(|object| (object.path, object.host_path)));
         }
         Ok(objects)
     }
@@ -178,10 +178,10 @@ fn watch_execs(mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool, wak
             }
             // SAFETY: the kernel side writes exactly one ExecEvent per record.
             let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            let objects = Allocator::objects_of_exec(event.tgid);
+            let objects = objects::link_order_of_exec(event.tgid).unwrap_or_default();
             let opened = objects
                 .iter()
-                .filter_map(|(path, readable)| Some((path.clone(), fs::File::open(readable).ok()?)))
+                .filter_map(|object| Some((object.path.clone(), fs::File::open(&object.host_path).ok()?)))
                 .collect();
             if !deliver(Exec { pid: event.tgid, objects, opened }) {
                 return;

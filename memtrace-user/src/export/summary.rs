@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::Exporter;
 use crate::{
-    model::{Model, Process, RunEnd, StackProfile},
+    model::{KernelMaps, Model, Process, RunEnd, StackProfile},
     symbolize::Frame,
 };
 
@@ -27,17 +27,7 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     /// System-wide runs: how full the kernel's tables were, to show they stay bounded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_maps: Option<KernelMapsSummary>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KernelMapsSummary {
-    pub processes: usize,
-    pub live_allocations: usize,
-    pub stack_totals: usize,
-    pub usdt_entries: usize,
-    pub peak_processes: usize,
-    pub released_processes: usize,
+    pub kernel_maps: Option<KernelMaps>,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,14 +101,7 @@ impl Summary {
             duration_s: seconds(end.duration),
             lost_events: model.lost_events(),
             processes: model.processes.values().map(|p| ProcessSummary::of(p, top)).collect(),
-            kernel_maps: model.kernel_maps.map(|maps| KernelMapsSummary {
-                processes: maps.processes,
-                live_allocations: maps.live_allocations,
-                stack_totals: maps.stack_totals,
-                usdt_entries: maps.usdt_entries,
-                peak_processes: maps.peak_processes,
-                released_processes: maps.released_processes,
-            }),
+            kernel_maps: model.kernel_maps,
         }
     }
 }
