@@ -38,6 +38,51 @@ pub enum AllocatorFunction {
     Free = 10,
 }
 
+impl AllocatorFunction {
+    /// Whether a return probe is attached too: every entry point but free, whose result is nothing.
+    pub const fn has_return(self) -> bool {
+        !matches!(self, AllocatorFunction::Free)
+    }
+}
+
+/// The BPF cookie of an allocator probe: which allocator (its index among those probed, from 1)
+/// in the high bits, which entry point in the low byte. One program serves every entry point of
+/// every allocator, so a whole file's probes are one uprobe_multi link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeCookie(pub u64);
+
+impl ProbeCookie {
+    const FUNCTION_BITS: u32 = 8;
+
+    pub const fn new(allocator: u32, function: AllocatorFunction) -> Self {
+        Self(((allocator as u64) << Self::FUNCTION_BITS) | function as u64)
+    }
+
+    /// The allocator's index (from 1), as `ProcessStats::allocator` keeps it.
+    pub const fn allocator(self) -> u64 {
+        self.0 >> Self::FUNCTION_BITS
+    }
+
+    /// A match, not an index into `AllocatorFunction::ALL`: BPF code must not carry a bounds-check
+    /// panic, which the verifier refuses.
+    pub const fn function(self) -> Option<AllocatorFunction> {
+        use AllocatorFunction::*;
+        Some(match self.0 & 0xff {
+            1 => Malloc,
+            2 => Calloc,
+            3 => Realloc,
+            4 => Reallocarray,
+            5 => PosixMemalign,
+            6 => AlignedAlloc,
+            7 => Memalign,
+            8 => Valloc,
+            9 => Pvalloc,
+            10 => Free,
+            _ => return None,
+        })
+    }
+}
+
 /// Per-process totals, updated atomically in the kernel on every allocator call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,7 +106,7 @@ pub struct ProcessStats {
     /// Live allocations and stack totals from before (an earlier image of the same pid, replaced
     /// by exec) are stale.
     pub started_ns: u64,
-    /// Which allocator probes saw the process first: the BPF cookie of the attachment, 0 unknown.
+    /// Which allocator probes saw the process first: `ProbeCookie::allocator`, 0 unknown.
     pub allocator: u64,
     /// The process's command name when it first allocated, and when it exited.
     pub comm: [u8; 16],
@@ -186,8 +231,12 @@ mod pod {
 
 // ---- USDT -------------------------------------------------------------------------------------
 
-/// Capacity of the USDT spec table: one entry per attached probe site; the BPF cookie is the index.
+/// Capacity of the USDT spec table: one entry per use of an attached probe site. A site is one
+/// probe whose BPF cookie indexes the first of its uses; they follow one another, and the last has
+/// `UsdtSpec::last_of_site` set.
 pub const MAX_USDT_SPECS: u32 = 8_192;
+/// Uses of one probe site at most (the memtrace provider's report plus `--usdt` requests).
+pub const MAX_USES_PER_SITE: u32 = 8;
 /// Subsystem counters kept at once, over all processes.
 pub const MAX_SUBSYSTEMS: u32 = 16_384;
 /// `--usdt` counters kept at once, over all processes.
@@ -258,6 +307,9 @@ pub struct UsdtSpec {
     pub counter: u32,
     /// REPORT_*: [subsystem name pointer, value]; TRACK_ARGUMENT: [tracked argument, unused].
     pub args: [UsdtArg; USDT_SPEC_ARGS],
+    /// 1 on the last use of its probe site, 0 when the next spec serves the same site.
+    pub last_of_site: u32,
+    pub _pad: u32,
 }
 
 /// Key of the subsystem map: a subsystem name is only unique within one process.

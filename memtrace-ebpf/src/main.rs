@@ -20,14 +20,15 @@ use aya_ebpf::{
     macros::{map, uprobe, uretprobe},
     maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use memtrace_common::{
-    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProcessStats,
+    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProbeCookie, ProcessStats,
     DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_PENDING_CALLS, NO_STACK,
 };
 
 use counters::{add, add_signed, compare_exchange};
-use processes::{caller, is_traced, note_allocator, stats_of, Caller, FILTER_PROCESSES};
+use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller, FILTER_PROCESSES};
 use stacks::{count_in_stack, stack_of};
 
 #[map]
@@ -257,108 +258,50 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
     0
 }
 
+/// The entry point a probe sits on, from its attachment's cookie.
+fn probed_function(ctx: &impl EbpfContext) -> Option<AllocatorFunction> {
+    ProbeCookie(attach_cookie(ctx)).function()
+}
+
+/// Every allocator entry point of every allocator: the cookie says which one fired, so one link
+/// carries a whole file's probes.
 #[uprobe]
-pub fn malloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Malloc, arg(&ctx, 0), 0)
+pub fn alloc_enter(ctx: ProbeContext) -> u32 {
+    use AllocatorFunction::*;
+    let Some(function) = probed_function(&ctx) else {
+        return 0;
+    };
+    let (size, address) = match function {
+        Malloc | Valloc | Pvalloc => (arg(&ctx, 0), 0),
+        Calloc => (array_size(arg(&ctx, 0), arg(&ctx, 1)), 0),
+        Realloc => (arg(&ctx, 1), arg(&ctx, 0)),
+        Reallocarray => (array_size(arg(&ctx, 1), arg(&ctx, 2)), arg(&ctx, 0)),
+        PosixMemalign => (arg(&ctx, 2), arg(&ctx, 0)),
+        AlignedAlloc | Memalign => (arg(&ctx, 1), 0),
+        Free => return on_free(&ctx),
+    };
+    on_enter(function, size, address)
 }
 
-#[uprobe]
-pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Calloc, array_size(arg(&ctx, 0), arg(&ctx, 1)), 0)
-}
-
-#[uprobe]
-pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Realloc, arg(&ctx, 1), arg(&ctx, 0))
-}
-
-#[uprobe]
-pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
-    let size = array_size(arg(&ctx, 1), arg(&ctx, 2));
-    on_enter(AllocatorFunction::Reallocarray, size, arg(&ctx, 0))
-}
-
-#[uprobe]
-pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::PosixMemalign, arg(&ctx, 2), arg(&ctx, 0))
-}
-
-#[uprobe]
-pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::AlignedAlloc, arg(&ctx, 1), 0)
-}
-
-#[uprobe]
-pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Memalign, arg(&ctx, 1), 0)
-}
-
-#[uprobe]
-pub fn valloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Valloc, arg(&ctx, 0), 0)
-}
-
-#[uprobe]
-pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-    on_enter(AllocatorFunction::Pvalloc, arg(&ctx, 0), 0)
-}
-
+/// The return of every allocator entry point but free.
 #[uretprobe]
-pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Malloc)
-}
-
-#[uretprobe]
-pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Calloc)
-}
-
-#[uretprobe]
-pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Realloc)
-}
-
-#[uretprobe]
-pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Reallocarray)
-}
-
-#[uretprobe]
-pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::PosixMemalign)
-}
-
-#[uretprobe]
-pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::AlignedAlloc)
-}
-
-#[uretprobe]
-pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Memalign)
-}
-
-#[uretprobe]
-pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Valloc)
-}
-
-#[uretprobe]
-pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx, AllocatorFunction::Pvalloc)
+pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+    match probed_function(&ctx) {
+        Some(function) if function.has_return() => on_return(&ctx, function),
+        _ => 0,
+    }
 }
 
 /// free needs no return probe. It may be attached past a leading `test %rdi,%rdi` (which the kernel
 /// would single-step); the pointer is still in the first argument register there.
-#[uprobe]
-pub fn free_enter(ctx: ProbeContext) -> u32 {
+fn on_free(ctx: &ProbeContext) -> u32 {
     let Caller { tgid, tid } = caller();
     // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
     if !is_traced(tgid) || inside_allocator(tid) {
         return 0;
     }
-    record_free(tgid, arg(&ctx, 0));
-    note_allocator(&ctx, tgid);
+    record_free(tgid, arg(ctx, 0));
+    note_allocator(ctx, tgid);
     0
 }
 

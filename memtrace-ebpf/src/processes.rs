@@ -11,7 +11,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    ExecEvent, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_EXCLUDED_PIDS, MAX_PROCESSES,
+    ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_EXCLUDED_PIDS,
+    MAX_PROCESSES,
 };
 
 use crate::counters::add;
@@ -86,12 +87,19 @@ pub(crate) fn is_traced(tgid: u32) -> bool {
     only[0] == 0 || bpf_get_current_comm().is_ok_and(|comm| comm == only)
 }
 
+/// The BPF cookie of the attachment that ran the program.
+pub(crate) fn attach_cookie(ctx: &impl EbpfContext) -> u64 {
+    // SAFETY: the context is the program's own, as the helper expects.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
 /// Remembers which allocator's probes saw the process: the attachment's cookie names it.
 pub(crate) fn note_allocator(ctx: &impl EbpfContext, tgid: u32) {
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        // SAFETY: a pointer into a map value, valid while the program runs.
         unsafe {
             if (*stats).allocator == 0 {
-                (*stats).allocator = bpf_get_attach_cookie(ctx.as_ptr());
+                (*stats).allocator = ProbeCookie(attach_cookie(ctx)).allocator();
             }
         }
     }

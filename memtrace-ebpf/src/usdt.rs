@@ -11,17 +11,16 @@ use core::arch::asm;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-        bpf_probe_read_user_str_bytes, generated::bpf_copy_from_user,
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
+        generated::bpf_copy_from_user,
     },
     macros::{map, uprobe},
     maps::{Array, HashMap},
     programs::ProbeContext,
-    EbpfContext,
 };
 use memtrace_common::{
     usdt_action, usdt_location, SubsystemKey, UsdtArg, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
-    MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
+    MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, MAX_USES_PER_SITE, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
 };
 
 use crate::processes;
@@ -65,13 +64,13 @@ fn count_loss() {
 
 /// Sleepable, so that it may fault in the target's pages: a subsystem name in .rodata that the
 /// target never touched itself is not mapped yet, and a non-sleeping read of it would fail.
+///
+/// One probe per site: its cookie indexes the first of the site's uses in `USDT_SPECS` (the
+/// memtrace provider's report, `--usdt` requests), which follow one another up to the one marked
+/// `last_of_site`. A site attached once is in place, for every use, before its semaphore rises.
 #[uprobe(sleepable)]
 pub fn usdt_site(ctx: ProbeContext) -> u32 {
-    // SAFETY: the context is the uprobe's pt_regs, as the helper expects.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let Some(spec) = USDT_SPECS.get(cookie as u32) else {
-        return 0;
-    };
+    let first = processes::attach_cookie(&ctx) as u32;
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // System-wide, a site fires in every process that maps its file: the same processes count as
     // for allocator events (never memtrace itself, --comm, --exclude-pid).
@@ -84,10 +83,19 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
         // released too. A full STATS table is counted there; the report still counts here.
         let _ = processes::stats_of(tgid);
     }
-    match spec.action {
-        usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),
-        usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT => count(&ctx, tgid, spec),
-        _ => {}
+    // Counted from 0 so that the verifier sees the bound.
+    for step in 0..MAX_USES_PER_SITE {
+        let Some(spec) = USDT_SPECS.get(first.wrapping_add(step)) else {
+            return 0;
+        };
+        match spec.action {
+            usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),
+            usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT => count(&ctx, tgid, spec),
+            _ => {}
+        }
+        if spec.last_of_site != 0 {
+            break;
+        }
     }
     0
 }

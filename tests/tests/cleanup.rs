@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeSet, fs, time::Instant};
 
-use aya::programs::loaded_programs;
+use aya::programs::{loaded_links, loaded_programs};
 use memtrace_tests::{fixture, parse_trace, Memtrace, DEADLINE};
 
 /// Ids of the BPF programs a process holds, through program or link descriptors.
@@ -28,6 +28,15 @@ fn still_loaded(ids: &BTreeSet<u32>) -> Vec<(u32, String)> {
             let name = program.name_as_str().unwrap_or("?").to_owned();
             (program.id(), name)
         })
+        .collect()
+}
+
+/// Ids of the links that still attach one of the programs among `ids`.
+fn links_of(ids: &BTreeSet<u32>) -> Vec<u32> {
+    loaded_links()
+        .filter_map(Result::ok)
+        .filter(|link| ids.contains(&link.program_id()))
+        .map(|link| link.id())
         .collect()
 }
 
@@ -57,9 +66,10 @@ fn sigkill_leaves_no_program_loaded_and_a_trace_that_loads() {
     let programs = bpf_programs_held_by(run.pid());
     let loaded = still_loaded(&programs);
     assert!(
-        loaded.iter().any(|(_, name)| name.starts_with("malloc_enter")),
-        "memtrace holds no malloc_enter program: {loaded:?}"
+        loaded.iter().any(|(_, name)| name.starts_with("alloc_enter")),
+        "memtrace holds no alloc_enter program: {loaded:?}"
     );
+    assert!(!links_of(&programs).is_empty(), "memtrace's programs have no links");
     run.wait_for_trace("a heap counter", |trace| trace.counters("heap").count() >= 1);
 
     run.kill();
@@ -68,10 +78,14 @@ fn sigkill_leaves_no_program_loaded_and_a_trace_that_loads() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let left = still_loaded(&programs);
-        if left.is_empty() {
+        let links = links_of(&programs);
+        if left.is_empty() && links.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "BPF programs still loaded {DEADLINE:?} after SIGKILL: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "BPF programs {left:?} and links {links:?} still loaded {DEADLINE:?} after SIGKILL"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 

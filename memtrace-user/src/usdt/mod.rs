@@ -14,7 +14,6 @@
 //! figures by the process a probe fires in and filters processes as it does allocator events.
 
 pub mod args;
-pub mod attach;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod list;
@@ -23,32 +22,30 @@ pub mod notes;
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
     fs,
-    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use memtrace_common::{
-    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS, USDT_LOST_SLOT,
+    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS, MAX_USES_PER_SITE,
+    USDT_LOST_SLOT,
 };
 
 use self::{
     args::SiteContext,
-    attach::{attach_site, Scope, SiteLink},
     notes::{ElfProbes, ProbeSite},
 };
 use crate::{
     model::{Model, UsdtProbeCounter},
     objects::{self, file_identity, ObjectFile},
-    probes::Probes,
+    probes::{Direction, Probes, Scope, Site, USDT_SITE},
 };
 
 /// The provider include/memtrace.h emits.
 pub const MEMTRACE_PROVIDER: &str = "memtrace";
 const REPORT_TOTAL: &str = "report_total";
 const REPORT_DELTA: &str = "report_delta";
-const HANDLER_PROGRAM: &str = "usdt_site";
 
 /// One `--usdt [PATH:]PROVIDER:NAME[=argN]` option.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,7 +127,8 @@ pub struct UsdtProbes {
     requests: Vec<UsdtRequest>,
     /// Whether each request found at least one site.
     found: Vec<bool>,
-    links: Vec<SiteLink>,
+    /// Probe sites attached so far.
+    sites: usize,
     next_spec: u32,
     /// Set with `--all`: sites fire in every process, and a request not found yet may still be.
     system_wide: bool,
@@ -146,9 +144,9 @@ impl UsdtProbes {
         Self { found: vec![false; requests.len()], requests, ..Self::default() }
     }
 
-    /// How many probe sites are attached (a site attached for two uses counts twice).
+    /// How many probe sites are attached (one probe per site, whatever it is used for).
     pub fn attached_sites(&self) -> usize {
-        self.links.len()
+        self.sites
     }
 
     /// The objects not scanned yet, each once, now marked scanned. Objects whose file cannot be
@@ -352,17 +350,56 @@ fn attach_object(
             object.path.display()
         );
     }
+    let mut sites = Vec::new();
+    let mut counters = Vec::new();
     for site in &elf.sites {
-        for site_use in uses_of(&probes.usdt.requests, site, object, explicit) {
-            if let Err(err) = attach_use(probes, object, &elf, site, &site_use, scope) {
-                if !lenient {
-                    return Err(err);
-                }
-                eprintln!("memtrace: warning: {err:#}");
+        let uses = uses_of(&probes.usdt.requests, site, object, explicit);
+        let mut specs = Vec::with_capacity(uses.len());
+        for site_use in &uses {
+            match spec_of(probes, object, &elf, site, site_use) {
+                Ok(Some(spec)) => specs.push(spec),
+                Ok(None) => {}
+                Err(err) if lenient => eprintln!("memtrace: warning: {err:#}"),
+                Err(err) => return Err(err),
             }
         }
+        if let Some(cookie) = write_specs(probes, &mut specs)? {
+            sites.push(Site { offset: site.offset, cookie, semaphore: site.semaphore_offset });
+            counters.extend(
+                specs.iter().filter(|spec| spec.action >= usdt_action::COUNT_HITS).map(|s| s.counter),
+            );
+        }
+    }
+    probes
+        .attach_sites(USDT_SITE, &object.host_path, &sites, scope, Direction::Entry)
+        .with_context(|| format!("attaching to the USDT probes of {}", object.path.display()))?;
+    probes.usdt.sites += sites.len();
+    for counter in counters {
+        probes.usdt.found[counter as usize] = true;
     }
     Ok(())
+}
+
+/// Writes the uses of one site one after another in `USDT_SPECS`, the last marked; returns the
+/// index of the first, the site's cookie, or None when the site has no use.
+fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result<Option<u64>> {
+    let Some(last) = specs.last_mut() else {
+        return Ok(None);
+    };
+    last.last_of_site = 1;
+    if specs.len() > MAX_USES_PER_SITE as usize {
+        bail!("a USDT probe site is wanted by more than {MAX_USES_PER_SITE} --usdt options; name fewer");
+    }
+    let first = probes.usdt.next_spec;
+    if first as usize + specs.len() > MAX_USDT_SPECS as usize {
+        bail!("more than {MAX_USDT_SPECS} uses of USDT probe sites to attach; name fewer with --usdt");
+    }
+    let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
+    for (index, spec) in (first..).zip(specs.iter()) {
+        table.set(index, spec, 0).context("writing a USDT site's spec")?;
+    }
+    probes.usdt.next_spec += specs.len() as u32;
+    Ok(Some(u64::from(first)))
 }
 
 fn uses_of(
@@ -398,14 +435,14 @@ fn uses_of(
     uses
 }
 
-fn attach_use(
-    probes: &mut Probes,
+/// The spec of one use of a site; None (after a warning) when the site cannot serve it.
+fn spec_of(
+    probes: &Probes,
     object: &ObjectFile,
     elf: &ElfProbes,
     site: &ProbeSite,
     site_use: &Use,
-    scope: Scope,
-) -> Result<()> {
+) -> Result<Option<UsdtSpec>> {
     let where_ =
         || format!("probe {} in {} at offset {:#x}", site.full_name(), object.path.display(), site.offset);
     let specs = match args::parse_all(&site.arguments) {
@@ -428,7 +465,7 @@ fn attach_use(
                     where_(),
                     specs.len()
                 );
-                return Ok(());
+                return Ok(None);
             }
             for (slot, arg) in spec.args.iter_mut().zip(&specs) {
                 *slot = arg.to_bpf(&context).with_context(where_)?;
@@ -450,30 +487,7 @@ fn attach_use(
         }
         _ => {}
     }
-    let index = probes.usdt.next_spec;
-    if index >= MAX_USDT_SPECS {
-        bail!("more than {MAX_USDT_SPECS} USDT probe sites to attach; name fewer with --usdt");
-    }
-    {
-        let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
-        table.set(index, spec, 0).context("writing a USDT site's spec")?;
-    }
-    let program = probes.program_fd(HANDLER_PROGRAM)?;
-    let link = attach_site(
-        program.as_fd(),
-        &object.host_path,
-        site.offset,
-        site.semaphore_offset,
-        scope,
-        u64::from(index),
-    )
-    .with_context(where_)?;
-    probes.usdt.next_spec += 1;
-    probes.usdt.links.push(link);
-    if matches!(site_use.action, usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT) {
-        probes.usdt.found[site_use.counter as usize] = true;
-    }
-    Ok(())
+    Ok(Some(spec))
 }
 
 /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.

@@ -1,43 +1,41 @@
 //! The BPF side as userspace sees it: load the embedded object, attach its programs to an allocator
-//! for one process, and read the kernel's maps. Every attachment is a perf-event link owned by a file
-//! descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
+//! for one process or for all, and read the kernel's maps. Every attachment is a link owned by a
+//! file descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
 
-use std::{collections::HashSet, num::NonZeroU32};
+mod links;
+mod loader;
+
+use std::{collections::HashSet, os::fd::AsFd};
 
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, RingBuf},
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        Program, UProbe,
-    },
+    programs::Program,
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    Allocation, AllocationKey, AllocatorFunction, ProcessStats, StackFrames, StackKey, StackTotals,
+    Allocation, AllocationKey, ProbeCookie, ProcessStats, StackFrames, StackKey, StackTotals,
     GLOBAL_LOST_SLOT,
 };
+
+use links::Links;
+pub use links::{Direction, LinkKind, Scope, Site};
+use loader::MultiPrograms;
 
 use crate::allocator::Allocator;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
-/// Names of the entry and return programs of an allocator function in memtrace-ebpf.
-fn program_names(function: AllocatorFunction) -> (&'static str, Option<&'static str>) {
-    use AllocatorFunction::*;
-    match function {
-        Malloc => ("malloc_enter", Some("malloc_exit")),
-        Calloc => ("calloc_enter", Some("calloc_exit")),
-        Realloc => ("realloc_enter", Some("realloc_exit")),
-        Reallocarray => ("reallocarray_enter", Some("reallocarray_exit")),
-        PosixMemalign => ("posix_memalign_enter", Some("posix_memalign_exit")),
-        AlignedAlloc => ("aligned_alloc_enter", Some("aligned_alloc_exit")),
-        Memalign => ("memalign_enter", Some("memalign_exit")),
-        Valloc => ("valloc_enter", Some("valloc_exit")),
-        Pvalloc => ("pvalloc_enter", Some("pvalloc_exit")),
-        Free => ("free_enter", None),
-    }
-}
+/// The uprobe programs of memtrace-ebpf: every allocator entry point, every allocator return, and
+/// every USDT site.
+const ALLOCATOR_ENTRY: &str = "alloc_enter";
+const ALLOCATOR_RETURN: &str = "alloc_exit";
+pub const USDT_SITE: &str = "usdt_site";
+const UPROBE_PROGRAMS: [&str; 3] = [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE];
+
+/// Set to `perf` to link every probe site with a perf event of its own, as on kernels without
+/// uprobe_multi (tests compare both routes).
+pub const LINK_KIND_VARIABLE: &str = "MEMTRACE_LINKS";
 
 /// How the kernel side is set up for a run.
 #[derive(Debug, Clone, Default)]
@@ -59,13 +57,6 @@ pub struct ProcessFilter {
     pub only_comm: Option<String>,
 }
 
-/// Where the probes on an allocator fire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Process(u32),
-    AllProcesses,
-}
-
 /// How many entries the kernel's tables hold, to show they stay bounded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MapOccupancy {
@@ -78,6 +69,10 @@ pub struct MapOccupancy {
 
 pub struct Probes {
     ebpf: Ebpf,
+    /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
+    /// per-site perf links.
+    multi: Option<MultiPrograms>,
+    links: Links,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
     pub usdt: crate::usdt::UsdtProbes,
     /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
@@ -97,8 +92,10 @@ impl Probes {
             .override_global("ONLY_COMM", &only_comm, true)
             .load(BPF_OBJECT)
             .context("loading the BPF programs into the kernel")?;
+        let multi = load_multi(&ebpf)?;
         for (name, program) in ebpf.programs_mut() {
             match program {
+                Program::UProbe(_) if multi.is_some() => Ok(()),
                 Program::UProbe(program) => program.load(),
                 Program::RawTracePoint(program) => program.load(),
                 _ => bail!("BPF program {name} is of a kind memtrace does not load"),
@@ -110,58 +107,81 @@ impl Probes {
         for pid in &filter.excluded_pids {
             excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
         }
-        Ok(Self { ebpf, usdt: crate::usdt::UsdtProbes::default(), allocators: Vec::new() })
+        Ok(Self {
+            ebpf,
+            multi,
+            links: Links::default(),
+            usdt: crate::usdt::UsdtProbes::default(),
+            allocators: Vec::new(),
+        })
     }
 
-    /// Attaches to every entry point of `allocator`, for one process or for all that map it.
-    pub fn attach(&mut self, allocator: &Allocator, scope: Scope) -> Result<()> {
-        let scope = match scope {
-            Scope::Process(pid) => {
-                UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0 cannot be traced")?)
-            }
-            Scope::AllProcesses => UProbeScope::AllProcesses,
-        };
-        self.allocators.push((allocator.kind.clone(), allocator.path.clone()));
-        for resolved in &allocator.entry_points {
-            let (enter, exit) = program_names(resolved.entry.function);
-            self.attach_one(enter, resolved.probe_offset, allocator, scope)?;
-            if let Some(exit) = exit {
-                // A return probe replaces the return address on entry, so it sits at the first byte.
-                self.attach_one(exit, resolved.offset, allocator, scope)?;
-            }
+    /// How this run links probe sites.
+    pub fn link_kind(&self) -> LinkKind {
+        if self.multi.is_some() {
+            LinkKind::Multi
+        } else {
+            LinkKind::PerfEvent
         }
-        Ok(())
+    }
+
+    /// Attaches the uprobe program `program` at `sites` of one file.
+    pub fn attach_sites(
+        &mut self,
+        program: &str,
+        path: &std::path::Path,
+        sites: &[Site],
+        scope: Scope,
+        direction: Direction,
+    ) -> Result<()> {
+        let kind = self.link_kind();
+        let aya_fd;
+        let fd = match &self.multi {
+            Some(multi) => multi.program(program)?,
+            None => {
+                let loaded = self
+                    .ebpf
+                    .program(program)
+                    .with_context(|| format!("the BPF object has no program {program}"))?;
+                aya_fd = loaded.fd()?;
+                aya_fd.as_fd()
+            }
+        };
+        self.links.attach(kind, fd, path, sites, scope, direction)
+    }
+
+
+    /// Attaches to every entry point of `allocator`, for one process or for all that map it: one
+    /// link for the entries and one for the returns.
+    pub fn attach(&mut self, allocator: &Allocator, scope: Scope) -> Result<()> {
+        if let Scope::Process(0) = scope {
+            bail!("pid 0 cannot be traced");
+        }
+        self.allocators.push((allocator.kind.clone(), allocator.path.clone()));
+        let index = self.allocators.len() as u32;
+        let site =
+            |offset, function| Site { offset, cookie: ProbeCookie::new(index, function).0, semaphore: None };
+        let entries: Vec<Site> = allocator
+            .entry_points
+            .iter()
+            .map(|point| site(point.probe_offset, point.entry.function))
+            .collect();
+        // A return probe replaces the return address on entry, so it sits at the first byte.
+        let returns: Vec<Site> = allocator
+            .entry_points
+            .iter()
+            .filter(|point| point.entry.function.has_return())
+            .map(|point| site(point.offset, point.entry.function))
+            .collect();
+        let path = &allocator.host_path;
+        let what = || format!("attaching to the allocator in {}", allocator.path.display());
+        self.attach_sites(ALLOCATOR_ENTRY, path, &entries, scope, Direction::Entry).with_context(what)?;
+        self.attach_sites(ALLOCATOR_RETURN, path, &returns, scope, Direction::Return).with_context(what)
     }
 
     /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.
-    pub fn allocator_named(&self, cookie: u64) -> Option<&(String, std::path::PathBuf)> {
-        self.allocators.get(usize::try_from(cookie).ok()?.checked_sub(1)?)
-    }
-
-    fn attach_one(
-        &mut self,
-        program: &str,
-        offset: u64,
-        allocator: &Allocator,
-        scope: UProbeScope,
-    ) -> Result<()> {
-        let cookie = self.allocators.len() as u64;
-        let uprobe: &mut UProbe = self
-            .ebpf
-            .program_mut(program)
-            .with_context(|| format!("the BPF object has no program {program}"))?
-            .try_into()?;
-        uprobe
-            .attach(
-                UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(offset),
-                    cookie: Some(cookie),
-                },
-                &allocator.host_path,
-                scope,
-            )
-            .with_context(|| format!("attaching {program} to {}+{offset:#x}", allocator.path.display()))?;
-        Ok(())
+    pub fn allocator_named(&self, index: u64) -> Option<&(String, std::path::PathBuf)> {
+        self.allocators.get(usize::try_from(index).ok()?.checked_sub(1)?)
     }
 
     /// Follows processes as they exec and exit (system-wide tracing); returns the ring buffer
@@ -273,14 +293,18 @@ impl Probes {
     pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
         self.ebpf.map_mut(name).with_context(|| format!("the BPF object has no map {name}"))
     }
+}
 
-    /// A loaded program's descriptor, for links memtrace creates itself: aya cannot attach a
-    /// uprobe with a USDT semaphore.
-    pub fn program_fd(&self, name: &str) -> Result<aya::programs::ProgramFd> {
-        let program =
-            self.ebpf.program(name).with_context(|| format!("the BPF object has no program {name}"))?;
-        Ok(program.fd()?.try_clone()?)
+/// Loads the uprobe programs for uprobe_multi links; None where the kernel cannot (before 6.6), or
+/// when MEMTRACE_LINKS=perf asks for per-site links.
+fn load_multi(ebpf: &Ebpf) -> Result<Option<MultiPrograms>> {
+    match std::env::var(LINK_KIND_VARIABLE).as_deref() {
+        Ok("perf") => return Ok(None),
+        Ok("multi") => return MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
+        Ok(other) => bail!("{LINK_KIND_VARIABLE}={other:?}: use `multi`, `perf`, or leave it unset"),
+        Err(_) => {}
     }
+    Ok(MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).ok())
 }
 
 fn collect_entries<K, V>(

@@ -1,0 +1,193 @@
+//! Loading memtrace's uprobe programs for uprobe_multi links.
+//!
+//! A uprobe_multi link (kernel 6.6+) attaches one program at every probe site of a file at once and
+//! detaches them all in one grace period, but the kernel takes only programs loaded with the
+//! expected attach type BPF_TRACE_UPROBE_MULTI, which aya 0.14's `UProbe::load` never sets. So the
+//! uprobe programs are loaded here: the embedded object is parsed again with aya-obj, relocated
+//! against the maps aya already created (so both loads share every map), and handed to
+//! BPF_PROG_LOAD. The raw tracepoints, and the uprobe programs on kernels without uprobe_multi, are
+//! still loaded by aya.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+};
+
+use anyhow::{bail, Context, Result};
+use aya::{maps::Map, Ebpf};
+use aya_obj::{
+    generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_insn, bpf_prog_type::BPF_PROG_TYPE_KPROBE},
+    Object, ProgramSection,
+};
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+/// bpf(2): BPF_F_SLEEPABLE in prog_flags.
+const BPF_F_SLEEPABLE: u32 = 1 << 4;
+/// Bytes of verifier log kept when a load fails.
+const LOG_SIZE: usize = 1 << 20;
+
+/// `union bpf_attr` for BPF_PROG_LOAD, up to the expected attach type: all a uprobe program needs.
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// memtrace's uprobe programs, loaded for uprobe_multi links, by name.
+pub struct MultiPrograms {
+    programs: HashMap<String, OwnedFd>,
+}
+
+impl MultiPrograms {
+    /// Loads the named uprobe programs of `object`, whose maps `ebpf` created from the same bytes.
+    pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&str]) -> Result<Self> {
+        let mut obj = Object::parse(object).context("parsing the embedded BPF object")?;
+        let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
+        let map_objects = std::mem::take(&mut obj.maps);
+        let mut maps = Vec::with_capacity(map_objects.len());
+        for (name, map_object) in &map_objects {
+            let map = ebpf.map(name).with_context(|| format!("aya created no map {name}"))?;
+            maps.push((&**name, map_fd(map), map_object));
+        }
+        obj.relocate_maps(maps.into_iter(), &text_sections).context("relocating map references")?;
+        obj.relocate_calls(&text_sections).context("relocating function calls")?;
+        let mut programs = HashMap::new();
+        for &name in names {
+            let program =
+                obj.programs.get(name).with_context(|| format!("the BPF object has no program {name}"))?;
+            let sleepable = matches!(
+                program.section,
+                ProgramSection::UProbe { sleepable: true } | ProgramSection::URetProbe { sleepable: true }
+            );
+            let function = obj
+                .functions
+                .get(&(program.section_index, program.address))
+                .with_context(|| format!("the BPF object has no code for program {name}"))?;
+            let fd = load_program(name, &function.instructions, &obj.license, sleepable)?;
+            programs.insert(name.to_owned(), fd);
+        }
+        Ok(Self { programs })
+    }
+
+    pub fn program(&self, name: &str) -> Result<BorrowedFd<'_>> {
+        Ok(self.programs.get(name).with_context(|| format!("program {name} is not loaded"))?.as_fd())
+    }
+}
+
+/// The descriptor of a map aya created. Every kind of map holds its `MapData`.
+fn map_fd(map: &Map) -> RawFd {
+    use Map::*;
+    let data = match map {
+        Array(data)
+        | ArrayOfMaps(data)
+        | BloomFilter(data)
+        | CgroupArray(data)
+        | CgroupStorage(data)
+        | CgrpStorage(data)
+        | CpuMap(data)
+        | DevMap(data)
+        | DevMapHash(data)
+        | HashMap(data)
+        | HashOfMaps(data)
+        | InodeStorage(data)
+        | LpmTrie(data)
+        | LruHashMap(data)
+        | PerCpuArray(data)
+        | PerCpuCgroupStorage(data)
+        | PerCpuHashMap(data)
+        | PerCpuLruHashMap(data)
+        | PerfEventArray(data)
+        | ProgramArray(data)
+        | Queue(data)
+        | ReusePortSockArray(data)
+        | RingBuf(data)
+        | SockHash(data)
+        | SockMap(data)
+        | SkStorage(data)
+        | Stack(data)
+        | StackTraceMap(data)
+        | Unsupported(data)
+        | XskMap(data) => data,
+    };
+    data.fd().as_fd().as_raw_fd()
+}
+
+/// BPF_PROG_LOAD of one kprobe-type program with expected attach type BPF_TRACE_UPROBE_MULTI; on
+/// failure, loads it again with the verifier's log to say why.
+fn load_program(
+    name: &str,
+    instructions: &[bpf_insn],
+    license: &CString,
+    sleepable: bool,
+) -> Result<OwnedFd> {
+    let mut prog_name = [0u8; 16];
+    for (slot, byte) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *slot = byte;
+    }
+    let mut attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_KPROBE as u32,
+        insn_cnt: u32::try_from(instructions.len()).context("program too long")?,
+        insns: instructions.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        prog_flags: if sleepable { BPF_F_SLEEPABLE } else { 0 },
+        prog_name,
+        expected_attach_type: BPF_TRACE_UPROBE_MULTI as u32,
+        ..ProgLoadAttr::default()
+    };
+    if let Ok(fd) = prog_load(&attr) {
+        return Ok(fd);
+    }
+    let mut log = vec![0u8; LOG_SIZE];
+    attr.log_level = 1;
+    attr.log_size = LOG_SIZE as u32;
+    attr.log_buf = log.as_mut_ptr() as u64;
+    let err = match prog_load(&attr) {
+        Ok(fd) => return Ok(fd),
+        Err(err) => err,
+    };
+    let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
+    let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+    bail!("the kernel refused program {name} for uprobe_multi: {err}\n{}", tail.join("\n"))
+}
+
+fn prog_load(attr: &ProgLoadAttr) -> io::Result<OwnedFd> {
+    // SAFETY: the attribute, and the instructions, license and log it points to, outlive the call;
+    // its size is passed along. The result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_LOAD,
+            std::ptr::from_ref(attr),
+            size_of::<ProgLoadAttr>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_layout_matches_the_kernel() {
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, prog_name), 48);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, expected_attach_type), 68);
+    }
+}
