@@ -352,6 +352,9 @@ impl Run<'_> {
     }
 
     fn finish(&mut self, duration: Duration) -> Result<()> {
+        // Probes stop firing first: the final figures hold still, and the machine is let go at
+        // once, before the reports are worked out.
+        self.probes.detach();
         self.sample()?;
         if !self.cli.no_stacks {
             let unreleased: HashSet<u32> =

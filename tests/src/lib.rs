@@ -310,6 +310,7 @@ pub struct Memtrace {
     wrapper: Vec<OsString>,
     default_outputs: bool,
     args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Memtrace {
@@ -321,7 +322,7 @@ impl Memtrace {
             .prefix("run-")
             .tempdir_in(&parent)
             .unwrap_or_else(|err| panic!("creating a directory in {}: {err}", parent.display()));
-        Self { dir, wrapper: Vec::new(), default_outputs: true, args: Vec::new() }
+        Self { dir, wrapper: Vec::new(), default_outputs: true, args: Vec::new(), env: Vec::new() }
     }
 
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -331,6 +332,12 @@ impl Memtrace {
 
     pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(self, args: I) -> Self {
         args.into_iter().fold(self, Self::arg)
+    }
+
+    /// Sets an environment variable of memtrace's (and of a command it runs).
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env.push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
     }
 
     /// Traces `program` from its first instruction: `-- program`.
@@ -373,7 +380,7 @@ impl Memtrace {
                 .arg(self.dir.path().join("summary.json"))
                 .args(["-i", INTERVAL]);
         }
-        command.args(&self.args);
+        command.args(&self.args).envs(self.env.iter().map(|(key, value)| (key, value)));
         Running { process: Spawned::spawn(command), dir: self.dir }
     }
 

@@ -1,7 +1,7 @@
 //! The accounting semantics, held exactly: each fixture calls the allocator exactly as its source
 //! says (no stdio), and the figures below are derived from that source.
 
-use memtrace_tests::{assert_fixture_figures, fixture, Figures, Memtrace};
+use memtrace_tests::{assert_figures, assert_fixture_figures, fixture, Figures, Memtrace};
 
 /// fixtures/malloc_free.c: malloc 100, 200, 300 and 0 (live 600 in 4 blocks: the peak); free the 200,
 /// free(NULL) (nothing), free the 100; malloc 50; free the 0-byte block. Live: 300 + 50.
@@ -148,4 +148,17 @@ fn a_full_allocation_table_is_counted_as_lost_and_said() {
     assert_eq!(process["lost_events"], 25);
     assert_eq!(outcome.summary()["lost_events"], 25);
     outcome.assert_stderr_mentions(&["25 events could not be recorded", "--max-allocations"]);
+}
+
+/// Kernels before 6.6 have no uprobe_multi links: there every probe site is a perf event of its own
+/// (MEMTRACE_LINKS=perf chooses that route here). Both routes give the same exact figures, threads
+/// and nested calls included.
+#[test]
+fn per_site_perf_links_give_the_same_figures() {
+    for (name, expected) in [("malloc_free", MALLOC_FREE), ("realloc", REALLOC), ("threads", THREAD_FIGURES)]
+    {
+        let outcome = Memtrace::new().env("MEMTRACE_LINKS", "perf").command(&fixture(name)).run();
+        outcome.assert_exit_code(0);
+        assert_figures(&outcome, expected);
+    }
 }

@@ -115,7 +115,7 @@ impl Links {
 
     /// Detaches everything at once: each detach waits for RCU grace periods, so they are closed
     /// from several threads and the waits overlap.
-    fn detach(&mut self) {
+    pub fn detach(&mut self) {
         let descriptors = std::mem::take(&mut self.descriptors);
         let per_thread = descriptors.len().div_ceil(16).max(1);
         let mut descriptors = descriptors.into_iter();
@@ -127,7 +127,6 @@ impl Links {
             scope.spawn(move || drop(chunk));
         });
     }
-
 }
 
 impl Drop for Links {

@@ -150,6 +150,10 @@ impl Probes {
         self.links.attach(kind, fd, path, sites, scope, direction)
     }
 
+    /// Detaches every probe at once; what the kernel counted stays readable in the maps.
+    pub fn detach(&mut self) {
+        self.links.detach();
+    }
 
     /// Attaches to every entry point of `allocator`, for one process or for all that map it: one
     /// link for the entries and one for the returns.
