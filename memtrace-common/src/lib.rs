@@ -6,11 +6,14 @@
 pub const MAX_PROCESSES: u32 = 16_384;
 /// Default capacity of the live-allocation map; the loader may resize it before loading.
 pub const DEFAULT_MAX_LIVE_ALLOCATIONS: u32 = 1 << 20;
-/// Threads that can be inside an allocator call at the same time.
-pub const MAX_PENDING_CALLS: u32 = 65_536;
+/// Threads with allocator state at once: a thread gets a slot at its first allocator call and
+/// loses it when it exits.
+pub const MAX_THREADS: u32 = 65_536;
 
 /// Distinct call stacks remembered at once (per machine).
 pub const MAX_STACKS: u32 = 16_384;
+/// Raw stacks (return addresses of one process) whose build-ID form is remembered; a cache.
+pub const MAX_RAW_STACKS: u32 = 65_536;
 /// (process, stack) pairs with totals at once.
 pub const MAX_STACK_TOTALS: u32 = 65_536;
 /// Frames kept per stack, innermost first; deeper stacks are cut at the outer end.
@@ -21,8 +24,7 @@ pub const NO_STACK: u64 = 0;
 /// Index of the one slot of the `LOST_EVENTS` array: losses that cannot be charged to a process.
 pub const GLOBAL_LOST_SLOT: u32 = 0;
 
-/// The allocator entry points memtrace probes. The discriminant is part of the pending-call key, so
-/// a nested call of another function never overwrites the outer call's arguments.
+/// The allocator entry points memtrace probes; the discriminant is the low byte of a probe's cookie.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocatorFunction {
@@ -192,12 +194,17 @@ pub struct StackTotals {
     pub live_bytes: i64,
 }
 
-/// Key of an allocator call in flight between its entry probe and its return probe.
+/// A thread's allocator state, one slot per thread updated in place (no insert and delete per
+/// call): how deep in allocator calls it is, and the outermost call in flight. Only the outermost
+/// call counts, so a nested call (glibc's realloc calling malloc) never overwrites it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PendingKey {
-    pub tid: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadState {
+    /// Allocator calls the thread is inside; 0 between calls.
+    pub depth: u32,
+    /// The outermost call's `AllocatorFunction`.
     pub function: u32,
+    pub call: PendingCall,
 }
 
 /// Arguments of an allocator call in flight, as far as the return probe needs them.
@@ -216,7 +223,7 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessStats {}
     unsafe impl aya::Pod for super::AllocationKey {}
     unsafe impl aya::Pod for super::Allocation {}
-    unsafe impl aya::Pod for super::PendingKey {}
+    unsafe impl aya::Pod for super::ThreadState {}
     unsafe impl aya::Pod for super::PendingCall {}
     // USDT: #[repr(C)] plain integers and byte arrays, padding spelled out as fields.
     unsafe impl aya::Pod for super::UsdtSpec {}

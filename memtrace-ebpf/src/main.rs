@@ -23,29 +23,27 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    Allocation, AllocationKey, AllocatorFunction, PendingCall, PendingKey, ProbeCookie, ProcessStats,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_PENDING_CALLS, NO_STACK,
+    Allocation, AllocationKey, AllocatorFunction, PendingCall, ProbeCookie, ProcessStats, ThreadState,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_THREADS, NO_STACK,
 };
 
 use counters::{add, add_signed, compare_exchange};
 use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller, FILTER_PROCESSES};
-use stacks::{count_in_stack, stack_of};
+use stacks::{capture_stack, count_in_stack};
 
 #[map]
 static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
     HashMap::with_max_entries(DEFAULT_MAX_LIVE_ALLOCATIONS, 0);
 
+/// Each thread's allocator state, updated in place; process_exit removes a thread's slot.
 #[map]
-static PENDING: HashMap<PendingKey, PendingCall> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0);
-
-/// Allocator calls in progress per thread; present only while a thread is inside one.
-#[map]
-static DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PENDING_CALLS, 0);
+pub(crate) static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREADS, 0);
 
 const EEXIST: i32 = 17;
 
 fn raise_peak(stats: &ProcessStats, live: i64) {
     let peak = &stats.peak_live_bytes as *const i64 as *const u64;
+    // SAFETY: a field of a map value, valid while the program runs.
     let mut seen = unsafe { core::ptr::read_volatile(peak) } as i64;
     // Bounded for the verifier; losing four races in a row only delays the peak to the next allocation.
     for _ in 0..4 {
@@ -60,62 +58,56 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
     }
 }
 
-/// Marks the thread as inside one more allocator call; true when this call is the outermost one.
-fn enter_call(tid: u32) -> bool {
-    if let Some(depth) = DEPTH.get_ptr_mut(tid) {
-        unsafe { *depth += 1 };
-        return false;
+/// The calling thread's slot, made on its first allocator call.
+fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+    let mut slot = THREADS.get_ptr_mut(tid);
+    if slot.is_none() {
+        let _ = THREADS.insert(tid, ThreadState::default(), u64::from(BPF_NOEXIST));
+        slot = THREADS.get_ptr_mut(tid);
     }
-    DEPTH.insert(tid, 1, 0).is_ok()
+    // SAFETY: a map value, valid while the program runs; only this thread's probes touch it, and
+    // they never run at once.
+    slot.map(|slot| unsafe { &mut *slot })
 }
 
-/// Leaves an allocator call; true when it was the outermost one.
-fn leave_call(tid: u32) -> bool {
-    let Some(depth) = DEPTH.get_ptr_mut(tid) else {
-        return false;
-    };
-    unsafe {
-        if *depth > 1 {
-            *depth -= 1;
-            return false;
-        }
-    }
-    let _ = DEPTH.remove(tid);
-    true
-}
-
+/// Whether the thread is inside an allocator call now.
 fn inside_allocator(tid: u32) -> bool {
-    DEPTH.get_ptr(tid).is_some()
+    // SAFETY: as in thread_state.
+    THREADS.get_ptr(tid).is_some_and(|slot| unsafe { (*slot).depth } != 0)
 }
 
 fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     let Caller { tgid, tid } = caller();
-    if !is_traced(tgid) || !enter_call(tid) {
+    if !is_traced(tgid) {
         return 0;
     }
-    let key = PendingKey { tid, function: function as u32 };
-    if PENDING.insert(key, PendingCall { size, address }, 0).is_err() {
+    let Some(thread) = thread_state(tid) else {
         if let Some(stats) = stats_of(tgid) {
             add(&stats.lost_events, 1);
         }
+        return 0;
+    };
+    thread.depth += 1;
+    if thread.depth == 1 {
+        thread.function = function as u32;
+        thread.call = PendingCall { size, address };
     }
     0
 }
 
-/// The pending call of an outermost allocator call that is returning now.
+/// The call of an outermost allocator call that is returning now.
 fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
     let Caller { tgid, tid } = caller();
-    if !leave_call(tid) {
+    // SAFETY: as in thread_state.
+    let thread = unsafe { &mut *THREADS.get_ptr_mut(tid)? };
+    if thread.depth == 0 {
         return None;
     }
-    let key = PendingKey { tid, function: function as u32 };
-    let call = unsafe { *PENDING.get_ptr(key)? };
-    let _ = PENDING.remove(key);
-    Some((tgid, call))
+    thread.depth -= 1;
+    (thread.depth == 0 && thread.function == function as u32).then_some((tgid, thread.call))
 }
 
-fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
-    let Some(stats) = stats_of(tgid) else { return };
+fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, stack: u64) {
     if address == 0 {
         add(&stats.failed_allocations, 1);
         return;
@@ -157,11 +149,10 @@ fn record_allocation(tgid: u32, size: u64, address: u64, stack: u64) {
     raise_peak(stats, live);
 }
 
-fn record_free(tgid: u32, address: u64) {
+fn record_free(tgid: u32, stats: &ProcessStats, address: u64) {
     if address == 0 {
         return;
     }
-    let Some(stats) = stats_of(tgid) else { return };
     let key = AllocationKey { tgid, _pad: 0, address };
     let Some(allocation) = ALLOCATIONS.get_ptr(key) else {
         add(&stats.untracked_frees, 1);
@@ -181,16 +172,16 @@ fn record_free(tgid: u32, address: u64) {
     count_in_stack(tgid, stats, allocation.stack, -1, -(allocation.size as i64));
 }
 
-fn record_realloc(tgid: u32, call: PendingCall, result: u64, stack: u64) {
+fn record_realloc(tgid: u32, stats: &ProcessStats, call: PendingCall, result: u64, stack: u64) {
     match (call.address, result) {
-        (0, _) => record_allocation(tgid, call.size, result, stack),
+        (0, _) => record_allocation(tgid, stats, call.size, result, stack),
         // glibc's realloc(p, 0) frees p and returns NULL.
-        (old, 0) if call.size == 0 => record_free(tgid, old),
+        (old, 0) if call.size == 0 => record_free(tgid, stats, old),
         // A failed realloc leaves the old block live.
-        (_, 0) => record_allocation(tgid, call.size, 0, stack),
+        (_, 0) => record_allocation(tgid, stats, call.size, 0, stack),
         (old, new) => {
-            record_free(tgid, old);
-            record_allocation(tgid, call.size, new, stack);
+            record_free(tgid, stats, old);
+            record_allocation(tgid, stats, call.size, new, stack);
         }
     }
 }
@@ -226,35 +217,34 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
     let Some((tgid, call)) = take_pending(function) else {
         return 0;
     };
+    let Some(stats) = stats_of(tgid) else {
+        return 0;
+    };
+    note_allocator(ctx, stats);
     let result: u64 = ctx.ret();
     let stack = match (function, result) {
         // Nothing is allocated on failure, and realloc(p, 0) only frees.
-        (AllocatorFunction::PosixMemalign, 0) => stack_of(ctx, tgid),
+        (AllocatorFunction::PosixMemalign, 0) => capture_stack(ctx, tgid, stats),
         (AllocatorFunction::PosixMemalign, _) | (_, 0) => NO_STACK,
-        _ => stack_of(ctx, tgid),
+        _ => capture_stack(ctx, tgid, stats),
     };
     match function {
         AllocatorFunction::Realloc | AllocatorFunction::Reallocarray => {
-            record_realloc(tgid, call, result, stack)
+            record_realloc(tgid, stats, call, result, stack)
         }
+        // posix_memalign returns 0 on success and stores the block through its first argument.
+        AllocatorFunction::PosixMemalign if result as i32 != 0 => {
+            record_allocation(tgid, stats, call.size, 0, stack)
+        }
+        // SAFETY: the helper checks the user address and fails rather than faults.
         AllocatorFunction::PosixMemalign => {
-            // posix_memalign returns 0 on success and stores the block through its first argument.
-            if result as i32 != 0 {
-                record_allocation(tgid, call.size, 0, stack);
-            } else {
-                match unsafe { bpf_probe_read_user(call.address as *const u64) } {
-                    Ok(block) => record_allocation(tgid, call.size, block, stack),
-                    Err(_) => {
-                        if let Some(stats) = stats_of(tgid) {
-                            add(&stats.lost_events, 1);
-                        }
-                    }
-                }
+            match unsafe { bpf_probe_read_user(call.address as *const u64) } {
+                Ok(block) => record_allocation(tgid, stats, call.size, block, stack),
+                Err(_) => add(&stats.lost_events, 1),
             }
         }
-        _ => record_allocation(tgid, call.size, result, stack),
+        _ => record_allocation(tgid, stats, call.size, result, stack),
     }
-    note_allocator(ctx, tgid);
     0
 }
 
@@ -300,8 +290,23 @@ fn on_free(ctx: &ProbeContext) -> u32 {
     if !is_traced(tgid) || inside_allocator(tid) {
         return 0;
     }
-    record_free(tgid, arg(ctx, 0));
-    note_allocator(ctx, tgid);
+    let Some(stats) = stats_of(tgid) else {
+        return 0;
+    };
+    note_allocator(ctx, stats);
+    record_free(tgid, stats, arg(ctx, 0));
+    0
+}
+
+/// The floor of exact tracing, for `cargo xtask bench` (`memtrace --empty-probes`): programs that
+/// do nothing, attached where alloc_enter and alloc_exit are.
+#[uprobe]
+pub fn empty_enter(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe]
+pub fn empty_exit(_ctx: RetProbeContext) -> u32 {
     0
 }
 

@@ -15,7 +15,7 @@ use memtrace_common::{
     MAX_PROCESSES,
 };
 
-use crate::counters::add;
+use crate::counters::{add, compare_exchange};
 
 #[map]
 pub(crate) static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(MAX_PROCESSES, 0);
@@ -94,26 +94,26 @@ pub(crate) fn attach_cookie(ctx: &impl EbpfContext) -> u64 {
 }
 
 /// Remembers which allocator's probes saw the process: the attachment's cookie names it.
-pub(crate) fn note_allocator(ctx: &impl EbpfContext, tgid: u32) {
-    if let Some(stats) = STATS.get_ptr_mut(tgid) {
-        // SAFETY: a pointer into a map value, valid while the program runs.
-        unsafe {
-            if (*stats).allocator == 0 {
-                (*stats).allocator = ProbeCookie(attach_cookie(ctx)).allocator();
-            }
-        }
+pub(crate) fn note_allocator(ctx: &impl EbpfContext, stats: &ProcessStats) {
+    if stats.allocator == 0 {
+        // The first allocator to see the process wins a race between its threads.
+        compare_exchange(&stats.allocator, 0, ProbeCookie(attach_cookie(ctx)).allocator());
     }
 }
 
 /// Marks a process's figures final when it exits, so that system-wide tracing can report and then
-/// release it. Threads other than the leader exit without ending the process.
+/// release it. Threads other than the leader exit without ending the process. Attached in every
+/// mode: each thread's allocator slot is released here.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, tid } = caller();
+    // Every exiting thread gives back its allocator slot.
+    let _ = crate::THREADS.remove(tid);
     if tgid != tid {
         return 0;
     }
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
             (*stats).exited = 1;

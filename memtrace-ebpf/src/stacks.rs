@@ -4,18 +4,16 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_ktime_get_ns, generated::bpf_get_stack},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::RetProbeContext,
     EbpfContext,
 };
 use memtrace_common::{
-    ProcessStats, StackFrames, StackKey, StackTotals, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
+    ProcessStats, StackFrames, StackKey, StackTotals, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK,
+    STACK_DEPTH,
 };
 
-use crate::{
-    counters::{add, add_signed},
-    processes::stats_of,
-};
+use crate::counters::{add, add_signed};
 
 /// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
 #[map]
@@ -30,41 +28,95 @@ pub(crate) static STACK_TOTALS: HashMap<StackKey, StackTotals> =
 #[map]
 pub(crate) static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
+/// A stack's return addresses, innermost first.
+type RawStack = [u64; STACK_DEPTH];
+
+#[map]
+static RAW_SCRATCH: PerCpuArray<RawStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Raw stacks seen, by a hash of (process, program image, return addresses), to their key in STACKS.
+#[map]
+static RAW_STACKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_RAW_STACKS, 0);
+
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 pub(crate) static CAPTURE_STACKS: u8 = 1;
 
 /// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
-/// frame-pointer walk starts at the allocator's caller.
-pub(crate) fn capture_stack(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
+/// frame-pointer walk starts at the allocator's caller. The raw return addresses are cheap to take
+/// and name the stack within one program image; their build-ID form, which outlives the process,
+/// is resolved once per distinct raw stack and cached in RAW_STACKS.
+pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats) -> u64 {
+    // SAFETY: a global the loader sets before the programs load.
     if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
         return NO_STACK;
     }
+    let Some(raw) = RAW_SCRATCH.get_ptr_mut(0) else {
+        return NO_STACK;
+    };
+    let size = core::mem::size_of::<RawStack>() as u32;
+    // SAFETY: the helper writes at most `size` bytes into the per-CPU scratch value.
+    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), raw.cast(), size, u64::from(BPF_F_USER_STACK)) };
+    if copied <= 0 {
+        add(&stats.lost_events, 1);
+        return NO_STACK;
+    }
+    // The same addresses in another process, or in this one after an exec, are another stack.
+    let seed = fnv1a(FNV_OFFSET, u64::from(tgid));
+    // SAFETY: the scratch value is ours until the program ends.
+    let raw_key = hash_words(fnv1a(seed, stats.started_ns), unsafe { &*raw }, copied as usize / 8);
+    if let Some(key) = RAW_STACKS.get_ptr(raw_key) {
+        // SAFETY: a map value, valid while the program runs.
+        return unsafe { *key };
+    }
+    let key = resolve_build_ids(ctx, stats);
+    if key != NO_STACK {
+        // A full cache evicts its least recently used entry: nothing is lost, only resolved again.
+        let _ = RAW_STACKS.insert(raw_key, key, 0);
+    }
+    key
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv1a(hash: u64, word: u64) -> u64 {
+    (hash ^ word).wrapping_mul(0x0100_0000_01b3)
+}
+
+/// FNV-1a over the first `used` words: 64 bits make collisions between distinct stacks negligible.
+fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
+    let mut hash = seed;
+    for (i, word) in words.iter().enumerate() {
+        if i >= used {
+            break;
+        }
+        hash = fnv1a(hash, *word);
+    }
+    if hash == NO_STACK {
+        1
+    } else {
+        hash
+    }
+}
+
+/// The current stack in build-ID form, stored in STACKS; its key, or NO_STACK.
+fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NO_STACK;
     };
     let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
     let size = core::mem::size_of::<StackFrames>() as u32;
     // bpf_get_stack zeroes what it does not fill, so equal stacks are equal bytes.
+    // SAFETY: the helper writes at most `size` bytes into the per-CPU scratch value.
     let copied = unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, flags) };
     if copied <= 0 {
         add(&stats.lost_events, 1);
         return NO_STACK;
     }
-    let words = scratch as *const u64;
-    let used_words = copied as usize / 8;
-    // FNV-1a over the frames: 64 bits make collisions between distinct stacks negligible.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for i in 0..STACK_DEPTH * 4 {
-        if i >= used_words {
-            break;
-        }
-        hash ^= unsafe { *words.add(i) };
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    if hash == NO_STACK {
-        hash = 1;
-    }
+    // SAFETY: the scratch value is ours until the program ends; a stack is whole u64 words.
+    let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
+    let hash = hash_words(FNV_OFFSET, words, copied as usize / 8);
+    // SAFETY: as above.
     if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
         add(&stats.lost_events, 1);
         return NO_STACK;
@@ -105,11 +157,4 @@ pub(crate) fn count_in_stack(
     }
     add_signed(&totals.live_allocations, live_allocations);
     add_signed(&totals.live_bytes, live_bytes);
-}
-
-pub(crate) fn stack_of(ctx: &RetProbeContext, tgid: u32) -> u64 {
-    match stats_of(tgid) {
-        Some(stats) => capture_stack(ctx, stats),
-        None => NO_STACK,
-    }
 }

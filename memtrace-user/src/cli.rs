@@ -68,6 +68,11 @@ pub struct Cli {
     #[arg(long)]
     pub no_stacks: bool,
 
+    /// Attach programs that do nothing at the same probe points: the floor of exact tracing, for
+    /// `cargo xtask bench`; every figure reads zero
+    #[arg(long, hide = true)]
+    pub empty_probes: bool,
+
     /// Count as leaked only live blocks at least this old at the end, e.g. 10s
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
     pub older: Duration,

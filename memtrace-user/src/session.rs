@@ -44,6 +44,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let mut probes = Probes::load(&ProbeConfig {
         max_allocations: cli.max_allocations,
         capture_stacks: !cli.no_stacks,
+        empty_probes: cli.empty_probes,
         system_wide: cli.all.then(|| ProcessFilter {
             self_tgid: std::process::id(),
             excluded_pids: cli.exclude_pids.clone(),

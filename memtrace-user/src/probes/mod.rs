@@ -31,7 +31,10 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 const ALLOCATOR_ENTRY: &str = "alloc_enter";
 const ALLOCATOR_RETURN: &str = "alloc_exit";
 pub const USDT_SITE: &str = "usdt_site";
-const UPROBE_PROGRAMS: [&str; 3] = [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE];
+/// Programs that do nothing, on the allocator's probe points: the floor `cargo xtask bench` measures.
+const EMPTY_ENTRY: &str = "empty_enter";
+const EMPTY_RETURN: &str = "empty_exit";
+const UPROBE_PROGRAMS: [&str; 5] = [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE, EMPTY_ENTRY, EMPTY_RETURN];
 
 /// Set to `perf` to link every probe site with a perf event of its own, as on kernels without
 /// uprobe_multi (tests compare both routes).
@@ -43,6 +46,8 @@ pub struct ProbeConfig {
     /// Capacity of the live-allocation table.
     pub max_allocations: u32,
     pub capture_stacks: bool,
+    /// Attach the empty programs instead of the allocator programs (`--empty-probes`).
+    pub empty_probes: bool,
     /// Set for system-wide tracing, where probes fire in every process.
     pub system_wide: Option<ProcessFilter>,
 }
@@ -67,12 +72,20 @@ pub struct MapOccupancy {
     pub usdt_entries: usize,
 }
 
+/// The programs allocator probes run: at entry and at return.
+#[derive(Clone, Copy)]
+struct AllocatorPrograms {
+    entry: &'static str,
+    exit: &'static str,
+}
+
 pub struct Probes {
     ebpf: Ebpf,
     /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
     /// per-site perf links.
     multi: Option<MultiPrograms>,
     links: Links,
+    allocator_programs: AllocatorPrograms,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
     pub usdt: crate::usdt::UsdtProbes,
     /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
@@ -107,13 +120,21 @@ impl Probes {
         for pid in &filter.excluded_pids {
             excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
         }
-        Ok(Self {
+        let mut probes = Self {
             ebpf,
             multi,
             links: Links::default(),
+            allocator_programs: if config.empty_probes {
+                AllocatorPrograms { entry: EMPTY_ENTRY, exit: EMPTY_RETURN }
+            } else {
+                AllocatorPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
+            },
             usdt: crate::usdt::UsdtProbes::default(),
             allocators: Vec::new(),
-        })
+        };
+        // Exits release each thread's allocator slot and mark processes exited, in every mode.
+        probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
+        Ok(probes)
     }
 
     /// How this run links probe sites.
@@ -179,8 +200,9 @@ impl Probes {
             .collect();
         let path = &allocator.host_path;
         let what = || format!("attaching to the allocator in {}", allocator.path.display());
-        self.attach_sites(ALLOCATOR_ENTRY, path, &entries, scope, Direction::Entry).with_context(what)?;
-        self.attach_sites(ALLOCATOR_RETURN, path, &returns, scope, Direction::Return).with_context(what)
+        let AllocatorPrograms { entry, exit } = self.allocator_programs;
+        self.attach_sites(entry, path, &entries, scope, Direction::Entry).with_context(what)?;
+        self.attach_sites(exit, path, &returns, scope, Direction::Return).with_context(what)
     }
 
     /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.
@@ -188,22 +210,23 @@ impl Probes {
         self.allocators.get(usize::try_from(index).ok()?.checked_sub(1)?)
     }
 
-    /// Follows processes as they exec and exit (system-wide tracing); returns the ring buffer
-    /// that announces execs.
+    /// Follows processes as they exec (system-wide tracing); returns the ring buffer that announces
+    /// execs.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
-        // Raw tracepoints attach by name, with no tracefs needed.
-        for (program, event) in
-            [("process_exit", "sched_process_exit"), ("process_exec", "sched_process_exec")]
-        {
-            let tracepoint: &mut aya::programs::RawTracePoint = self
-                .ebpf
-                .program_mut(program)
-                .with_context(|| format!("the BPF object has no program {program}"))?
-                .try_into()?;
-            tracepoint.attach(event).with_context(|| format!("attaching to sched:{event}"))?;
-        }
+        self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
         let events = self.ebpf.take_map("EXEC_EVENTS").context("the BPF object has no map EXEC_EVENTS")?;
         Ok(RingBuf::try_from(events)?)
+    }
+
+    /// Raw tracepoints attach by name, with no tracefs needed.
+    fn attach_raw_tracepoint(&mut self, program: &str, event: &str) -> Result<()> {
+        let tracepoint: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(program)
+            .with_context(|| format!("the BPF object has no program {program}"))?
+            .try_into()?;
+        tracepoint.attach(event).with_context(|| format!("attaching to sched:{event}"))?;
+        Ok(())
     }
 
     /// Every process the kernel has figures for.
