@@ -159,6 +159,11 @@ pub struct StackFrame {
     pub offset_or_ip: u64,
 }
 
+impl StackFrame {
+    /// Past the end of the stack: all zero, as bpf_get_stack leaves unused frames.
+    pub const EMPTY: StackFrame = StackFrame { status: FRAME_EMPTY, build_id: [0; 20], offset_or_ip: 0 };
+}
+
 /// No frame (past the end of the stack).
 pub const FRAME_EMPTY: i32 = 0;
 /// `build_id` and a file offset are valid.

@@ -2,15 +2,15 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_ktime_get_ns, generated::bpf_get_stack},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_stack},
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
     programs::RetProbeContext,
     EbpfContext,
 };
 use memtrace_common::{
-    ProcessStats, StackFrames, StackKey, StackTotals, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK,
-    STACK_DEPTH,
+    ProcessStats, StackFrame, StackFrames, StackKey, StackTotals, MAX_RAW_STACKS, MAX_STACKS,
+    MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
 };
 
 use crate::counters::{add, add_signed};
@@ -54,22 +54,17 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
     let Some(raw) = RAW_SCRATCH.get_ptr_mut(0) else {
         return NO_STACK;
     };
-    let size = core::mem::size_of::<RawStack>() as u32;
-    // SAFETY: the helper writes at most `size` bytes into the per-CPU scratch value.
-    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), raw.cast(), size, u64::from(BPF_F_USER_STACK)) };
-    if copied <= 0 {
-        add(&stats.lost_events, 1);
-        return NO_STACK;
-    }
+    // SAFETY: the per-CPU scratch value is ours until the program ends.
+    let raw = unsafe { &mut *raw };
+    let depth = walk_frame_pointers(ctx, raw);
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(FNV_OFFSET, u64::from(tgid));
-    // SAFETY: the scratch value is ours until the program ends.
-    let raw_key = hash_words(fnv1a(seed, stats.started_ns), unsafe { &*raw }, copied as usize / 8);
+    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw, depth);
     if let Some(key) = RAW_STACKS.get_ptr(raw_key) {
         // SAFETY: a map value, valid while the program runs.
         return unsafe { *key };
     }
-    let key = resolve_build_ids(ctx, stats);
+    let key = resolve_build_ids(ctx, stats, depth);
     if key != NO_STACK {
         // A full cache evicts its least recently used entry: nothing is lost, only resolved again.
         let _ = RAW_STACKS.insert(raw_key, key, 0);
@@ -99,8 +94,36 @@ fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
     }
 }
 
-/// The current stack in build-ID form, stored in STACKS; its key, or NO_STACK.
-fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
+/// Return addresses by frame pointers, from a return probe's registers: the allocator's caller
+/// first. A frame must lie above the one it was called from (the stack grows down), which ends the
+/// walk at code without frame pointers instead of reading on through its data. Returns the depth.
+fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
+    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
+    let (mut ip, mut frame) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
+    let mut depth = 0;
+    for slot in raw.iter_mut() {
+        *slot = ip;
+        depth += 1;
+        if frame == 0 {
+            break;
+        }
+        // [frame] is the caller's frame pointer, [frame + 8] the return address into the caller.
+        // SAFETY: the helper checks the user address and fails rather than faults.
+        let Ok([next, return_address]) = (unsafe { bpf_probe_read_user(frame as *const [u64; 2]) }) else {
+            break;
+        };
+        if return_address == 0 {
+            break;
+        }
+        ip = return_address;
+        frame = if next > frame { next } else { 0 };
+    }
+    depth
+}
+
+/// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
+/// stored in STACKS; its key, or NO_STACK.
+fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) -> u64 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NO_STACK;
     };
@@ -113,9 +136,17 @@ fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats) -> u64 {
         add(&stats.lost_events, 1);
         return NO_STACK;
     }
-    // SAFETY: the scratch value is ours until the program ends; a stack is whole u64 words.
+    // SAFETY: the scratch value is ours until the program ends.
+    let frames = unsafe { &mut *scratch };
+    for (index, frame) in frames.frames.iter_mut().enumerate() {
+        if index >= depth {
+            *frame = StackFrame::EMPTY;
+        }
+    }
+    // SAFETY: as above; a stack is whole u64 words.
     let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
-    let hash = hash_words(FNV_OFFSET, words, copied as usize / 8);
+    let used = (copied as usize / 8).min(depth * 4);
+    let hash = hash_words(FNV_OFFSET, words, used);
     // SAFETY: as above.
     if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
         add(&stats.lost_events, 1);
