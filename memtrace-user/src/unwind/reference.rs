@@ -3,18 +3,12 @@
 //! on `memtrace_common::UnwindRow`). It reads the target's memory and never writes it; tests use it
 //! to prove the tables on real processes.
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    os::unix::fs::FileExt,
-    path::{Path, PathBuf},
-    rc::Rc,
-};
+use std::{collections::HashMap, fs::File, os::unix::fs::FileExt, path::PathBuf, rc::Rc};
 
 use anyhow::{Context, Result};
 use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 
-use super::{build_table, UnwindTable};
+use super::{table_of_file, UnwindTable};
 use crate::procfs::{self, Mapping};
 
 /// The registers the unwinder needs; `rbp` is None once no frame can tell it.
@@ -152,10 +146,9 @@ impl ProcessTables {
         let mapping = self.mappings.iter().find(|m| (m.start..m.end).contains(&address))?;
         let offset = address - mapping.start + mapping.file_offset;
         let pid = self.pid;
-        let table = self
-            .tables
-            .entry(mapping.path.clone())
-            .or_insert_with(|| load_table(&procfs::in_root_of(pid, &mapping.path)).ok().map(Rc::new));
+        let table = self.tables.entry(mapping.path.clone()).or_insert_with(|| {
+            table_of_file(&procfs::in_root_of(pid, &mapping.path)).ok().map(|(t, _)| Rc::new(t))
+        });
         Some((table.clone(), offset))
     }
 
@@ -189,7 +182,58 @@ impl ProcessTables {
     }
 }
 
-fn load_table(path: &Path) -> Result<UnwindTable> {
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(build_table(&data)?.0)
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// A few stack slots.
+    struct Slots(HashMap<u64, u64>);
+
+    impl Memory for Slots {
+        fn read_u64(&self, address: u64) -> Option<u64> {
+            self.0.get(&address).copied()
+        }
+    }
+
+    fn row(kind: u8, cfa_offset: u16, rbp: i8) -> UnwindRow {
+        UnwindRow { pc: 0, cfa_offset, kind, rbp }
+    }
+
+    #[test]
+    fn plt_rows_add_eight_once_the_push_has_run() {
+        let memory = Slots(HashMap::from([(0x1000, 0xaaaa), (0x1008, 0xbbbb)]));
+        // At PLT entry + 0..10 (jmp *GOT), rsp points at the return address.
+        let regs = Registers { rip: 0x4026, rsp: 0x1000, rbp: Some(7) };
+        let caller = step(row(unwind_kind::CFA_PLT, 8, 0), regs, &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0xaaaa, rsp: 0x1008, rbp: Some(7) });
+        // At +11 and later (after `push $n`), one more slot is on the stack.
+        let regs = Registers { rip: 0x402b, rsp: 0x1000, rbp: Some(7) };
+        let caller = step(row(unwind_kind::CFA_PLT, 8, 0), regs, &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0xbbbb, rsp: 0x1010, rbp: Some(7) });
+    }
+
+    #[test]
+    fn saved_rbp_is_read_and_a_lost_one_stops_an_rbp_frame() {
+        let memory = Slots(HashMap::from([(0x2008, 0x5555), (0x2000, 0x3000)]));
+        let regs = Registers { rip: 0x10, rsp: 0x1ff0, rbp: Some(1) };
+        // CFA = rsp + 32 = 0x2010: return address at 0x2008, rbp saved at CFA-16.
+        let caller = step(row(unwind_kind::CFA_RSP, 32, -2), regs, &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0x5555, rsp: 0x2010, rbp: Some(0x3000) });
+        let lost = step(row(unwind_kind::CFA_RSP, 32, UNWIND_RBP_LOST), regs, &memory).unwrap();
+        assert_eq!(lost.rbp, None);
+        assert_eq!(step(row(unwind_kind::CFA_RBP, 16, 0), lost, &memory), Err(StopReason::RbpLost));
+    }
+
+    #[test]
+    fn rows_that_do_not_step_say_why() {
+        let memory = Slots(HashMap::new());
+        let regs = Registers { rip: 0x10, rsp: 0x1000, rbp: None };
+        assert_eq!(step(row(unwind_kind::END, 0, 0), regs, &memory), Err(StopReason::Outermost));
+        assert_eq!(step(row(unwind_kind::UNSUPPORTED, 0, 0), regs, &memory), Err(StopReason::Unsupported));
+        assert_eq!(step(row(unwind_kind::CFA_RSP, 8, 0), regs, &memory), Err(StopReason::ReadFault));
+        let regs = Registers { rip: 0x10, rsp: u64::MAX - 4, rbp: None };
+        assert_eq!(step(row(unwind_kind::CFA_RSP, 8, 0), regs, &memory), Err(StopReason::ReadFault));
+    }
 }

@@ -14,7 +14,7 @@ use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 use object::{
     elf,
     read::elf::{ElfFile64, ProgramHeader as _},
-    Endianness, Object, ObjectSection,
+    Endianness, Object, ObjectSection, ReadRef,
 };
 
 /// Most rows one file may produce before merging (32 MiB of rows): a hostile file cannot make the
@@ -58,10 +58,12 @@ struct Span {
     rule: UnwindRow,
 }
 
-/// Builds the merged, sorted rows of an ELF file held in memory (the `pc` of every row is a file
-/// offset; see memtrace_common's unwind section). The last row, if any, is a NONE row.
-pub fn build_rows(data: &[u8]) -> Result<(Vec<UnwindRow>, BuildStats)> {
-    let file = ElfFile64::<Endianness>::parse(data).context("not a 64-bit ELF file")?;
+/// Builds the merged, sorted rows of an ELF file (the `pc` of every row is a file offset; see
+/// memtrace_common's unwind section). The last row, if any, is a NONE row. `data` is the file in
+/// memory or an `object::ReadCache`, which reads only the headers and the two CFI sections.
+pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, BuildStats)> {
+    let file = ElfFile64::<Endianness, R>::parse(data).context("not a 64-bit ELF file")?;
+    let file_len = data.len().ok().context("cannot tell the file's length")?;
     if file.architecture() != object::Architecture::X86_64 || !file.is_little_endian() {
         bail!("not an x86-64 ELF file ({:?})", file.architecture());
     }
@@ -83,13 +85,13 @@ pub fn build_rows(data: &[u8]) -> Result<(Vec<UnwindRow>, BuildStats)> {
             collect_spans(&debug_frame, &BaseAddresses::default(), &mut spans, &mut stats);
         }
     }
-    let spans = to_file_offsets(spans, &segments, data.len() as u64, &mut stats);
+    let spans = to_file_offsets(spans, &segments, file_len, &mut stats);
     Ok((sweep(spans, &mut stats), stats))
 }
 
 /// A section's bytes, unless it is compressed (this build of `object` does not decompress).
-fn section_bytes<'data>(
-    section: &object::read::elf::ElfSection64<'data, '_, Endianness>,
+fn section_bytes<'data, R: ReadRef<'data>>(
+    section: &object::read::elf::ElfSection64<'data, '_, Endianness, R>,
 ) -> Option<&'data [u8]> {
     let range = section.compressed_file_range().ok()?;
     if range.format != object::CompressionFormat::None {
@@ -98,7 +100,10 @@ fn section_bytes<'data>(
     section.data().ok()
 }
 
-fn eh_frame_bases(file: &ElfFile64<Endianness>, eh_frame_address: u64) -> BaseAddresses {
+fn eh_frame_bases<'data, R: ReadRef<'data>>(
+    file: &ElfFile64<'data, Endianness, R>,
+    eh_frame_address: u64,
+) -> BaseAddresses {
     let address = |name: &str| file.section_by_name(name).map(|s| s.address());
     let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
     if let Some(text) = address(".text") {
@@ -113,7 +118,7 @@ fn eh_frame_bases(file: &ElfFile64<Endianness>, eh_frame_address: u64) -> BaseAd
     bases
 }
 
-fn code_segments(file: &ElfFile64<Endianness>) -> Vec<CodeSegment> {
+fn code_segments<'data, R: ReadRef<'data>>(file: &ElfFile64<'data, Endianness, R>) -> Vec<CodeSegment> {
     let endian = file.endian();
     file.elf_program_headers()
         .iter()

@@ -63,9 +63,14 @@ fn libc_and_python_tables_build_and_are_measured() {
         let (table, stats) = build_table(&data).unwrap();
         let elapsed = started.elapsed();
         assert_well_formed(&table);
+        let started_from_disk = Instant::now();
+        let (from_disk, _) = table_of_file(Path::new(path)).unwrap();
+        let from_disk_elapsed = started_from_disk.elapsed();
+        assert_eq!(from_disk, table);
         println!(
-            "{path}: {:.1} ms, {} rows + {} pages = {} bytes (page 2^{}), {stats:?}",
+            "{path}: {:.1} ms in memory, {:.1} ms from the file, {} rows + {} pages = {} bytes (page 2^{}), {stats:?}",
             elapsed.as_secs_f64() * 1e3,
+            from_disk_elapsed.as_secs_f64() * 1e3,
             table.rows.len(),
             table.pages.len(),
             table.size_bytes(),
@@ -88,6 +93,59 @@ fn lookups_agree_with_gimli_at_every_row_of_libc() {
     let (table, _) = build_table(&data).unwrap();
     let checked = rows::check_against_gimli(&data, &table).unwrap();
     assert!(checked > 20_000, "only {checked} addresses checked");
+}
+
+/// The fixture's functions, by name: (start address, size) from the file's .symtab.
+fn fixture_functions(data: &[u8]) -> Vec<(String, u64, u64)> {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(data).unwrap();
+    let names = ["stop_here", "grow_table", "build_index", "parse_request", "main"];
+    names
+        .iter()
+        .map(|&name| {
+            let symbol = file.symbols().find(|s| s.name() == Ok(name)).unwrap_or_else(|| panic!("no {name}"));
+            (name.to_owned(), symbol.address(), symbol.size())
+        })
+        .collect()
+}
+
+/// The same code described by .debug_frame only (`-fno-asynchronous-unwind-tables -g`) gives the
+/// same rule at every byte of every function as when .eh_frame describes it.
+#[test]
+fn debug_frame_gives_the_rows_eh_frame_gives() {
+    let dir = std::env::temp_dir().join(format!("memtrace-unwind-df-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let eh_flags = ["-O2", "-fomit-frame-pointer"];
+    let eh = std::fs::read(compile_fixture("deep_chain", &eh_flags, &dir.join("eh"))).unwrap();
+    let df_flags = ["-O2", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables", "-g"];
+    let df = std::fs::read(compile_fixture("deep_chain", &df_flags, &dir.join("df"))).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    {
+        use object::Object;
+        let file = object::File::parse(&*df).unwrap();
+        assert!(file.section_by_name(".debug_frame").is_some(), "cc made no .debug_frame");
+    }
+    let (eh_table, _) = build_table(&eh).unwrap();
+    let (df_table, df_stats) = build_table(&df).unwrap();
+    assert!(df_stats.fdes >= 5, "{df_stats:?}");
+    let file_offset = |data: &[u8], address: u64| {
+        crate::elf::ElfObject::parse(data).unwrap().code_file_offset(address).unwrap()
+    };
+    let eh_functions = fixture_functions(&eh);
+    for ((name, eh_start, size), (_, df_start, df_size)) in eh_functions.iter().zip(fixture_functions(&df)) {
+        assert_eq!(*size, df_size, "{name} differs between the builds");
+        let rows_seen: Vec<_> = (0..*size)
+            .map(|at| {
+                let eh_row =
+                    eh_table.lookup(file_offset(&eh, eh_start + at)).map(|r| (r.kind, r.cfa_offset, r.rbp));
+                let df_row =
+                    df_table.lookup(file_offset(&df, df_start + at)).map(|r| (r.kind, r.cfa_offset, r.rbp));
+                assert_eq!(eh_row, df_row, "{name}+{at:#x}");
+                eh_row
+            })
+            .collect();
+        assert!(rows_seen.iter().all(Option::is_some), "{name} has bytes without a row");
+    }
 }
 
 /// A mutation of a real file: bytes overwritten, mostly inside the CFI sections and the headers.
@@ -131,7 +189,7 @@ fn eh_frame_range(data: &[u8]) -> std::ops::Range<usize> {
 }
 
 /// Fuzz cases per file (the report quotes this figure).
-const FUZZ_CASES: u32 = 160;
+const FUZZ_CASES: u32 = 256;
 
 fn fuzz_one(original: &[u8], cfi: std::ops::Range<usize>, mutation: &Mutation) {
     let data = mutate(original, cfi, mutation);
@@ -246,14 +304,13 @@ fn position(frames: &[Named], name: &str) -> Option<usize> {
     frames.iter().position(|f| f.name.as_deref() == Some(name))
 }
 
-/// Compiles tests/fixtures/<name>.c with the given flags into a temporary directory.
-fn compile_fixture(name: &str, flags: &[&str], out_dir: &Path) -> PathBuf {
+/// Compiles tests/fixtures/<name>.c with the given flags into `program`.
+fn compile_fixture(name: &str, flags: &[&str], program: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(format!("{name}.c"));
-    let program = out_dir.join(name);
     let status =
         Command::new("cc").args(flags).arg("-o").arg(&program).arg(&source).status().expect("run cc");
     assert!(status.success(), "cc failed on {}", source.display());
-    program
+    program.to_owned()
 }
 
 /// The fixture's build_index has an rbp-based CFA and grow_table saves rbp in its frame: the chain
@@ -262,7 +319,7 @@ fn compile_fixture(name: &str, flags: &[&str], out_dir: &Path) -> PathBuf {
 fn c_chain_without_frame_pointers_unwinds_to_start() {
     let dir = std::env::temp_dir().join(format!("memtrace-unwind-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let program = compile_fixture("deep_chain", &["-O2", "-fomit-frame-pointer"], &dir);
+    let program = compile_fixture("deep_chain", &["-O2", "-fomit-frame-pointer"], &dir.join("deep_chain"));
     let (child, regs) = spawn_stopped(&mut Command::new(&program));
     let (frames, stop) = walk_and_name(child.0.id(), regs);
     let text = describe(&frames);
