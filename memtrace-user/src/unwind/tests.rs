@@ -307,8 +307,7 @@ fn position(frames: &[Named], name: &str) -> Option<usize> {
 /// Compiles tests/fixtures/<name>.c with the given flags into `program`.
 fn compile_fixture(name: &str, flags: &[&str], program: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(format!("{name}.c"));
-    let status =
-        Command::new("cc").args(flags).arg("-o").arg(&program).arg(&source).status().expect("run cc");
+    let status = Command::new("cc").args(flags).arg("-o").arg(program).arg(&source).status().expect("run cc");
     assert!(status.success(), "cc failed on {}", source.display());
     program.to_owned()
 }
