@@ -21,6 +21,10 @@ use object::{
 /// builder allocate without bound. libc has about 60,000.
 pub const MAX_ROWS: usize = 1 << 22;
 
+/// Most executable PT_LOAD segments a file may have (linkers make one; every span is placed by a
+/// scan of them).
+const MAX_CODE_SEGMENTS: usize = 16;
+
 type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
 /// What the builder saw and set aside, for diagnostics and tests.
@@ -68,6 +72,9 @@ pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, 
         bail!("not an x86-64 ELF file ({:?})", file.architecture());
     }
     let segments = code_segments(&file);
+    if segments.len() > MAX_CODE_SEGMENTS {
+        bail!("{} executable segments (at most {MAX_CODE_SEGMENTS} are accepted)", segments.len());
+    }
     let mut stats = BuildStats::default();
     let mut spans = Vec::new();
     if let Some(section) = file.section_by_name(".eh_frame") {
