@@ -17,8 +17,8 @@ use object::{
     Endianness, Object, ObjectSection, ReadRef,
 };
 
-/// Most rows one file may produce before merging (32 MiB of rows): a hostile file cannot make the
-/// builder allocate without bound. libc has about 60,000.
+/// Most address ranges (rows before merging) one file may produce: a hostile file cannot make the
+/// builder allocate without bound. Debian's libc gives 28,274 rows after merging, python3.11 64,576.
 pub const MAX_ROWS: usize = 1 << 22;
 
 /// Most executable PT_LOAD segments a file may have (linkers make one; every span is placed by a
