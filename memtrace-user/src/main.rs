@@ -14,6 +14,9 @@ mod session;
 mod symbolize;
 mod system_wide;
 mod target;
+// Not wired into tracing yet: the BPF unwinder and its loader come next.
+#[allow(dead_code)]
+mod unwind;
 mod usdt;
 
 use std::process::ExitCode;

@@ -1,0 +1,394 @@
+//! From an x86-64 ELF file's .eh_frame and .debug_frame (read with gimli) to `UnwindRow`s: one row per
+//! address range, keyed by file offset, adjacent identical rows merged, gaps marked. The file is
+//! treated as hostile: every count is bounded, a corrupt entry is skipped and counted, nothing
+//! panics, and what cannot be expressed becomes an UNSUPPORTED row rather than a guess.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, EndianSlice, LittleEndian,
+    Reader, RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+};
+use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
+use object::{
+    elf,
+    read::elf::{ElfFile64, ProgramHeader as _},
+    Endianness, Object, ObjectSection, ReadRef,
+};
+
+/// Most address ranges (rows before merging) one file may produce: a hostile file cannot make the
+/// builder allocate without bound. Debian's libc gives 28,274 rows after merging, python3.11 64,576.
+pub const MAX_ROWS: usize = 1 << 22;
+
+/// Most executable PT_LOAD segments a file may have (linkers make one; every span is placed by a
+/// scan of them).
+const MAX_CODE_SEGMENTS: usize = 16;
+
+type Slice<'data> = EndianSlice<'data, LittleEndian>;
+
+/// What the builder saw and set aside, for diagnostics and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BuildStats {
+    /// FDEs whose rows were used (from both sections).
+    pub fdes: u64,
+    /// FDEs or CIEs that did not parse, or whose instructions did not evaluate.
+    pub corrupt_entries: u64,
+    /// FDEs whose range is not inside an executable PT_LOAD (or past 4 GiB of file offsets).
+    pub outside_code: u64,
+    /// Address ranges already covered by an earlier FDE (duplicates between the two sections).
+    pub overlapping: u64,
+    /// Ranges whose rules this format cannot express (kind UNSUPPORTED).
+    pub unsupported: u64,
+    /// Ranges of outermost frames (kind END).
+    pub outermost: u64,
+    /// True when a section held more than `MAX_ROWS` ranges and the rest was dropped.
+    pub truncated: bool,
+}
+
+/// One executable PT_LOAD: virtual addresses `vaddr..vaddr + size` are file offsets `offset..`.
+#[derive(Debug, Clone, Copy)]
+struct CodeSegment {
+    vaddr: u64,
+    size: u64,
+    offset: u64,
+}
+
+/// A range of virtual addresses `start..end` and how to step out of a frame there.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u64,
+    end: u64,
+    rule: UnwindRow,
+}
+
+/// Builds the merged, sorted rows of an ELF file (the `pc` of every row is a file offset; see
+/// memtrace_common's unwind section). The last row, if any, is a NONE row. `data` is the file in
+/// memory or an `object::ReadCache`, which reads only the headers and the two CFI sections.
+pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, BuildStats)> {
+    let file = ElfFile64::<Endianness, R>::parse(data).context("not a 64-bit ELF file")?;
+    let file_len = data.len().ok().context("cannot tell the file's length")?;
+    if file.architecture() != object::Architecture::X86_64 || !file.is_little_endian() {
+        bail!("not an x86-64 ELF file ({:?})", file.architecture());
+    }
+    let segments = code_segments(&file);
+    if segments.len() > MAX_CODE_SEGMENTS {
+        bail!("{} executable segments (at most {MAX_CODE_SEGMENTS} are accepted)", segments.len());
+    }
+    let mut stats = BuildStats::default();
+    let mut spans = Vec::new();
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        if let Some(bytes) = section_bytes(&section) {
+            let mut eh_frame = EhFrame::new(bytes, LittleEndian);
+            eh_frame.set_address_size(8);
+            let bases = eh_frame_bases(&file, section.address());
+            collect_spans(&eh_frame, &bases, &mut spans, &mut stats);
+        }
+    }
+    if let Some(section) = file.section_by_name(".debug_frame") {
+        if let Some(bytes) = section_bytes(&section) {
+            let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
+            debug_frame.set_address_size(8);
+            collect_spans(&debug_frame, &BaseAddresses::default(), &mut spans, &mut stats);
+        }
+    }
+    let spans = to_file_offsets(spans, &segments, file_len, &mut stats);
+    Ok((sweep(spans, &mut stats), stats))
+}
+
+/// A section's bytes, unless it is compressed (this build of `object` does not decompress).
+fn section_bytes<'data, R: ReadRef<'data>>(
+    section: &object::read::elf::ElfSection64<'data, '_, Endianness, R>,
+) -> Option<&'data [u8]> {
+    let range = section.compressed_file_range().ok()?;
+    if range.format != object::CompressionFormat::None {
+        return None;
+    }
+    section.data().ok()
+}
+
+fn eh_frame_bases<'data, R: ReadRef<'data>>(
+    file: &ElfFile64<'data, Endianness, R>,
+    eh_frame_address: u64,
+) -> BaseAddresses {
+    let address = |name: &str| file.section_by_name(name).map(|s| s.address());
+    let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
+    if let Some(text) = address(".text") {
+        bases = bases.set_text(text);
+    }
+    if let Some(got) = address(".got") {
+        bases = bases.set_got(got);
+    }
+    if let Some(hdr) = address(".eh_frame_hdr") {
+        bases = bases.set_eh_frame_hdr(hdr);
+    }
+    bases
+}
+
+fn code_segments<'data, R: ReadRef<'data>>(file: &ElfFile64<'data, Endianness, R>) -> Vec<CodeSegment> {
+    let endian = file.endian();
+    file.elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian) & elf::PF_X != 0)
+        .map(|ph| CodeSegment {
+            vaddr: ph.p_vaddr(endian),
+            size: ph.p_filesz(endian),
+            offset: ph.p_offset(endian),
+        })
+        .collect()
+}
+
+/// Appends the spans of every FDE of one CFI section. A corrupt entry header ends the section (the
+/// next entry's position is unknown); a corrupt FDE is skipped.
+fn collect_spans<'data, S>(section: &S, bases: &BaseAddresses, spans: &mut Vec<Span>, stats: &mut BuildStats)
+where
+    S: UnwindSection<Slice<'data>>,
+    S::Offset: std::hash::Hash + Eq,
+{
+    let mut context = UnwindContext::new();
+    let mut cies: HashMap<S::Offset, CommonInformationEntry<Slice<'data>>> = HashMap::new();
+    let mut entries = section.entries(bases);
+    loop {
+        let partial = match entries.next() {
+            Ok(Some(CieOrFde::Fde(partial))) => partial,
+            Ok(Some(CieOrFde::Cie(_))) => continue,
+            Ok(None) => break,
+            Err(_) => {
+                stats.corrupt_entries += 1;
+                break;
+            }
+        };
+        let fde = partial.parse(|section, bases, offset| match cies.get(&offset) {
+            Some(cie) => Ok(cie.clone()),
+            None => {
+                let cie = section.cie_from_offset(bases, offset)?;
+                cies.insert(offset, cie.clone());
+                Ok(cie)
+            }
+        });
+        let before = spans.len();
+        let evaluated = fde.and_then(|fde| {
+            let mut table = fde.rows(section, bases, &mut context)?;
+            while let Some(row) = table.next_row()? {
+                if spans.len() >= MAX_ROWS {
+                    stats.truncated = true;
+                    return Ok(());
+                }
+                if row.start_address() < row.end_address() {
+                    let rule = rule_of(row, section);
+                    spans.push(Span { start: row.start_address(), end: row.end_address(), rule });
+                }
+            }
+            Ok(())
+        });
+        match evaluated {
+            Ok(()) => stats.fdes += 1,
+            Err(_) => {
+                // A half-evaluated FDE's rows are dropped: its later rows might differ.
+                spans.truncate(before);
+                stats.corrupt_entries += 1;
+            }
+        }
+        if stats.truncated {
+            break;
+        }
+    }
+}
+
+/// One gimli row as an `UnwindRow` without its `pc`.
+fn rule_of<'data, S: UnwindSection<Slice<'data>>>(row: &UnwindTableRow<usize>, section: &S) -> UnwindRow {
+    let unsupported = UnwindRow { kind: unwind_kind::UNSUPPORTED, ..UnwindRow::default() };
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => {
+            return UnwindRow { kind: unwind_kind::END, ..UnwindRow::default() };
+        }
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return unsupported,
+    }
+    let (kind, offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
+            (unwind_kind::CFA_RSP, *offset)
+        }
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
+            (unwind_kind::CFA_RBP, *offset)
+        }
+        CfaRule::Expression(expression) => match expression.get(section).ok().and_then(|e| plt_offset(e.0)) {
+            Some(offset) => (unwind_kind::CFA_PLT, offset),
+            None => return unsupported,
+        },
+        CfaRule::RegisterAndOffset { .. } => return unsupported,
+    };
+    let Ok(cfa_offset) = u16::try_from(offset) else {
+        return unsupported;
+    };
+    let rbp = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
+            i8::try_from(offset / 8).ok().filter(|&units| units != UNWIND_RBP_LOST).unwrap_or(UNWIND_RBP_LOST)
+        }
+        _ => UNWIND_RBP_LOST,
+    };
+    UnwindRow { pc: 0, cfa_offset, kind, rbp }
+}
+
+/// The base offset of binutils' x86-64 PLT CFA expression, `DW_OP_breg7 (rsp): N; DW_OP_breg16
+/// (rip): 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus`,
+/// or None for any other expression.
+fn plt_offset(mut expression: Slice<'_>) -> Option<i64> {
+    const DW_OP_BREG7: u8 = 0x77;
+    const TAIL: [u8; 9] = [0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
+    if expression.read_u8().ok()? != DW_OP_BREG7 {
+        return None;
+    }
+    let offset = expression.read_sleb128().ok()?;
+    (expression.slice() == TAIL).then_some(offset)
+}
+
+/// Spans in file offsets: each is placed in the executable segment holding its start and clipped
+/// to it and to the file; spans outside every segment, or past 4 GiB, are dropped.
+fn to_file_offsets(
+    spans: Vec<Span>,
+    segments: &[CodeSegment],
+    file_len: u64,
+    stats: &mut BuildStats,
+) -> Vec<Span> {
+    let mut placed = Vec::with_capacity(spans.len());
+    for span in spans {
+        let segment = segments.iter().find(|s| span.start >= s.vaddr && span.start - s.vaddr < s.size);
+        let Some(segment) = segment else {
+            stats.outside_code += 1;
+            continue;
+        };
+        let end = span.end.min(segment.vaddr + (segment.size));
+        let start = segment.offset.checked_add(span.start - segment.vaddr);
+        let end = segment.offset.checked_add(end - segment.vaddr);
+        match (start, end.map(|end| end.min(file_len))) {
+            (Some(start), Some(end)) if start < end && end <= u64::from(u32::MAX) => {
+                placed.push(Span { start, end, ..span })
+            }
+            _ => stats.outside_code += 1,
+        }
+    }
+    placed
+}
+
+/// Sorted, non-overlapping rows: earlier sections win over later ones at the same address (the
+/// sort is stable), gaps between spans become NONE rows, and equal neighbours merge.
+fn sweep(mut spans: Vec<Span>, stats: &mut BuildStats) -> Vec<UnwindRow> {
+    spans.sort_by_key(|span| span.start);
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len() + spans.len() / 4);
+    let mut covered_until = 0u64;
+    for span in spans {
+        let start = span.start.max(covered_until);
+        if start >= span.end {
+            stats.overlapping += 1;
+            continue;
+        }
+        if start > covered_until && !rows.is_empty() {
+            push_merged(&mut rows, row_at(covered_until, UnwindRow::default()));
+        }
+        match span.rule.kind {
+            unwind_kind::UNSUPPORTED => stats.unsupported += 1,
+            unwind_kind::END => stats.outermost += 1,
+            _ => {}
+        }
+        push_merged(&mut rows, row_at(start, span.rule));
+        covered_until = span.end;
+    }
+    if !rows.is_empty() {
+        push_merged(&mut rows, row_at(covered_until, UnwindRow::default()));
+    }
+    rows
+}
+
+/// A rule placed at a file offset already known to fit in 32 bits.
+fn row_at(pc: u64, rule: UnwindRow) -> UnwindRow {
+    UnwindRow { pc: u32::try_from(pc).unwrap_or(u32::MAX), ..rule }
+}
+
+/// Appends `row` unless the previous row already says the same thing; a row at the same address
+/// as the previous one replaces it.
+fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
+    let same_rule =
+        |a: &UnwindRow, b: &UnwindRow| (a.kind, a.cfa_offset, a.rbp) == (b.kind, b.cfa_offset, b.rbp);
+    if let Some(last) = rows.last() {
+        if last.pc == row.pc {
+            rows.pop();
+        }
+    }
+    match rows.last() {
+        Some(last) if same_rule(last, &row) => {}
+        _ => rows.push(row),
+    }
+}
+
+/// Test helper: evaluates every row of every .eh_frame FDE with gimli again and checks that the
+/// table gives the same rule at the row's first and last byte. Returns the addresses checked.
+#[cfg(test)]
+pub(super) fn check_against_gimli(data: &[u8], table: &super::UnwindTable) -> Result<usize> {
+    let file = ElfFile64::<Endianness>::parse(data)?;
+    let segments = code_segments(&file);
+    let section = file.section_by_name(".eh_frame").context("no .eh_frame")?;
+    let mut eh_frame = EhFrame::new(section.data()?, LittleEndian);
+    eh_frame.set_address_size(8);
+    let bases = eh_frame_bases(&file, section.address());
+    let mut spans = Vec::new();
+    let mut stats = BuildStats::default();
+    collect_spans(&eh_frame, &bases, &mut spans, &mut stats);
+    let spans = to_file_offsets(spans, &segments, data.len() as u64, &mut stats);
+    let mut checked = 0;
+    for span in spans {
+        for pc in [span.start, span.end - 1] {
+            let found = table.lookup(pc).unwrap_or_default();
+            let same = (found.kind, found.cfa_offset, found.rbp)
+                == (span.rule.kind, span.rule.cfa_offset, span.rule.rbp);
+            anyhow::ensure!(same, "at {pc:#x}: table {found:?}, gimli {:?}", span.rule);
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plt_expression_is_recognised_and_others_are_not() {
+        let plt = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
+        assert_eq!(plt_offset(EndianSlice::new(&plt, LittleEndian)), Some(8));
+        let mut other = plt;
+        other[6] = 0x3a; // DW_OP_lit10
+        assert_eq!(plt_offset(EndianSlice::new(&other, LittleEndian)), None);
+        // The signal trampoline's `DW_OP_breg7 (rsp): 160; DW_OP_deref`.
+        assert_eq!(plt_offset(EndianSlice::new(&[0x77, 0xa0, 0x01, 0x06], LittleEndian)), None);
+    }
+
+    #[test]
+    fn merging_keeps_one_row_per_change_and_the_latest_at_one_address() {
+        let rsp = |pc, cfa_offset| UnwindRow { pc, cfa_offset, kind: unwind_kind::CFA_RSP, rbp: 0 };
+        let mut rows = Vec::new();
+        for row in [rsp(0, 8), rsp(4, 8), rsp(8, 16), rsp(8, 24), rsp(12, 8)] {
+            push_merged(&mut rows, row);
+        }
+        assert_eq!(rows, vec![rsp(0, 8), rsp(8, 24), rsp(12, 8)]);
+    }
+
+    #[test]
+    fn gaps_become_none_rows_and_duplicates_are_dropped() {
+        let rule = UnwindRow { kind: unwind_kind::CFA_RSP, cfa_offset: 8, ..UnwindRow::default() };
+        let spans = vec![
+            Span { start: 0x100, end: 0x110, rule },
+            Span { start: 0x200, end: 0x210, rule },
+            Span { start: 0x100, end: 0x110, rule: UnwindRow { cfa_offset: 16, ..rule } },
+        ];
+        let mut stats = BuildStats::default();
+        let rows = sweep(spans, &mut stats);
+        let none = |pc| UnwindRow { pc, ..UnwindRow::default() };
+        assert_eq!(
+            rows,
+            vec![UnwindRow { pc: 0x100, ..rule }, none(0x110), UnwindRow { pc: 0x200, ..rule }, none(0x210)]
+        );
+        assert_eq!(stats.overlapping, 1);
+    }
+}
