@@ -210,6 +210,8 @@ pub struct ThreadState {
     /// The outermost call's `AllocatorFunction`.
     pub function: u32,
     pub call: PendingCall,
+    /// `--sample`: bytes this thread allocates before its next sampled allocation.
+    pub until_sample: u64,
 }
 
 /// Arguments of an allocator call in flight, as far as the return probe needs them.

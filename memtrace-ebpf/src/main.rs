@@ -11,6 +11,7 @@
 
 mod counters;
 mod processes;
+mod sampling;
 mod stacks;
 mod usdt;
 
@@ -62,7 +63,8 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
 fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
     let mut slot = THREADS.get_ptr_mut(tid);
     if slot.is_none() {
-        let _ = THREADS.insert(tid, ThreadState::default(), u64::from(BPF_NOEXIST));
+        let fresh = ThreadState { until_sample: sampling::next_distance(), ..ThreadState::default() };
+        let _ = THREADS.insert(tid, fresh, u64::from(BPF_NOEXIST));
         slot = THREADS.get_ptr_mut(tid);
     }
     // SAFETY: a map value, valid while the program runs; only this thread's probes touch it, and
@@ -95,8 +97,8 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     0
 }
 
-/// The call of an outermost allocator call that is returning now.
-fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
+/// The thread of an outermost allocator call that is returning now.
+fn take_pending(function: AllocatorFunction) -> Option<(u32, &'static mut ThreadState)> {
     let Caller { tgid, tid } = caller();
     // SAFETY: as in thread_state.
     let thread = unsafe { &mut *THREADS.get_ptr_mut(tid)? };
@@ -104,7 +106,7 @@ fn take_pending(function: AllocatorFunction) -> Option<(u32, PendingCall)> {
         return None;
     }
     thread.depth -= 1;
-    (thread.depth == 0 && thread.function == function as u32).then_some((tgid, thread.call))
+    (thread.depth == 0 && thread.function == function as u32).then_some((tgid, thread))
 }
 
 fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, stack: u64) {
@@ -214,20 +216,31 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 }
 
 fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
-    let Some((tgid, call)) = take_pending(function) else {
+    let Some((tgid, thread)) = take_pending(function) else {
         return 0;
     };
+    let call = thread.call;
     let Some(stats) = stats_of(tgid) else {
         return 0;
     };
     note_allocator(ctx, stats);
     let result: u64 = ctx.ret();
-    let stack = match (function, result) {
+    let allocated = match function {
+        AllocatorFunction::PosixMemalign => result as i32 == 0,
         // Nothing is allocated on failure, and realloc(p, 0) only frees.
-        (AllocatorFunction::PosixMemalign, 0) => capture_stack(ctx, tgid, stats),
-        (AllocatorFunction::PosixMemalign, _) | (_, 0) => NO_STACK,
-        _ => capture_stack(ctx, tgid, stats),
+        _ => result != 0,
     };
+    if allocated && !sampling::take(thread, call.size) {
+        // Not sampled: exact counts only; the block gets no record, so its free finds none.
+        add(&stats.allocations, 1);
+        add(&stats.allocated_bytes, call.size);
+        if matches!(function, AllocatorFunction::Realloc | AllocatorFunction::Reallocarray) {
+            // realloc(p, n) releases p whether or not the new block is sampled.
+            record_free(tgid, stats, call.address);
+        }
+        return 0;
+    }
+    let stack = if allocated { capture_stack(ctx, tgid, stats) } else { NO_STACK };
     match function {
         AllocatorFunction::Realloc | AllocatorFunction::Reallocarray => {
             record_realloc(tgid, stats, call, result, stack)

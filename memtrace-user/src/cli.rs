@@ -68,6 +68,12 @@ pub struct Cli {
     #[arg(long)]
     pub no_stacks: bool,
 
+    /// Sample allocations, a mean of BYTES apart (e.g. 512KiB): only sampled ones take a stack and
+    /// a live record, and live figures, frees, peaks and stacks become unbiased estimates
+    /// (allocations and allocated bytes stay exact)
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub sample: Option<u64>,
+
     /// Attach programs that do nothing at the same probe points: the floor of exact tracing, for
     /// `cargo xtask bench`; every figure reads zero
     #[arg(long, hide = true)]
@@ -126,6 +132,29 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|err| {
         format!("`{text}` is not a duration ({err}); write a number with a unit, e.g. 250ms, 2s, 1m")
     })
+}
+
+/// A byte count with an optional unit: 4096, 64K, 64KiB, 1M, 1MiB, 1G (units are powers of 1024).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("`{text}` has an unknown unit; write e.g. 4096, 64KiB, 1MiB")),
+    };
+    let value: u64 =
+        digits.parse().map_err(|_| format!("`{text}` is not a byte count; write e.g. 512KiB"))?;
+    match value.checked_mul(1 << shift) {
+        Some(0) => Err("a sampling interval of 0 bytes samples nothing; leave --sample out to record \
+                        every allocation"
+            .to_owned()),
+        Some(bytes) if bytes <= 1 << 40 => Ok(bytes),
+        _ => Err(format!("`{text}` is more than 1TiB; use a smaller mean, e.g. 512KiB")),
+    }
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {

@@ -4,10 +4,10 @@
 use std::{collections::HashMap, time::Duration};
 
 use anyhow::Result;
-use memtrace_common::{StackKey, StackTotals};
+use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
-    model::{Model, StackProfile},
+    model::{Model, Sampling, StackProfile},
     probes::Probes,
     procfs,
     symbolize::StackSymbolizer,
@@ -20,11 +20,20 @@ pub struct Collector {
 
 impl Collector {
     pub fn sample(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
+        let estimates = match model.sampling {
+            Some(sampling) => Some(estimate_live(probes, sampling)?),
+            None => None,
+        };
         for process in model.processes.values_mut() {
             if process.released {
                 continue;
             }
+            let previous_peak = process.stats.peak_live_bytes;
             process.stats = probes.stats(process.pid)?;
+            if let Some(estimates) = &estimates {
+                let live = estimates.get(&process.pid).copied().unwrap_or_default();
+                apply_estimate(&mut process.stats, live, previous_peak);
+            }
             if process.stats.exited != 0 {
                 process.exited = true;
             }
@@ -83,10 +92,12 @@ impl Collector {
             let age = Duration::from_nanos(now_ns.saturating_sub(allocation.timestamp_ns));
             entry.oldest_age = entry.oldest_age.max(Some(age));
             if age >= older {
-                entry.bytes += allocation.size;
-                entry.allocations += 1;
+                let weight = model.sampling.map_or(1.0, |sampling| sampling.count_weight(allocation.size));
+                entry.bytes += weight * allocation.size as f64;
+                entry.allocations += weight;
             }
         }
+        let sampling = model.sampling;
         let mut totals: HashMap<StackKey, StackTotals> = probes
             .stack_totals()?
             .into_iter()
@@ -108,9 +119,9 @@ impl Collector {
             let leak = leaked.get(&key).copied().unwrap_or_default();
             process.stacks.push(StackProfile {
                 frames: self.symbolizer.resolve(&stack, &process.mappings),
-                totals,
-                leaked_bytes: leak.bytes,
-                leaked_allocations: leak.allocations,
+                totals: sampling.map_or(totals, |sampling| scale_totals(sampling, totals)),
+                leaked_bytes: leak.bytes.round() as u64,
+                leaked_allocations: leak.allocations.round() as u64,
                 oldest_age: leak.oldest_age,
             });
         }
@@ -123,11 +134,57 @@ impl Collector {
     }
 }
 
+/// Estimated live allocations and bytes of one process under sampling.
+#[derive(Debug, Default, Clone, Copy)]
+struct LiveEstimate {
+    allocations: f64,
+    bytes: f64,
+}
+
+/// Every process's live figures, each sampled block weighted by its own size.
+fn estimate_live(probes: &Probes, sampling: Sampling) -> Result<HashMap<u32, LiveEstimate>> {
+    let mut estimates: HashMap<u32, LiveEstimate> = HashMap::new();
+    for (key, allocation) in probes.live_allocations()? {
+        let weight = sampling.count_weight(allocation.size);
+        let estimate = estimates.entry(key.tgid).or_default();
+        estimate.allocations += weight;
+        estimate.bytes += weight * allocation.size as f64;
+    }
+    Ok(estimates)
+}
+
+/// Puts the estimates where the exact figures are: frees are what was allocated and is no longer
+/// live; untracked frees cannot be told from frees of blocks that were not sampled.
+fn apply_estimate(stats: &mut ProcessStats, live: LiveEstimate, previous_peak: i64) {
+    stats.live_allocations = live.allocations.round() as i64;
+    stats.live_bytes = live.bytes.round() as i64;
+    stats.frees = stats.allocations.saturating_sub(stats.live_allocations as u64);
+    stats.freed_bytes = stats.allocated_bytes.saturating_sub(stats.live_bytes as u64);
+    stats.peak_live_bytes = previous_peak.max(stats.live_bytes);
+    stats.untracked_frees = 0;
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Leaked {
-    bytes: u64,
-    allocations: u64,
+    /// Estimates under sampling, hence fractional.
+    bytes: f64,
+    allocations: f64,
     oldest_age: Option<Duration>,
+}
+
+/// A stack's sampled totals as the allocations they stand for.
+fn scale_totals(sampling: Sampling, totals: StackTotals) -> StackTotals {
+    let (allocations, allocated_bytes) = sampling.scale(totals.allocations, totals.allocated_bytes);
+    let live_allocations = u64::try_from(totals.live_allocations).unwrap_or(0);
+    let live_bytes = u64::try_from(totals.live_bytes).unwrap_or(0);
+    let (live_allocations, live_bytes) = sampling.scale(live_allocations, live_bytes);
+    StackTotals {
+        allocations: allocations.round() as u64,
+        allocated_bytes: allocated_bytes.round() as u64,
+        live_allocations: live_allocations.round() as i64,
+        live_bytes: live_bytes.round() as i64,
+        ..totals
+    }
 }
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.

@@ -27,7 +27,7 @@ use crate::{
         flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
         trace::TraceFile, Exporter,
     },
-    model::{KernelMaps, Model, RunEnd, Sample},
+    model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
     probes::{ProbeConfig, Probes, ProcessFilter, Scope},
     procfs,
@@ -45,6 +45,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         max_allocations: cli.max_allocations,
         capture_stacks: !cli.no_stacks,
         empty_probes: cli.empty_probes,
+        sample_mean: cli.sample.unwrap_or(0),
         system_wide: cli.all.then(|| ProcessFilter {
             self_tgid: std::process::id(),
             excluded_pids: cli.exclude_pids.clone(),
@@ -55,7 +56,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let overrides =
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
-    let mut model = Model::default();
+    let mut model = Model { sampling: cli.sample.map(Sampling::new), ..Model::default() };
     let Targets { watched: targets, all_processes, held } = if cli.all {
         Targets::all(&mut probes, overrides)?
     } else if cli.command.is_empty() {

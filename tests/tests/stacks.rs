@@ -249,3 +249,32 @@ mod pprof {
         })
     }
 }
+
+/// --sample 2KiB on fixtures/sampled_leaks.c: three sites each leak 40,000,000 bytes (400000 x 100,
+/// 10000 x 4000, 400 x 100000) and 200000 temporaries of 64 bytes are freed. Allocation counts
+/// stay exact; each site's live bytes and blocks are estimates within 5% (thousands of samples
+/// per site: one standard error is about 1%), and the summary says which figures are estimates.
+#[test]
+fn sampled_leaks_are_estimated_within_five_percent() {
+    const SITE_BYTES: f64 = 40_000_000.0;
+    let outcome = Memtrace::new().args(["--sample", "2KiB"]).command(&fixture("sampled_leaks")).run();
+    outcome.assert_exit_code(0);
+    let summary = outcome.summary();
+    assert_eq!(summary["sampling"]["mean_bytes"], 2048, "{summary:#}");
+    let estimated = summary["sampling"]["estimated"].as_array().unwrap();
+    assert!(estimated.contains(&Value::from("live_bytes")) && estimated.contains(&Value::from("leaks")));
+    let process = outcome.process();
+    assert_eq!(process["allocations"], 400_000 + 10_000 + 400 + 200_000, "exact under sampling");
+    assert_eq!(process["allocated_bytes"], 3 * 40_000_000 + 200_000 * 64, "exact under sampling");
+    assert_eq!(process["lost_events"], 0, "{process:#}");
+    for (site, blocks) in [("leak_small", 400_000.0), ("leak_medium", 10_000.0), ("leak_large", 400.0)] {
+        let leak = leak_from(process, site).unwrap_or_else(|| panic!("no leak from {site}: {process:#}"));
+        let bytes = leak["bytes"].as_f64().unwrap();
+        let allocations = leak["allocations"].as_f64().unwrap();
+        assert!((bytes / SITE_BYTES - 1.0).abs() < 0.05, "{site}: {bytes} bytes, not 40 MB within 5%");
+        assert!((allocations / blocks - 1.0).abs() < 0.05, "{site}: {allocations} blocks, not {blocks}");
+    }
+    let live = process["live_bytes"].as_f64().unwrap();
+    assert!((live / (3.0 * SITE_BYTES) - 1.0).abs() < 0.05, "live {live}");
+    assert!(leak_from(process, "scratch").is_none(), "temporaries are not leaks: {process:#}");
+}

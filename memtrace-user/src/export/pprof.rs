@@ -77,6 +77,14 @@ fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
     }
     let period_type = Some(builder.value_type("space", "bytes"));
     let default_sample_type = builder.string("inuse_space");
+    let comment = match model.sampling {
+        Some(sampling) => vec![builder.string(&format!(
+            "memtrace --sample {}: values are estimates from allocations sampled a mean of {} bytes apart, \
+             each scaled by 1/(1-exp(-size/{})) as pprof scales heap samples",
+            sampling.mean_bytes, sampling.mean_bytes, sampling.mean_bytes
+        ))],
+        None => Vec::new(),
+    };
     proto::Profile {
         sample_type,
         sample: samples,
@@ -85,7 +93,8 @@ fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
         string_table: builder.strings,
         duration_nanos: end.duration.as_nanos() as i64,
         period_type,
-        period: 1,
+        period: model.sampling.map_or(1, |sampling| sampling.mean_bytes as i64),
+        comment,
         default_sample_type,
     }
 }
@@ -173,6 +182,9 @@ pub mod proto {
         pub period_type: Option<ValueType>,
         #[prost(int64, tag = "12")]
         pub period: i64,
+        /// Indices into string_table: free-form notes (here: that values are sampled estimates).
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
         #[prost(int64, tag = "14")]
         pub default_sample_type: i64,
     }

@@ -104,6 +104,15 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             );
         }
     }
+    if let Some(sampling) = model.sampling {
+        let _ = writeln!(
+            text,
+            "memtrace: sampled a mean of {} apart: allocations, allocated bytes and failures are exact; \
+             {} are estimates",
+            bytes(sampling.mean_bytes),
+            sampling.estimated.join(", ")
+        );
+    }
     let lost = model.lost_events();
     if lost > 0 {
         let _ = writeln!(

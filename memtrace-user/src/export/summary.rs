@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::Exporter;
 use crate::{
-    model::{KernelMaps, Model, Process, RunEnd, StackProfile},
+    model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile},
     symbolize::Frame,
 };
 
@@ -28,6 +28,9 @@ pub struct Summary {
     /// System-wide runs: how full the kernel's tables were, to show they stay bounded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_maps: Option<KernelMaps>,
+    /// `--sample`: the mean bytes between samples and which figures are estimates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<Sampling>,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +105,7 @@ impl Summary {
             lost_events: model.lost_events(),
             processes: model.processes.values().map(|p| ProcessSummary::of(p, top)).collect(),
             kernel_maps: model.kernel_maps,
+            sampling: model.sampling,
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct ProbeConfig {
     pub capture_stacks: bool,
     /// Attach the empty programs instead of the allocator programs (`--empty-probes`).
     pub empty_probes: bool,
+    /// `--sample`: mean bytes between sampled allocations; 0 records every allocation.
+    pub sample_mean: u64,
     /// Set for system-wide tracing, where probes fire in every process.
     pub system_wide: Option<ProcessFilter>,
 }
@@ -100,6 +102,7 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("ALLOCATIONS", config.max_allocations)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
+            .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("FILTER_PROCESSES", &u8::from(config.system_wide.is_some()), true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
             .override_global("ONLY_COMM", &only_comm, true)

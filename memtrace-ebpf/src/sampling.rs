@@ -1,0 +1,76 @@
+//! `--sample BYTES`: the Poisson process on allocated bytes that tcmalloc, jemalloc and heapprofd
+//! use. Sample points fall on the stream of bytes a thread allocates, a mean of `SAMPLE_MEAN` bytes
+//! apart, and an allocation is sampled when a point falls inside it: an allocation of S bytes with
+//! probability 1 - exp(-S/R), so userspace scales each sample by S / (1 - exp(-S/R)) for unbiased
+//! estimates. Only sampled allocations take a stack and a live-allocation record. BPF has no
+//! floating point: the exponential distances are drawn with a fixed-point log2.
+
+use aya_ebpf::helpers::bpf_get_prandom_u32;
+use memtrace_common::ThreadState;
+
+/// Set by the loader: the mean bytes between samples; 0 records every allocation.
+#[no_mangle]
+static SAMPLE_MEAN: u64 = 0;
+
+/// Fractional bits of the fixed-point logarithms.
+const FRACTION_BITS: u32 = 16;
+/// ln 2 in 16-bit fixed point (0.693147 * 65536).
+const LN_2: u64 = 45_426;
+
+fn mean() -> u64 {
+    // SAFETY: a global the loader sets before the programs load.
+    unsafe { core::ptr::read_volatile(&SAMPLE_MEAN) }
+}
+
+/// Whether this allocation of `size` bytes is recorded; moves the thread along its byte stream.
+pub(crate) fn take(thread: &mut ThreadState, size: u64) -> bool {
+    if mean() == 0 {
+        return true;
+    }
+    if thread.until_sample > size {
+        thread.until_sample -= size;
+        return false;
+    }
+    // A point fell inside this allocation; the next is an exponential distance past its end
+    // (points inside the rest of it change nothing: the process has no memory).
+    thread.until_sample = next_distance();
+    true
+}
+
+/// An exponential distance with mean SAMPLE_MEAN: -mean * ln(u), u uniform in (0, 1].
+pub(crate) fn next_distance() -> u64 {
+    let mean = mean();
+    if mean == 0 {
+        return 0;
+    }
+    // SAFETY: the helper has no preconditions.
+    let u = u64::from(unsafe { bpf_get_prandom_u32() }) + 1;
+    // -ln(u / 2^32) = ln 2 * (32 - log2(u)).
+    let minus_log2 = (32 << FRACTION_BITS) - log2_fixed(u);
+    let distance = ((mean * minus_log2) >> FRACTION_BITS) * LN_2 >> FRACTION_BITS;
+    distance.max(1)
+}
+
+/// log2(v) for 1 <= v <= 2^32, with FRACTION_BITS fractional bits: the integer part by a binary
+/// search for the highest set bit, the fraction bit by bit by repeated squaring of the mantissa.
+/// Without data-dependent branches in the loop, so that the verifier walks it once.
+fn log2_fixed(v: u64) -> u64 {
+    let mut rest = v;
+    let mut integer = 0u64;
+    for shift in [32u64, 16, 8, 4, 2, 1] {
+        let step = u64::from(rest >> shift != 0) * shift;
+        rest >>= step;
+        integer += step;
+    }
+    // The mantissa v / 2^integer in [1, 2), as Q30 (v has at most 33 bits).
+    let mut mantissa = if integer <= 30 { v << (30 - integer) } else { v >> (integer - 30) };
+    let mut fraction = 0u64;
+    for _ in 0..FRACTION_BITS {
+        // The square lies in [1, 4): its bit 31 says whether it reached 2.
+        mantissa = (mantissa * mantissa) >> 30;
+        let bit = mantissa >> 31;
+        mantissa >>= bit;
+        fraction = (fraction << 1) | bit;
+    }
+    (integer << FRACTION_BITS) | fraction
+}
