@@ -9,7 +9,10 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 
-use super::{sparse::SparseImage, FileId, ObjectFile};
+use super::{
+    sparse::{self, SparseImage},
+    FileId, ObjectFile,
+};
 use crate::{
     allocator::{resolve_entry_points, ResolvedEntryPoint},
     elf::DynamicInfo,
@@ -79,7 +82,7 @@ impl FileCache {
 
 /// Reads an object file's facts; a file that is not ELF, or not all of it valid, has fewer.
 pub fn read_facts(object: &ObjectFile) -> FileFacts {
-    let facts = SparseImage::of(object).and_then(|image| {
+    let facts = SparseImage::of(object, sparse::FACTS).and_then(|image| {
         image.with_elf(|elf| {
             Ok(FileFacts {
                 is_elf64: true,
@@ -92,7 +95,7 @@ pub fn read_facts(object: &ObjectFile) -> FileFacts {
 }
 
 fn read_entry_points(object: &ObjectFile, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
-    let image = SparseImage::of(object).with_context(|| format!("reading {}", object.path.display()))?;
+    let image = SparseImage::of(object, sparse::SYMBOLS).with_context(|| format!("reading {}", object.path.display()))?;
     image
         .with_elf(|elf| resolve_entry_points(elf, prefix))
         .with_context(|| format!("reading the symbols of {}", object.path.display()))

@@ -59,7 +59,7 @@ fn read_everything(elf: &ElfObject<'_>) {
 
 /// A sparse image of `bytes`, read as from a file of that size.
 fn sparse(bytes: &[u8]) -> anyhow::Result<SparseImage<'_>> {
-    SparseImage::load(bytes.len() as u64, &super::sparse::LOADED_SECTIONS, move |buf, offset| {
+    SparseImage::load(bytes.len() as u64, &[super::sparse::FACTS, super::sparse::SYMBOLS].concat(), move |buf, offset| {
         let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
         let source = bytes.get(start..start + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(source);
@@ -81,7 +81,7 @@ fn check(bytes: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_bin_true_never_panics(
@@ -94,7 +94,7 @@ proptest! {
 
 proptest! {
     // libc is 2 MB: fewer cases, each reads far more.
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_libc_never_panics(

@@ -19,19 +19,18 @@ use crate::elf::ElfObject;
 
 type FileHeader = elf::FileHeader64<Endianness>;
 
-/// Section types whose contents the ELF readers look at.
-pub const LOADED_SECTIONS: [u32; 10] = [
-    elf::SHT_SYMTAB,
+/// The sections each reader needs (with the string tables they link to).
+pub const FACTS: &[u32] = &[elf::SHT_DYNAMIC, elf::SHT_NOTE];
+pub const SYMBOLS: &[u32] = &[
     elf::SHT_DYNSYM,
-    elf::SHT_STRTAB,
-    elf::SHT_DYNAMIC,
-    elf::SHT_NOTE,
+    elf::SHT_SYMTAB,
     elf::SHT_HASH,
     elf::SHT_GNU_HASH,
     elf::SHT_GNU_VERSYM,
     elf::SHT_GNU_VERDEF,
     elf::SHT_GNU_VERNEED,
 ];
+pub const NOTES: &[u32] = &[elf::SHT_NOTE];
 
 pub struct SparseImage<'a> {
     data: Vec<u8>,
@@ -39,17 +38,17 @@ pub struct SparseImage<'a> {
 }
 
 impl<'a> SparseImage<'a> {
-    pub fn of(object: &'a ObjectFile) -> Result<Self> {
-        Self::load(object.len, &LOADED_SECTIONS, move |buf, offset| object.read_exact_at(buf, offset))
-    }
-
-    /// Only the headers and the notes (USDT probe sites, build ID) of an object file.
-    pub fn notes_of(object: &'a ObjectFile) -> Result<Self> {
-        Self::load(object.len, &[elf::SHT_NOTE], move |buf, offset| object.read_exact_at(buf, offset))
+    /// The headers and the sections of the `types` given (FACTS, SYMBOLS, NOTES) of an object file.
+    pub fn of(object: &'a ObjectFile, types: &[u32]) -> Result<Self> {
+        Self::load(object.len, types, move |buf, offset| object.read_exact_at(buf, offset))
     }
 
     /// Reads the headers of a file of `len` bytes and its sections of the `types` given (and its
-    /// dynamic and note segments), with `read_at`.
+    /// dynamic and note segments, and the string tables they link to), with `read_at`.
+    ///
+    /// .symtab is read only for a program (ET_EXEC, or with PT_INTERP) or an object without
+    /// .dynsym: the dynamic linker resolves a library's symbols through .dynsym alone, and the
+    /// .symtab of a 150 MB library is 20 MB that no answer needs.
     pub fn load(
         len: u64,
         types: &[u32],
@@ -71,21 +70,27 @@ impl<'a> SparseImage<'a> {
         let shnum = header.shnum(endian, &*image.data)?;
         image.fill(header.e_shoff(endian), u64::try_from(shnum)?.saturating_mul(shentsize))?;
         let mut ranges = Vec::new();
-        if let Ok(sections) = header.section_headers(endian, &*image.data) {
-            let shstrndx = header.shstrndx(endian, &*image.data).unwrap_or(0) as usize;
-            for (index, section) in sections.iter().enumerate() {
-                // Section names live in the string table e_shstrndx names.
-                if !types.contains(&section.sh_type(endian)) && index != shstrndx {
-                    continue;
-                }
-                ranges.push((section.sh_offset(endian), section.sh_size(endian)));
+        let segments = header.program_headers(endian, &*image.data).unwrap_or_default();
+        for segment in segments {
+            if matches!(segment.p_type(endian), elf::PT_DYNAMIC | elf::PT_NOTE) {
+                ranges.push((segment.p_offset(endian), segment.p_filesz(endian)));
             }
         }
-        if let Ok(segments) = header.program_headers(endian, &*image.data) {
-            for segment in segments {
-                if matches!(segment.p_type(endian), elf::PT_DYNAMIC | elf::PT_NOTE) {
-                    ranges.push((segment.p_offset(endian), segment.p_filesz(endian)));
-                }
+        let is_program = header.e_type(endian) == elf::ET_EXEC
+            || segments.iter().any(|segment| segment.p_type(endian) == elf::PT_INTERP);
+        if let Ok(sections) = header.section_headers(endian, &*image.data) {
+            let has_dynsym = sections.iter().any(|s| s.sh_type(endian) == elf::SHT_DYNSYM);
+            let wanted = |kind: u32| {
+                types.contains(&kind) && (kind != elf::SHT_SYMTAB || is_program || !has_dynsym)
+            };
+            // Section names live in the string table e_shstrndx names.
+            let mut indexes = vec![header.shstrndx(endian, &*image.data).unwrap_or(0) as usize];
+            for (index, section) in sections.iter().enumerate().filter(|(_, s)| wanted(s.sh_type(endian))) {
+                indexes.push(index);
+                indexes.push(section.sh_link(endian) as usize);
+            }
+            for section in indexes.into_iter().filter_map(|index| sections.get(index)) {
+                ranges.push((section.sh_offset(endian), section.sh_size(endian)));
             }
         }
         for (offset, size) in ranges {
@@ -138,7 +143,7 @@ mod tests {
         let path = "/usr/lib/x86_64-linux-gnu/libc.so.6";
         let whole = std::fs::read(path).unwrap();
         let object = ObjectFile::open_host(std::path::Path::new(path)).unwrap();
-        let sparse = SparseImage::of(&object).unwrap();
+        let sparse = SparseImage::of(&object, &[FACTS, SYMBOLS].concat()).unwrap();
         let elf = ElfObject::parse(&whole).unwrap();
         let expected = (
             elf.dynamic_info().unwrap(),

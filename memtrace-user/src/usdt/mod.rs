@@ -273,7 +273,7 @@ fn with_wanted_sites(
             || requests.iter().any(|request| request.provider == provider && request.name == name)
     };
     let has_wanted_site = |object: &ObjectFile| -> bool {
-        let notes = SparseImage::notes_of(object).and_then(|image| {
+        let notes = SparseImage::of(object, crate::process::NOTES).and_then(|image| {
             image.with_elf(|elf| {
                 Ok(elf.section_data(".note.stapsdt").map(notes::parse_notes).unwrap_or_default())
             })
