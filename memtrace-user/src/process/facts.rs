@@ -95,7 +95,8 @@ pub fn read_facts(object: &ObjectFile) -> FileFacts {
 }
 
 fn read_entry_points(object: &ObjectFile, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
-    let image = SparseImage::of(object, sparse::SYMBOLS).with_context(|| format!("reading {}", object.path.display()))?;
+    let image = SparseImage::of(object, sparse::SYMBOLS)
+        .with_context(|| format!("reading {}", object.path.display()))?;
     image
         .with_elf(|elf| resolve_entry_points(elf, prefix))
         .with_context(|| format!("reading the symbols of {}", object.path.display()))

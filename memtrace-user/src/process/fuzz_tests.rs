@@ -59,12 +59,16 @@ fn read_everything(elf: &ElfObject<'_>) {
 
 /// A sparse image of `bytes`, read as from a file of that size.
 fn sparse(bytes: &[u8]) -> anyhow::Result<SparseImage<'_>> {
-    SparseImage::load(bytes.len() as u64, &[super::sparse::FACTS, super::sparse::SYMBOLS].concat(), move |buf, offset| {
-        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
-        let source = bytes.get(start..start + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
-        buf.copy_from_slice(source);
-        Ok(())
-    })
+    SparseImage::load(
+        bytes.len() as u64,
+        &[super::sparse::FACTS, super::sparse::SYMBOLS].concat(),
+        move |buf, offset| {
+            let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+            let source = bytes.get(start..start + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
+            buf.copy_from_slice(source);
+            Ok(())
+        },
+    )
 }
 
 fn check(bytes: &[u8]) {

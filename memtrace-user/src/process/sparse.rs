@@ -80,9 +80,8 @@ impl<'a> SparseImage<'a> {
             || segments.iter().any(|segment| segment.p_type(endian) == elf::PT_INTERP);
         if let Ok(sections) = header.section_headers(endian, &*image.data) {
             let has_dynsym = sections.iter().any(|s| s.sh_type(endian) == elf::SHT_DYNSYM);
-            let wanted = |kind: u32| {
-                types.contains(&kind) && (kind != elf::SHT_SYMTAB || is_program || !has_dynsym)
-            };
+            let wanted =
+                |kind: u32| types.contains(&kind) && (kind != elf::SHT_SYMTAB || is_program || !has_dynsym);
             // Section names live in the string table e_shstrndx names.
             let mut indexes = vec![header.shstrndx(endian, &*image.data).unwrap_or(0) as usize];
             for (index, section) in sections.iter().enumerate().filter(|(_, s)| wanted(s.sh_type(endian))) {
