@@ -42,8 +42,11 @@ pub struct FileCache {
 struct Cached {
     facts: HashMap<FileId, Arc<FileFacts>>,
     /// (file, symbol prefix) -> the allocator entry points it defines, or why they cannot be used.
-    entry_points: HashMap<(FileId, String), Result<Arc<Vec<ResolvedEntryPoint>>, String>>,
+    entry_points: HashMap<(FileId, String), EntryPointsOrError>,
 }
+
+/// A file's allocator entry points for one prefix, or why they cannot be read.
+type EntryPointsOrError = Result<Arc<Vec<ResolvedEntryPoint>>, String>;
 
 impl FileCache {
     pub fn facts(&self, object: &ObjectFile) -> Arc<FileFacts> {

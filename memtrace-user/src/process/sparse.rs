@@ -32,9 +32,12 @@ pub const SYMBOLS: &[u32] = &[
 ];
 pub const NOTES: &[u32] = &[elf::SHT_NOTE];
 
+/// Reads exactly `buf.len()` bytes at a file offset.
+type ReadAt<'a> = Box<dyn Fn(&mut [u8], u64) -> io::Result<()> + 'a>;
+
 pub struct SparseImage<'a> {
     data: Vec<u8>,
-    read_at: Box<dyn Fn(&mut [u8], u64) -> io::Result<()> + 'a>,
+    read_at: ReadAt<'a>,
 }
 
 impl<'a> SparseImage<'a> {
