@@ -42,7 +42,7 @@ fn lib_symlink_in_the_target_root_resolves_inside_it() {
 }
 
 #[test]
-fn lib_that_is_not_a_regular_file_is_refused_by_name() {
+fn lib_or_usdt_path_that_is_not_a_regular_file_is_refused_by_name() {
     let outcome = Memtrace::new().args(["--lib", "/dev/zero"]).command(&fixture("leaks")).run();
     outcome.assert_exit_code(1);
     outcome.assert_stderr_mentions(&[

@@ -22,7 +22,7 @@ pub use self::{
     facts::FileCache,
     file::{FileId, ObjectFile, Root, MAX_OBJECT_BYTES},
     objects::{open_mapping, SYSTEM_LIBRARY_DIRS},
-    sparse::{SparseImage, NOTES},
+    sparse::{SparseImage, NOTES, SYMBOLS},
 };
 
 /// The identity of the file at a path of memtrace's own file system (for the USDT code, whose

@@ -7,7 +7,7 @@
 
 use std::io;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use object::{
     elf,
     read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _},
@@ -63,7 +63,7 @@ impl<'a> SparseImage<'a> {
         // Zeroed allocations this large are fresh pages: only what is read below is touched.
         let mut image = Self { data: vec![0u8; len as usize], read_at: Box::new(read_at) };
         image.fill(0, size_of::<FileHeader>() as u64)?;
-        let header = *FileHeader::parse(&*image.data)?;
+        let header = *FileHeader::parse(&*image.data).map_err(|_| anyhow!("not a 64-bit ELF file"))?;
         let endian = header.endian()?;
         let phdrs = u64::from(header.e_phnum(endian)) * u64::from(header.e_phentsize(endian));
         image.fill(header.e_phoff(endian), phdrs)?;
@@ -123,8 +123,7 @@ impl<'a> SparseImage<'a> {
     }
 
     /// Parses the image; `run` gets an ElfObject that reads code bytes from the file.
-    /// The image's bytes (zero where nothing was read).
-    #[cfg(test)]
+    /// The image's bytes (zero where nothing was read), for parsers of their own (USDT notes).
     pub fn data(&self) -> &[u8] {
         &self.data
     }
