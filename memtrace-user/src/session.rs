@@ -30,6 +30,7 @@ use crate::{
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
     probes::{ProbeConfig, Probes, ProcessFilter, Scope},
+    process::{FileCache, ProcessImage},
     procfs,
     system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
@@ -143,10 +144,12 @@ impl Targets {
         model: &mut Model,
     ) -> Result<Self> {
         let mut watched = Vec::new();
+        let cache = FileCache::default();
         for &pid in pids {
-            let allocator = Allocator::of_process(pid, overrides)?;
+            let image = ProcessImage::of_process(pid, &cache)?;
+            let allocator = Allocator::of_image(&image, overrides, &cache)?;
             probes.attach(&allocator, Scope::Process(pid))?;
-            crate::usdt::attach_process(probes, pid)?;
+            crate::usdt::attach_process(probes, &image)?;
             watched.push(Watched::new(pid, false)?);
             add_traced(model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
         }
@@ -164,15 +167,17 @@ impl Targets {
         model: &mut Model,
     ) -> Result<Self> {
         let program = resolve_program(&command[0])?;
-        let allocator = Allocator::of_command(&program, overrides)?;
+        let cache = FileCache::default();
+        let image = ProcessImage::of_command(&program, &cache)?;
+        let allocator = Allocator::of_image(&image, overrides, &cache)?;
         // The command may exit before the first sample: know its files for symbols already.
-        for object in Allocator::objects_of_command(&program) {
-            collector.index_object(&object);
+        for object in &image.objects {
+            collector.index_object(object);
         }
-        collector.index_object(&allocator.host_path);
+        collector.index_object(&allocator.object);
         let held = HeldCommand::spawn(&program, command)?;
         probes.attach(&allocator, Scope::Process(held.pid))?;
-        crate::usdt::attach_command(probes, &program, held.pid)?;
+        crate::usdt::attach_command(probes, &image, held.pid)?;
         let watched = vec![Watched::new(held.pid, true)?];
         add_traced(model, held.pid, command_name(&program), &allocator);
         Ok(Self { watched, all_processes: None, held: Some(held) })
@@ -293,8 +298,8 @@ impl Run<'_> {
             None
         };
         if let (true, Some(all)) = (execs_ready, &mut self.all_processes) {
-            for (path, readable) in all.handle_execs(&mut self.probes)? {
-                self.collector.index_object_of_process(&readable, &path);
+            for object in all.handle_execs(&mut self.probes)? {
+                self.collector.index_object(&object);
             }
         }
         for &i in &exited {

@@ -9,7 +9,10 @@ use anyhow::{Context, Result};
 use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 
 use super::{table_of_file, UnwindTable};
-use crate::procfs::{self, Mapping};
+use crate::{
+    process::Root,
+    procfs::{self, Mapping},
+};
 
 /// The registers the unwinder needs; `rbp` is None once no frame can tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +150,8 @@ impl ProcessTables {
         let offset = address - mapping.start + mapping.file_offset;
         let pid = self.pid;
         let table = self.tables.entry(mapping.path.clone()).or_insert_with(|| {
-            table_of_file(&procfs::in_root_of(pid, &mapping.path)).ok().map(|(t, _)| Rc::new(t))
+            let object = Root::of_process(pid).and_then(|root| root.open(&mapping.path)).ok()?;
+            table_of_file(&object.host_path).ok().map(|(t, _)| Rc::new(t))
         });
         Some((table.clone(), offset))
     }
