@@ -51,19 +51,13 @@ pub(crate) fn next_distance() -> u64 {
     distance.max(1)
 }
 
-/// log2(v) for 1 <= v <= 2^32, with FRACTION_BITS fractional bits: the integer part by a binary
-/// search for the highest set bit, the fraction bit by bit by repeated squaring of the mantissa.
-/// Without data-dependent branches in the loop, so that the verifier walks it once.
+/// log2(v) for 1 <= v <= 2^32, with FRACTION_BITS fractional bits: the integer part from the
+/// highest set bit, the fraction bit by bit by repeated squaring of the mantissa. Without a
+/// data-dependent branch, so that the verifier walks it once, whatever the program did before.
 fn log2_fixed(v: u64) -> u64 {
-    let mut rest = v;
-    let mut integer = 0u64;
-    for shift in [32u64, 16, 8, 4, 2, 1] {
-        let step = u64::from(rest >> shift != 0) * shift;
-        rest >>= step;
-        integer += step;
-    }
-    // The mantissa v / 2^integer in [1, 2), as Q30 (v has at most 33 bits).
-    let mut mantissa = if integer <= 30 { v << (30 - integer) } else { v >> (integer - 30) };
+    let integer = u64::from(63 - v.leading_zeros());
+    // The mantissa v / 2^integer in [1, 2), as Q30 (v has at most 33 bits, so v << 30 fits).
+    let mut mantissa = (v << 30) >> integer;
     let mut fraction = 0u64;
     for _ in 0..FRACTION_BITS {
         // The square lies in [1, 4): its bit 31 says whether it reached 2.

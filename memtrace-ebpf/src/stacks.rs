@@ -56,15 +56,15 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
     };
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     let raw = unsafe { &mut *raw };
-    let depth = walk_frame_pointers(ctx, raw);
+    walk_frame_pointers(ctx, raw);
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(FNV_OFFSET, u64::from(tgid));
-    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw, depth);
+    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw);
     if let Some(key) = RAW_STACKS.get_ptr(raw_key) {
         // SAFETY: a map value, valid while the program runs.
         return unsafe { *key };
     }
-    let key = resolve_build_ids(ctx, stats, depth);
+    let key = resolve_build_ids(ctx, stats, raw);
     if key != NO_STACK {
         // A full cache evicts its least recently used entry: nothing is lost, only resolved again.
         let _ = RAW_STACKS.insert(raw_key, key, 0);
@@ -78,13 +78,11 @@ fn fnv1a(hash: u64, word: u64) -> u64 {
     (hash ^ word).wrapping_mul(0x0100_0000_01b3)
 }
 
-/// FNV-1a over the first `used` words: 64 bits make collisions between distinct stacks negligible.
-fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
+/// FNV-1a over every word (unused frames are zero): 64 bits make collisions between distinct
+/// stacks negligible. No early exit, so the verifier walks the program after it once.
+fn hash_words<const N: usize>(seed: u64, words: &[u64; N]) -> u64 {
     let mut hash = seed;
-    for (i, word) in words.iter().enumerate() {
-        if i >= used {
-            break;
-        }
+    for word in words {
         hash = fnv1a(hash, *word);
     }
     if hash == NO_STACK {
@@ -95,35 +93,33 @@ fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
 }
 
 /// Return addresses by frame pointers, from a return probe's registers: the allocator's caller
-/// first. A frame must lie above the one it was called from (the stack grows down), which ends the
-/// walk at code without frame pointers instead of reading on through its data. Returns the depth.
-fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
+/// first, zeros past the end. A frame must lie above the one it was called from (the stack grows
+/// down), which ends the walk at code without frame pointers instead of reading on through its
+/// data. Nothing computed here outlives the loop, so the verifier prunes where walks ended.
+fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let (mut ip, mut frame) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
-    let mut depth = 0;
     for slot in raw.iter_mut() {
         *slot = ip;
-        depth += 1;
+        ip = 0;
         if frame == 0 {
-            break;
+            continue;
         }
         // [frame] is the caller's frame pointer, [frame + 8] the return address into the caller.
         // SAFETY: the helper checks the user address and fails rather than faults.
-        let Ok([next, return_address]) = (unsafe { bpf_probe_read_user(frame as *const [u64; 2]) }) else {
-            break;
-        };
-        if return_address == 0 {
-            break;
+        match unsafe { bpf_probe_read_user(frame as *const [u64; 2]) } {
+            Ok([next, return_address]) if return_address != 0 => {
+                ip = return_address;
+                frame = if next > frame { next } else { 0 };
+            }
+            _ => frame = 0,
         }
-        ip = return_address;
-        frame = if next > frame { next } else { 0 };
     }
-    depth
 }
 
-/// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
+/// The current stack in build-ID form, cut to the frames the frame-pointer walk found (`raw`),
 /// stored in STACKS; its key, or NO_STACK.
-fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) -> u64 {
+fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, raw: &RawStack) -> u64 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NO_STACK;
     };
@@ -138,15 +134,14 @@ fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) 
     }
     // SAFETY: the scratch value is ours until the program ends.
     let frames = unsafe { &mut *scratch };
-    for (index, frame) in frames.frames.iter_mut().enumerate() {
-        if index >= depth {
+    for (frame, address) in frames.frames.iter_mut().zip(raw) {
+        if *address == 0 {
             *frame = StackFrame::EMPTY;
         }
     }
     // SAFETY: as above; a stack is whole u64 words.
     let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
-    let used = (copied as usize / 8).min(depth * 4);
-    let hash = hash_words(FNV_OFFSET, words, used);
+    let hash = hash_words(FNV_OFFSET, words);
     // SAFETY: as above.
     if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
         add(&stats.lost_events, 1);
