@@ -3,14 +3,16 @@
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Parser};
-use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
+use memtrace_common::{DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_LIVE_ALLOCATIONS_LIMIT};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "memtrace",
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
-    group(ArgGroup::new("target").required(true).args(["pids", "command", "all"])),
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
+    // --comm implies --all; --pid, --all and a command exclude each other.
+    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
     // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true,
@@ -18,19 +20,20 @@ use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
 )]
 pub struct Cli {
     /// Attach to a running process (repeatable)
-    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
+          conflicts_with_all = ["command", "system_wide"])]
     pub pids: Vec<u32>,
 
     /// Trace every process on the machine, including those started later
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "command")]
     pub all: bool,
 
-    /// With --all: trace only processes with this command name
-    #[arg(long, value_name = "NAME", requires = "all")]
-    pub comm: Option<String>,
+    /// Trace only processes with this command name, as `ps -o comm` shows it (repeatable; implies --all)
+    #[arg(long = "comm", value_name = "NAME", conflicts_with = "command")]
+    pub comms: Vec<String>,
 
-    /// With --all: leave this process out (repeatable)
-    #[arg(long = "exclude-pid", value_name = "PID", requires = "all")]
+    /// With --all or --comm: leave this process out (repeatable)
+    #[arg(long = "exclude-pid", value_name = "PID", requires = "system_wide")]
     pub exclude_pids: Vec<u32>,
 
     /// Trace file to write (Chrome trace-event JSON) [default: memtrace-<date>-<time>.json]
@@ -49,9 +52,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,
 
-    /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost
+    /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost.
+    /// At most 134217728 (the kernel's limit for a hash map); each entry takes about 100 bytes of
+    /// kernel memory
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_LIVE_ALLOCATIONS,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
     pub max_allocations: u32,
 
     /// The allocator's symbol prefix or name: glibc, jemalloc, tcmalloc, mimalloc, je_, tc_, mi_,
@@ -96,6 +101,24 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub subcommand: Option<Subcommand>,
+}
+
+impl Cli {
+    /// Every process on the machine is a candidate: --all, or --comm, which implies it.
+    pub fn system_wide(&self) -> bool {
+        self.all || !self.comms.is_empty()
+    }
+
+    /// Each output file the run writes, with the option that names it.
+    pub fn output_files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let named = [
+            ("-o/--output", self.output.as_deref()),
+            ("--summary", self.summary.as_deref()),
+            ("--pprof", self.pprof.as_deref()),
+            ("--flamegraph", self.flamegraph.as_deref()),
+        ];
+        named.into_iter().filter_map(|(flag, path)| Some((flag, path?))).collect()
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]

@@ -18,11 +18,15 @@ mod usdt;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.
     let cli = cli::Cli::parse();
+    // What cannot work is refused before anything is traced, as a usage error.
+    if let Err(problem) = export::output_file::check_distinct(&cli.output_files()) {
+        cli::Cli::command().error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
+    }
     let result = match &cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)

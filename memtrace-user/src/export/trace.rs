@@ -26,10 +26,10 @@ pub struct TraceFile {
 
 impl TraceFile {
     pub fn create(path: &Path) -> Result<Self> {
-        let mut file = File::create(path).with_context(|| {
-            format!("cannot write the trace to {}; choose another path with -o/--output", path.display())
-        })?;
-        file.write_all(b"[")?;
+        let cannot =
+            || format!("cannot write the trace to {}; choose another path with -o/--output", path.display());
+        let mut file = File::create(path).with_context(cannot)?;
+        file.write_all(b"[").with_context(cannot)?;
         Ok(Self {
             path: path.to_owned(),
             file,
@@ -50,7 +50,11 @@ impl TraceFile {
             text.push_str(&event.to_string());
             self.events_written += 1;
         }
-        self.file.write_all(text.as_bytes()).with_context(|| format!("writing {}", self.path.display()))
+        self.file.write_all(text.as_bytes()).with_context(|| self.write_failed())
+    }
+
+    fn write_failed(&self) -> String {
+        format!("writing the trace to {} (-o/--output)", self.path.display())
     }
 }
 
@@ -72,9 +76,13 @@ impl Exporter for TraceFile {
         self.write_events(&events)
     }
 
+    fn written(&self) -> Option<String> {
+        Some(format!("trace written to {} (open it in Perfetto UI or chrome://tracing)", self.path.display()))
+    }
+
     fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
-        self.file.write_all(b"\n]\n")?;
-        self.file.sync_data().with_context(|| format!("writing {}", self.path.display()))
+        self.file.write_all(b"\n]\n").with_context(|| self.write_failed())?;
+        self.file.sync_data().with_context(|| self.write_failed())
     }
 }
 
@@ -99,6 +107,8 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
         ),
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.rss_bytes})),
+        // Losses show on the timeline when they happen.
+        counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations));
@@ -195,7 +205,7 @@ mod tests {
         // Cut short: only the closing bracket is missing.
         let cut = std::fs::read_to_string(&path).unwrap() + "]";
         let events: Vec<Value> = serde_json::from_str(&cut).unwrap();
-        assert_eq!(events.len(), 4);
+        assert_eq!(events.len(), 5);
 
         model.processes.get_mut(&42).unwrap().exited = true;
         trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
@@ -203,7 +213,7 @@ mod tests {
         trace.finish(&model, RunEnd { duration: Duration::from_secs(3) }).unwrap();
 
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(events.len(), 7, "an exited process gets one final sample, then no more");
+        assert_eq!(events.len(), 9, "an exited process gets one final sample, then no more");
         assert_eq!(events[0]["ph"], "M");
         assert_eq!(events[0]["args"]["name"], "demo");
         let heap = &events[1];
@@ -214,7 +224,9 @@ mod tests {
         assert_eq!(heap["args"]["live_bytes"], 4096);
         assert_eq!(heap["args"]["live_allocations"], 2);
         assert_eq!(events[2]["args"]["rss_bytes"], 0x10000);
-        let dump = &events[3];
+        assert_eq!((events[3]["name"].as_str(), events[3]["ph"].as_str()), (Some("lost_events"), Some("C")));
+        assert_eq!(events[3]["args"]["lost_events"], 0);
+        let dump = &events[4];
         assert_eq!(dump["ph"], "v");
         assert_eq!(dump["id"], "0x1");
         assert_eq!(dump["args"]["dumps"]["process_totals"]["resident_set_bytes"], "10000");
@@ -223,7 +235,7 @@ mod tests {
         let lines = read_lines(&path);
         assert_eq!(lines.first().map(String::as_str), Some("["));
         assert_eq!(lines.last().map(String::as_str), Some("]"));
-        assert_eq!(lines.len(), 9, "one event per line");
+        assert_eq!(lines.len(), 11, "one event per line");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
