@@ -36,7 +36,7 @@ use crate::{
 };
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    privileges::check()?;
+    privileges::check(&cli)?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
@@ -93,16 +93,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     };
     let ending = run.trace()?;
     let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
-    if let Some(command) = &command {
-        command.announce_wait(&ending, run.forwarded_signal);
-    }
     let duration = run.started.elapsed();
     run.finish(duration)?;
     let Run { probes, targets, signals, forwarded_signal, failed_outputs, .. } = run;
     // Detach before waiting on a command that outlives the trace.
     drop(probes);
     let status = match (command, targets.iter().find(|t| t.is_child)) {
-        (Some(command), Some(child)) => Some(command.wait(child, &signals, forwarded_signal)?),
+        (Some(command), Some(child)) => {
+            command.announce_wait(&ending, forwarded_signal);
+            Some(command.wait(child, &signals, forwarded_signal)?)
+        }
         (None, Some(child)) => Some(child.reap()?),
         (_, None) => None,
     };
@@ -239,7 +239,10 @@ struct RunningCommand {
 
 impl RunningCommand {
     fn of(pid: u32, model: &Model) -> Self {
-        let name = model.processes.get(&pid).map(|p| p.comm.clone()).unwrap_or_default();
+        // Its name now: it may have exec'd since it was last sampled.
+        let name = procfs::comm(pid)
+            .or_else(|| model.processes.get(&pid).map(|p| p.comm.clone()))
+            .unwrap_or_default();
         Self { pid, name }
     }
 

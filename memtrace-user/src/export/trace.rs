@@ -19,6 +19,8 @@ pub struct TraceFile {
     path: PathBuf,
     file: File,
     events_written: usize,
+    /// Length of the file up to its last whole event.
+    whole_bytes: u64,
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
@@ -34,6 +36,7 @@ impl TraceFile {
             path: path.to_owned(),
             file,
             events_written: 0,
+            whole_bytes: 1,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
         })
@@ -50,7 +53,14 @@ impl TraceFile {
             text.push_str(&event.to_string());
             self.events_written += 1;
         }
-        self.file.write_all(text.as_bytes()).with_context(|| self.write_failed())
+        if let Err(err) = self.file.write_all(text.as_bytes()) {
+            // A partial write (a full disk) would leave half an event: cut back to the last whole
+            // one, so the file still loads.
+            let _ = self.file.set_len(self.whole_bytes);
+            return Err(err).with_context(|| self.write_failed());
+        }
+        self.whole_bytes += text.len() as u64;
+        Ok(())
     }
 
     fn write_failed(&self) -> String {
