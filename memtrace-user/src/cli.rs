@@ -185,6 +185,32 @@ mod tests {
     }
 
     #[test]
+    fn comm_is_repeatable_and_implies_all() {
+        let cli = Cli::try_parse_from(["memtrace", "--comm", "nginx", "--comm", "php-fpm"]).unwrap();
+        assert_eq!(cli.comms, ["nginx", "php-fpm"]);
+        assert!(cli.system_wide() && !cli.all);
+        let cli = Cli::try_parse_from(["memtrace", "--all", "--comm", "a", "--exclude-pid", "7"]).unwrap();
+        assert!(cli.system_wide());
+        assert!(Cli::try_parse_from(["memtrace", "--comm", "a", "--exclude-pid", "7"]).is_ok());
+        let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--pid", "1"]).unwrap_err();
+        assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
+        let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--", "ls"]).unwrap_err();
+        assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "--exclude-pid", "7"]).is_err());
+        assert!(!Cli::try_parse_from(["memtrace", "--pid", "1"]).unwrap().system_wide());
+    }
+
+    #[test]
+    fn max_allocations_stops_at_the_kernel_limit() {
+        let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
+        let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();
+        assert_eq!(cli.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
+        let beyond = (MAX_LIVE_ALLOCATIONS_LIMIT + 1).to_string();
+        let error = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &beyond]).unwrap_err();
+        assert!(error.to_string().contains(&limit), "{error}");
+    }
+
+    #[test]
     fn usdt_options_and_subcommand() {
         let cli = Cli::try_parse_from([
             "memtrace",
