@@ -21,6 +21,8 @@ pub struct TraceFile {
     events_written: usize,
     /// Length of the file up to its last whole event.
     whole_bytes: u64,
+    /// Losses not charged to a process have been drawn (under memtrace's own pid).
+    losses_shown: bool,
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
@@ -37,6 +39,7 @@ impl TraceFile {
             file,
             events_written: 0,
             whole_bytes: 1,
+            losses_shown: false,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
         })
@@ -63,6 +66,25 @@ impl TraceFile {
         Ok(())
     }
 
+    /// Losses no process can be charged with (a full process table, USDT reports), as a counter of
+    /// memtrace's own, from the first one on.
+    fn unattributed_losses(&mut self, model: &Model, sample: Sample) -> Vec<Value> {
+        let lost = model.unattributed_lost_events + model.usdt_lost_events;
+        if lost == 0 && !self.losses_shown {
+            return Vec::new();
+        }
+        let pid = std::process::id();
+        let mut events = Vec::new();
+        if !self.losses_shown {
+            self.losses_shown = true;
+            events.push(json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid,
+                               "args": {"name": "memtrace (losses of no one process)"}}));
+        }
+        events.push(json!({"name": "lost_events", "ph": "C", "ts": sample.ts_us, "pid": pid, "tid": pid,
+                           "args": {"lost_events": lost}}));
+        events
+    }
+
     fn write_failed(&self) -> String {
         format!("writing the trace to {} (-o/--output)", self.path.display())
     }
@@ -83,6 +105,7 @@ impl Exporter for TraceFile {
                 self.closed.insert(process.pid);
             }
         }
+        events.extend(self.unattributed_losses(model, sample));
         self.write_events(&events)
     }
 
@@ -246,6 +269,29 @@ mod tests {
         assert_eq!(lines.first().map(String::as_str), Some("["));
         assert_eq!(lines.last().map(String::as_str), Some("]"));
         assert_eq!(lines.len(), 11, "one event per line");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn losses_of_no_process_are_a_counter_of_memtraces_own() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-losses-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap();
+        let mut model = model();
+        trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
+        model.unattributed_lost_events = 3;
+        trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(2) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let own = Value::from(std::process::id());
+        let losses: Vec<&Value> = events.iter().filter(|e| e["pid"] == own).collect();
+        assert_eq!(losses.len(), 2, "a name and one counter, from the first loss on: {losses:?}");
+        assert_eq!(losses[0]["ph"], "M");
+        assert_eq!(
+            (losses[1]["name"].as_str(), losses[1]["ts"].as_u64(), losses[1]["args"]["lost_events"].as_u64()),
+            (Some("lost_events"), Some(2000), Some(3))
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
