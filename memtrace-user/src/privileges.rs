@@ -40,18 +40,16 @@ const CAP_SYS_PTRACE: Capability = Capability {
     why: "reading /proc/PID/exe, root and maps of processes of other users",
 };
 
-/// Fails, naming every missing capability and what it is for, unless memtrace can trace what the
-/// command line asks for.
+const NEEDS: &str = "memtrace needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN \
+                     (and CAP_SYS_PTRACE for processes of other users)";
+
+/// Fails, naming every missing capability and what it is for, unless memtrace can load its
+/// programs and read the processes the command line names.
 pub fn check(cli: &Cli) -> Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = effective_capabilities(&status).unwrap_or(0);
-    let missing = missing_for_tracing(effective);
+    let effective = effective();
+    let missing = missing_for_loading(effective);
     if !missing.is_empty() {
-        bail!(
-            "memtrace needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN (and \
-             CAP_SYS_PTRACE for processes of other users); missing: {}; run it with sudo",
-            describe(&missing)
-        );
+        bail!("{NEEDS}; missing: {}; run it with sudo", describe(&missing));
     }
     if has(effective, CAP_SYS_PTRACE) {
         return Ok(());
@@ -73,17 +71,32 @@ pub fn check(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// Fails unless memtrace may open uprobe perf events: needed wherever probes are attached as
+/// perf events (aya's uprobe links, per-site links where the kernel lacks uprobe_multi), not for
+/// uprobe_multi links.
+pub fn check_uprobe_perf_events() -> Result<()> {
+    if has(effective(), CAP_SYS_ADMIN) {
+        return Ok(());
+    }
+    bail!("{NEEDS}; missing: {}; run it with sudo", describe(&[CAP_SYS_ADMIN]))
+}
+
+fn effective() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    effective_capabilities(&status).unwrap_or(0)
+}
+
 fn has(effective: u64, capability: Capability) -> bool {
     effective & (1 << capability.bit) != 0
 }
 
-/// The capabilities missing for loading and attaching the probes.
-fn missing_for_tracing(effective: u64) -> Vec<Capability> {
+/// The capabilities missing for creating the maps and loading the programs.
+fn missing_for_loading(effective: u64) -> Vec<Capability> {
     // CAP_SYS_ADMIN also grants what CAP_BPF and CAP_PERFMON do.
     if has(effective, CAP_SYS_ADMIN) {
         return Vec::new();
     }
-    [CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN].into_iter().filter(|&cap| !has(effective, cap)).collect()
+    [CAP_BPF, CAP_PERFMON].into_iter().filter(|&cap| !has(effective, cap)).collect()
 }
 
 fn describe(missing: &[Capability]) -> String {
@@ -111,18 +124,18 @@ mod tests {
     #[test]
     fn capabilities_from_proc_status() {
         let root = "Name:\tx\nCapEff:\t000001ffffffffff\n";
-        assert!(missing_for_tracing(effective_capabilities(root).unwrap()).is_empty());
+        assert!(missing_for_loading(effective_capabilities(root).unwrap()).is_empty());
         assert_eq!(effective_capabilities("CapEff:\t0000000000000000\n"), Some(0));
         assert_eq!(effective_capabilities("nothing"), None);
     }
 
     #[test]
-    fn bpf_and_perfmon_alone_lack_sys_admin() {
-        assert_eq!(missing_for_tracing(set(&[CAP_BPF, CAP_PERFMON])), [CAP_SYS_ADMIN]);
-        assert!(missing_for_tracing(set(&[CAP_SYS_ADMIN])).is_empty());
-        assert!(missing_for_tracing(set(&[CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN])).is_empty());
-        assert_eq!(missing_for_tracing(0), [CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN]);
-        let text = describe(&missing_for_tracing(set(&[CAP_BPF, CAP_PERFMON])));
+    fn loading_needs_bpf_and_perfmon_or_sys_admin() {
+        assert!(missing_for_loading(set(&[CAP_BPF, CAP_PERFMON])).is_empty());
+        assert!(missing_for_loading(set(&[CAP_SYS_ADMIN])).is_empty());
+        assert_eq!(missing_for_loading(set(&[CAP_BPF])), [CAP_PERFMON]);
+        assert_eq!(missing_for_loading(0), [CAP_BPF, CAP_PERFMON]);
+        let text = describe(&[CAP_SYS_ADMIN]);
         assert!(text.starts_with("CAP_SYS_ADMIN (perf_event_open"), "{text}");
     }
 }

@@ -37,6 +37,8 @@ use crate::{
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
     privileges::check(&cli)?;
+    // Every probe is attached as a uprobe perf event (aya's uprobe links).
+    privileges::check_uprobe_perf_events()?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.

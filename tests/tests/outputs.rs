@@ -85,15 +85,17 @@ fn a_trace_that_cannot_be_written_is_named_and_leaves_no_summary() {
 
 #[test]
 fn a_summary_that_cannot_be_written_is_named_and_the_trace_still_written() {
-    let outcome = Memtrace::new()
-        .without_default_outputs()
+    let memtrace = Memtrace::new().without_default_outputs();
+    let trace = memtrace.dir().join("trace.json");
+    let outcome = memtrace
         .args(["-i", "100ms", "--summary", "/dev/full", "-o"])
-        .arg(Path::new("trace.json"))
+        .arg(&trace)
         .command(&fixture("leaks"))
         .run();
     outcome.assert_exit_code(1);
     let error = outcome.error_line();
     assert!(error.contains("/dev/full") && error.contains("--summary"), "{}", outcome.stderr);
+    assert!(outcome.trace().closed, "the trace was not finished:\n{}", outcome.stderr);
 }
 
 #[test]
