@@ -99,7 +99,7 @@ fn a_summary_that_cannot_be_written_is_named_and_the_trace_still_written() {
 }
 
 #[test]
-fn a_run_that_fails_leaves_no_summary_pprof_or_flamegraph() {
+fn a_run_that_fails_before_tracing_leaves_no_output() {
     let memtrace = Memtrace::new();
     let dir = memtrace.dir().to_owned();
     let outcome = memtrace
@@ -110,7 +110,7 @@ fn a_run_that_fails_leaves_no_summary_pprof_or_flamegraph() {
         .args(["--", "memtrace-test-no-such-command"])
         .run();
     outcome.assert_exit_code(1);
-    for name in ["summary.json", "heap.pb.gz", "flame.svg"] {
+    for name in ["trace.json", "summary.json", "heap.pb.gz", "flame.svg"] {
         assert!(!dir.join(name).exists(), "{name} was left behind by a failed run");
     }
     assert_eq!(leftovers(&dir), Vec::<PathBuf>::new());

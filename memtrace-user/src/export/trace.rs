@@ -23,6 +23,8 @@ pub struct TraceFile {
     whole_bytes: u64,
     /// Losses not charged to a process have been drawn (under memtrace's own pid).
     losses_shown: bool,
+    /// The run ended cleanly: the file is a whole trace, even without events.
+    finished: bool,
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
@@ -32,17 +34,20 @@ impl TraceFile {
     pub fn create(path: &Path) -> Result<Self> {
         let cannot =
             || format!("cannot write the trace to {}; choose another path with -o/--output", path.display());
-        let mut file = File::create(path).with_context(cannot)?;
-        file.write_all(b"[").with_context(cannot)?;
-        Ok(Self {
+        let file = File::create(path).with_context(cannot)?;
+        let mut trace = Self {
             path: path.to_owned(),
             file,
             events_written: 0,
             whole_bytes: 1,
             losses_shown: false,
+            finished: false,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
-        })
+        };
+        // On failure (a full disk) the file goes again as `trace` drops.
+        trace.file.write_all(b"[").with_context(cannot)?;
+        Ok(trace)
     }
 
     pub fn path(&self) -> &Path {
@@ -90,6 +95,24 @@ impl TraceFile {
     }
 }
 
+/// A run that failed before its first sample leaves no trace behind: the file holds nothing but `[`.
+/// Only the regular file memtrace created is removed, never a device or a pipe named by -o.
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        if self.events_written > 0 || self.finished {
+            return;
+        }
+        let ours = self.file.metadata().ok();
+        let there = std::fs::metadata(&self.path).ok();
+        if let (Some(ours), Some(there)) = (ours, there) {
+            use std::os::unix::fs::MetadataExt;
+            if ours.is_file() && (ours.dev(), ours.ino()) == (there.dev(), there.ino()) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
 impl Exporter for TraceFile {
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
         let mut events = Vec::new();
@@ -114,6 +137,7 @@ impl Exporter for TraceFile {
     }
 
     fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
+        self.finished = true;
         self.file.write_all(b"\n]\n").with_context(|| self.write_failed())?;
         self.file.sync_data().with_context(|| self.write_failed())
     }
@@ -292,6 +316,22 @@ mod tests {
             (losses[1]["name"].as_str(), losses[1]["ts"].as_u64(), losses[1]["args"]["lost_events"].as_u64()),
             (Some("lost_events"), Some(2000), Some(3))
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_trace_without_events_is_not_left_behind() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        drop(TraceFile::create(&path).unwrap());
+        assert!(!path.exists(), "an empty trace was left behind");
+        let mut finished = TraceFile::create(&path).unwrap();
+        finished.finish(&Model::default(), RunEnd { duration: Duration::from_secs(1) }).unwrap();
+        drop(finished);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "[\n]\n", "a finished trace stays");
+        drop(TraceFile::create(Path::new("/dev/null")).unwrap());
+        assert!(Path::new("/dev/null").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
