@@ -13,8 +13,8 @@ use std::{
 use anyhow::{Context, Result};
 use tempfile::NamedTempFile;
 
-/// An output file being written: staged beside its destination, or written in place when the
-/// destination is not a regular file (a pipe, /dev/stdout, /dev/null), which cannot be replaced.
+/// An output file being written: staged beside its destination, or appended in place when the
+/// destination is not a regular file memtrace may replace (a pipe, /dev/stdout, /dev/null).
 pub struct OutputFile {
     destination: PathBuf,
     /// The option that named it, for the fix in error messages.
@@ -32,18 +32,20 @@ impl OutputFile {
     pub fn create(path: &Path, what: &str, flag: &'static str) -> Result<Self> {
         let cannot =
             || format!("cannot write the {what} to {}; choose another path with {flag}", path.display());
-        let existing = fs::metadata(path).ok();
-        let target = match existing {
-            Some(metadata) if !metadata.is_file() => {
-                Target::InPlace(OpenOptions::new().write(true).open(path).with_context(cannot)?)
+        // /dev/stdout, /proc/self/fd/N: whatever they lead to belongs to someone else; append to it.
+        let special = path.starts_with("/dev") || path.starts_with("/proc");
+        let destination = if special { path.to_owned() } else { destination_of(path) };
+        let target = match fs::metadata(&destination) {
+            Ok(metadata) if special || !metadata.is_file() => {
+                Target::InPlace(OpenOptions::new().append(true).open(&destination).with_context(cannot)?)
             }
-            _ => Target::Staged(stage_beside(&destination_of(path)).with_context(cannot)?),
+            _ => Target::Staged(stage_beside(&destination).with_context(cannot)?),
         };
-        Ok(Self { destination: destination_of(path), flag, target: Some(target) })
+        Ok(Self { destination, flag, target: Some(target) })
     }
 
-    /// Writes `bytes` and puts the file in place; on any error nothing is left at the destination
-    /// (a file that was there before is kept as it was).
+    /// Writes the output with `write` and puts the file in place; on any error nothing is left at
+    /// the destination (a file that was there before is kept as it was).
     pub fn commit(&mut self, write: impl FnOnce(&mut File) -> std::io::Result<()>) -> Result<()> {
         let failed = || format!("writing {} (the {} file)", self.destination.display(), self.flag);
         match self.target.take().context("the output was already written")? {
