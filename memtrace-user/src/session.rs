@@ -284,17 +284,18 @@ impl RunningCommand {
                 false => None,
             };
             match signal {
+                // Sent before it is said: what stderr reports has happened.
                 Some(signal) if !forwarded => {
+                    let _ = kill(Pid::from_raw(self.pid as i32), signal);
+                    forwarded = true;
                     eprintln!(
                         "memtrace: passed {signal} on to {} (pid {}); interrupt again to kill it (SIGKILL)",
                         self.name, self.pid
                     );
-                    let _ = kill(Pid::from_raw(self.pid as i32), signal);
-                    forwarded = true;
                 }
                 Some(_) => {
-                    eprintln!("memtrace: killing {} (pid {}) with SIGKILL", self.name, self.pid);
                     let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+                    eprintln!("memtrace: killed {} (pid {}) with SIGKILL", self.name, self.pid);
                 }
                 None => {}
             }
