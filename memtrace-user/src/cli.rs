@@ -29,7 +29,7 @@ pub struct Cli {
     pub all: bool,
 
     /// Trace only processes with this command name, as `ps -o comm` shows it (repeatable; implies --all)
-    #[arg(long = "comm", value_name = "NAME", conflicts_with = "command")]
+    #[arg(long = "comm", value_name = "NAME", conflicts_with = "command", value_parser = parse_comm)]
     pub comms: Vec<String>,
 
     /// With --all or --comm: leave this process out (repeatable)
@@ -109,6 +109,17 @@ impl Cli {
         self.all || !self.comms.is_empty()
     }
 
+    /// What the kernel would refuse, found before anything is loaded: a usage error.
+    pub fn check_kernel_limits(&self) -> Result<(), String> {
+        if self.comms.len() > memtrace_common::MAX_COMMS as usize {
+            return Err(format!("at most {} --comm names", memtrace_common::MAX_COMMS));
+        }
+        if self.exclude_pids.len() > memtrace_common::MAX_EXCLUDED_PIDS as usize {
+            return Err(format!("at most {} --exclude-pid", memtrace_common::MAX_EXCLUDED_PIDS));
+        }
+        Ok(())
+    }
+
     /// Each output file the run writes, with the option that names it.
     pub fn output_files(&self) -> Vec<(&'static str, &std::path::Path)> {
         let named = [
@@ -144,6 +155,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|err| {
         format!("`{text}` is not a duration ({err}); write a number with a unit, e.g. 250ms, 2s, 1m")
     })
+}
+
+/// A command name as the kernel keeps it: 1 to 15 bytes.
+fn parse_comm(text: &str) -> Result<String, String> {
+    match text.len() {
+        0 => Err("a command name is needed, as `ps -o comm` shows it".to_owned()),
+        1..=15 => Ok(text.to_owned()),
+        _ => Err(format!(
+            "the kernel keeps only the first 15 bytes of a command name; write `{}`",
+            String::from_utf8_lossy(&text.as_bytes()[..15])
+        )),
+    }
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {
@@ -198,6 +221,9 @@ mod tests {
         assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "--exclude-pid", "7"]).is_err());
         assert!(!Cli::try_parse_from(["memtrace", "--pid", "1"]).unwrap().system_wide());
+        let long = Cli::try_parse_from(["memtrace", "--comm", "a-very-long-program"]).unwrap_err();
+        assert!(long.to_string().contains("`a-very-long-pro`"), "{long}");
+        assert!(Cli::try_parse_from(["memtrace", "--comm", ""]).is_err());
     }
 
     #[test]

@@ -24,7 +24,9 @@ fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.
     let cli = cli::Cli::parse();
     // What cannot work is refused before anything is traced, as a usage error.
-    if let Err(problem) = export::output_file::check_distinct(&cli.output_files()) {
+    let checked =
+        cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&cli.output_files()));
+    if let Err(problem) = checked {
         cli::Cli::command().error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
     }
     let result = match &cli.subcommand {
