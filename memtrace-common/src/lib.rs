@@ -126,6 +126,11 @@ pub struct ExecEvent {
 pub const EXEC_EVENTS_BYTES: u32 = 64 * 1024;
 /// Pids excluded from system-wide tracing at once.
 pub const MAX_EXCLUDED_PIDS: u32 = 1024;
+/// Command names `--comm` may name at once.
+pub const MAX_COMMS: u32 = 64;
+/// The most entries the kernel accepts in a hash map (`--max-allocations`): it rounds the entries
+/// up to a power of two buckets of 16 bytes whose total must fit in 32 bits (E2BIG beyond).
+pub const MAX_LIVE_ALLOCATIONS_LIMIT: u32 = 1 << 27;
 
 /// Key of the live-allocation map: addresses are only unique within one address space.
 #[repr(C)]

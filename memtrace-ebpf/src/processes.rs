@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_EXCLUDED_PIDS,
+    ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS,
     MAX_PROCESSES,
 };
 
@@ -24,14 +24,18 @@ pub(crate) static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(
 pub(crate) static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Set by the loader for system-wide tracing, where probes fire in every process: memtrace's own
-/// pid, and whether to consult EXCLUDED_PIDS and ONLY_COMM.
+/// pid, and whether to consult EXCLUDED_PIDS and ALLOWED_COMMS.
 #[no_mangle]
 pub(crate) static SELF_TGID: u32 = 0;
 #[no_mangle]
 pub(crate) static FILTER_PROCESSES: u8 = 0;
-/// Trace only processes with this command name (all when empty).
+/// Set when `--comm` names commands: only processes whose command name is in ALLOWED_COMMS count.
 #[no_mangle]
-pub(crate) static ONLY_COMM: [u8; 16] = [0; 16];
+pub(crate) static FILTER_COMMS: u8 = 0;
+
+/// The command names of `--comm`, NUL-padded to 16 bytes as bpf_get_current_comm returns them.
+#[map]
+pub(crate) static ALLOWED_COMMS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_COMMS, 0);
 
 #[map]
 pub(crate) static EXCLUDED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PIDS, 0);
@@ -83,8 +87,10 @@ pub(crate) fn is_traced(tgid: u32) -> bool {
     if tgid == unsafe { core::ptr::read_volatile(&SELF_TGID) } || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
         return false;
     }
-    let only = unsafe { core::ptr::read_volatile(&ONLY_COMM) };
-    only[0] == 0 || bpf_get_current_comm().is_ok_and(|comm| comm == only)
+    if unsafe { core::ptr::read_volatile(&FILTER_COMMS) } == 0 {
+        return true;
+    }
+    bpf_get_current_comm().is_ok_and(|comm| ALLOWED_COMMS.get_ptr(&comm).is_some())
 }
 
 /// The BPF cookie of the attachment that ran the program.

@@ -3,14 +3,16 @@
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Parser};
-use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
+use memtrace_common::{DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_LIVE_ALLOCATIONS_LIMIT};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "memtrace",
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
-    group(ArgGroup::new("target").required(true).args(["pids", "command", "all"])),
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
+    // --comm implies --all; --pid, --all and a command exclude each other.
+    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
     // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true,
@@ -18,19 +20,20 @@ use memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS;
 )]
 pub struct Cli {
     /// Attach to a running process (repeatable)
-    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
+          conflicts_with_all = ["command", "system_wide"])]
     pub pids: Vec<u32>,
 
     /// Trace every process on the machine, including those started later
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "command")]
     pub all: bool,
 
-    /// With --all: trace only processes with this command name
-    #[arg(long, value_name = "NAME", requires = "all")]
-    pub comm: Option<String>,
+    /// Trace only processes with this command name, as `ps -o comm` shows it (repeatable; implies --all)
+    #[arg(long = "comm", value_name = "NAME", conflicts_with = "command", value_parser = parse_comm)]
+    pub comms: Vec<String>,
 
-    /// With --all: leave this process out (repeatable)
-    #[arg(long = "exclude-pid", value_name = "PID", requires = "all")]
+    /// With --all or --comm: leave this process out (repeatable)
+    #[arg(long = "exclude-pid", value_name = "PID", requires = "system_wide")]
     pub exclude_pids: Vec<u32>,
 
     /// Trace file to write (Chrome trace-event JSON) [default: memtrace-<date>-<time>.json]
@@ -49,9 +52,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,
 
-    /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost
+    /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost.
+    /// At most 134217728 (the kernel's limit for a hash map); each entry takes about 100 bytes of
+    /// kernel memory
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_LIVE_ALLOCATIONS,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
     pub max_allocations: u32,
 
     /// The allocator's symbol prefix or name: glibc, jemalloc, tcmalloc, mimalloc, je_, tc_, mi_,
@@ -109,6 +114,35 @@ pub struct Cli {
     pub subcommand: Option<Subcommand>,
 }
 
+impl Cli {
+    /// Every process on the machine is a candidate: --all, or --comm, which implies it.
+    pub fn system_wide(&self) -> bool {
+        self.all || !self.comms.is_empty()
+    }
+
+    /// What the kernel would refuse, found before anything is loaded: a usage error.
+    pub fn check_kernel_limits(&self) -> Result<(), String> {
+        if self.comms.len() > memtrace_common::MAX_COMMS as usize {
+            return Err(format!("at most {} --comm names", memtrace_common::MAX_COMMS));
+        }
+        if self.exclude_pids.len() > memtrace_common::MAX_EXCLUDED_PIDS as usize {
+            return Err(format!("at most {} --exclude-pid", memtrace_common::MAX_EXCLUDED_PIDS));
+        }
+        Ok(())
+    }
+
+    /// Each output file the run writes, with the option that names it.
+    pub fn output_files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let named = [
+            ("-o/--output", self.output.as_deref()),
+            ("--summary", self.summary.as_deref()),
+            ("--pprof", self.pprof.as_deref()),
+            ("--flamegraph", self.flamegraph.as_deref()),
+        ];
+        named.into_iter().filter_map(|(flag, path)| Some((flag, path?))).collect()
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum Subcommand {
     /// List the USDT probes of a running process or of a file, with their argument specs
@@ -157,6 +191,18 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     }
 }
 
+/// A command name as the kernel keeps it: 1 to 15 bytes.
+fn parse_comm(text: &str) -> Result<String, String> {
+    match text.len() {
+        0 => Err("a command name is needed, as `ps -o comm` shows it".to_owned()),
+        1..=15 => Ok(text.to_owned()),
+        _ => Err(format!(
+            "the kernel keeps only the first 15 bytes of a command name; write `{}`",
+            String::from_utf8_lossy(&text.as_bytes()[..15])
+        )),
+    }
+}
+
 fn parse_interval(text: &str) -> Result<Duration, String> {
     let interval = parse_duration(text)?;
     if interval < Duration::from_millis(1) {
@@ -193,6 +239,35 @@ mod tests {
         let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
         assert_eq!(cli.command, ["ls", "-l"]);
         assert!(Cli::try_parse_from(["memtrace", "-p", "0"]).is_err());
+    }
+
+    #[test]
+    fn comm_is_repeatable_and_implies_all() {
+        let cli = Cli::try_parse_from(["memtrace", "--comm", "nginx", "--comm", "php-fpm"]).unwrap();
+        assert_eq!(cli.comms, ["nginx", "php-fpm"]);
+        assert!(cli.system_wide() && !cli.all);
+        let cli = Cli::try_parse_from(["memtrace", "--all", "--comm", "a", "--exclude-pid", "7"]).unwrap();
+        assert!(cli.system_wide());
+        assert!(Cli::try_parse_from(["memtrace", "--comm", "a", "--exclude-pid", "7"]).is_ok());
+        let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--pid", "1"]).unwrap_err();
+        assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
+        let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--", "ls"]).unwrap_err();
+        assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "--exclude-pid", "7"]).is_err());
+        assert!(!Cli::try_parse_from(["memtrace", "--pid", "1"]).unwrap().system_wide());
+        let long = Cli::try_parse_from(["memtrace", "--comm", "a-very-long-program"]).unwrap_err();
+        assert!(long.to_string().contains("`a-very-long-pro`"), "{long}");
+        assert!(Cli::try_parse_from(["memtrace", "--comm", ""]).is_err());
+    }
+
+    #[test]
+    fn max_allocations_stops_at_the_kernel_limit() {
+        let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
+        let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();
+        assert_eq!(cli.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
+        let beyond = (MAX_LIVE_ALLOCATIONS_LIMIT + 1).to_string();
+        let error = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &beyond]).unwrap_err();
+        assert!(error.to_string().contains(&limit), "{error}");
     }
 
     #[test]

@@ -20,13 +20,19 @@ mod usdt;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 // Allocator discovery reads a process image; it keeps its short path.
 use process::allocator;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.
     let cli = cli::Cli::parse();
+    // What cannot work is refused before anything is traced, as a usage error.
+    let checked =
+        cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&cli.output_files()));
+    if let Err(problem) = checked {
+        cli::Cli::command().error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
+    }
     let result = match &cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)

@@ -8,6 +8,37 @@ pub fn tgid(pid: u32) -> Option<u32> {
     status.lines().find_map(|line| line.strip_prefix("Tgid:"))?.trim().parse().ok()
 }
 
+/// Why an existing pid cannot be traced: a kernel thread has no user memory, a zombie has exited.
+pub fn untraceable(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (state, flags) = parse_stat_state_and_flags(&stat)?;
+    let name = comm(pid).unwrap_or_default();
+    if flags & PF_KTHREAD != 0 {
+        return Some(format!(
+            "pid {pid} ({name}) is a kernel thread: it has no user-space memory and no allocator to \
+             trace; give the pid of a user program"
+        ));
+    }
+    matches!(state, 'Z' | 'X').then(|| {
+        format!(
+            "pid {pid} ({name}) is a zombie: it has exited and only waits for its parent to collect its \
+             exit status, so there is nothing left to trace"
+        )
+    })
+}
+
+/// include/linux/sched.h: the task is a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The state letter and the flags of /proc/PID/stat (fields 3 and 9; the name before them may
+/// hold spaces and parentheses, so fields are counted after its last `)`).
+fn parse_stat_state_and_flags(stat: &str) -> Option<(char, u64)> {
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some((state, flags))
+}
+
 /// The kernel's short name of the process (at most 15 bytes).
 pub fn comm(pid: u32) -> Option<String> {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
@@ -91,6 +122,22 @@ mod tests {
         assert_eq!(mappings[1].path, Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(!mappings[0].executable);
         assert_eq!(mappings[2].path, Path::new("/tmp/my lib.so"));
+    }
+
+    #[test]
+    fn kernel_threads_and_zombies_are_told_apart() {
+        let kthreadd = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0";
+        let (state, flags) = parse_stat_state_and_flags(kthreadd).unwrap();
+        assert_eq!(state, 'S');
+        assert_ne!(flags & PF_KTHREAD, 0);
+        let zombie = "77 (a (b) c) Z 1 77 77 0 -1 4227084 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0";
+        let (state, flags) = parse_stat_state_and_flags(zombie).unwrap();
+        assert_eq!(state, 'Z');
+        assert_eq!(flags & PF_KTHREAD, 0);
+        assert!(untraceable(std::process::id()).is_none());
+        if fs::read_to_string("/proc/2/comm").is_ok_and(|name| name.trim() == "kthreadd") {
+            assert!(untraceable(2).unwrap().contains("kernel thread"));
+        }
     }
 
     #[test]

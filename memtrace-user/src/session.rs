@@ -29,7 +29,7 @@ use crate::{
     },
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
-    probes::{ProbeConfig, Probes, ProcessFilter, Scope},
+    probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Scope},
     process::{FileCache, ProcessImage},
     procfs,
     system_wide::SystemWide,
@@ -37,7 +37,7 @@ use crate::{
 };
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    privileges::check()?;
+    privileges::check(&cli)?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
@@ -47,18 +47,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         capture_stacks: !cli.no_stacks,
         empty_probes: cli.empty_probes,
         sample_mean: cli.sample.unwrap_or(0),
-        system_wide: cli.all.then(|| ProcessFilter {
+        system_wide: cli.system_wide().then(|| ProcessFilter {
             self_tgid: std::process::id(),
             excluded_pids: cli.exclude_pids.clone(),
-            only_comm: cli.comm.clone(),
+            only_comms: cli.comms.clone(),
         }),
     })?;
+    // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
+    // uprobe_multi links need only what loading needed.
+    if probes.link_kind() == LinkKind::PerfEvent {
+        privileges::check_uprobe_perf_events()?;
+    }
     probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
     let overrides =
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
     let mut model = Model { sampling: cli.sample.map(Sampling::new), ..Model::default() };
-    let Targets { watched: targets, all_processes, held } = if cli.all {
+    let Targets { watched: targets, all_processes, held } = if cli.system_wide() {
         Targets::all(&mut probes, overrides)?
     } else if cli.command.is_empty() {
         Targets::pids(&pids, &overrides, &mut probes, &mut collector, &mut model)?
@@ -90,21 +95,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         signals,
         started: Instant::now(),
         samples: 0,
+        lost_reported: 0,
+        forwarded_signal: false,
+        failed_outputs: 0,
     };
     let ending = run.trace()?;
+    let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
     let duration = run.started.elapsed();
     run.finish(duration)?;
-    eprintln!(
-        "memtrace: trace written to {} (open it in Perfetto UI or chrome://tracing)",
-        trace_path.display()
-    );
-    if let Some(summary) = &cli.summary {
-        eprintln!("memtrace: summary written to {}", summary.display());
-    }
-    let Run { probes, targets, .. } = run;
+    let Run { probes, targets, signals, forwarded_signal, failed_outputs, .. } = run;
     // Detach before waiting on a command that outlives the trace.
     drop(probes);
-    exit_code(ending, &targets)
+    let status = match (command, targets.iter().find(|t| t.is_child)) {
+        (Some(command), Some(child)) => {
+            command.announce_wait(&ending, forwarded_signal);
+            Some(command.wait(child, &signals, forwarded_signal)?)
+        }
+        (None, Some(child)) => Some(child.reap()?),
+        (_, None) => None,
+    };
+    if failed_outputs > 0 {
+        // Every failure was said when it happened, naming its file.
+        return Ok(ExitCode::from(1));
+    }
+    Ok(status.map_or(ExitCode::SUCCESS, |status| ExitCode::from(u8::try_from(status).unwrap_or(1))))
 }
 
 /// Every output of the run, opened; and where the trace goes.
@@ -193,6 +207,9 @@ impl Targets {
 fn processes_to_attach(pids: &[u32]) -> Result<Vec<u32>> {
     let mut processes = Vec::new();
     for &pid in pids {
+        if let Some(reason) = procfs::untraceable(pid) {
+            bail!("{reason}");
+        }
         let Some(tgid) = procfs::tgid(pid) else {
             bail!("no process with pid {pid}; check the pid with `ps -p {pid}`");
         };
@@ -221,6 +238,79 @@ enum Ending {
     TargetsExited,
     DurationReached,
     Signal(Signal),
+    /// An output could not be written (said when it happened).
+    OutputFailed,
+}
+
+/// A launched command still running when tracing stops: memtrace waits for it, never leaving it
+/// orphaned, and says so.
+struct RunningCommand {
+    pid: u32,
+    name: String,
+}
+
+impl RunningCommand {
+    fn of(pid: u32, model: &Model) -> Self {
+        // Its name now: it may have exec'd since it was last sampled.
+        let name = procfs::comm(pid)
+            .or_else(|| model.processes.get(&pid).map(|p| p.comm.clone()))
+            .unwrap_or_default();
+        Self { pid, name }
+    }
+
+    /// Says at once why tracing stopped and that the command still runs.
+    fn announce_wait(&self, ending: &Ending, forwarded: bool) {
+        let why = match ending {
+            Ending::DurationReached => "--duration reached".to_owned(),
+            Ending::Signal(signal) => format!("{signal} again"),
+            Ending::OutputFailed => "an output failed".to_owned(),
+            Ending::TargetsExited => return,
+        };
+        let next = if forwarded { "kill it with SIGKILL" } else { "pass the signal on to it" };
+        eprintln!(
+            "memtrace: {why}: tracing stops, the outputs are written and the probes detached; still \
+             waiting for {} (pid {}) to exit; interrupt memtrace again to {next}",
+            self.name, self.pid
+        );
+    }
+
+    /// Waits for the command to exit and returns its status as a shell would. A signal is passed
+    /// on to it if none was yet; after that, a signal kills it.
+    fn wait(&self, child: &Watched, signals: &SignalFd, mut forwarded: bool) -> Result<i32> {
+        loop {
+            let mut fds =
+                [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(child.fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(err) => return Err(err).context("waiting for the command to exit"),
+            }
+            let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+            let (signalled, exited) = (ready(&fds[0]), ready(&fds[1]));
+            if exited {
+                return child.reap();
+            }
+            let signal = match signalled {
+                true => signals.read_signal()?.and_then(|info| Signal::try_from(info.ssi_signo as i32).ok()),
+                false => None,
+            };
+            match signal {
+                // Sent before it is said: what stderr reports has happened.
+                Some(signal) if !forwarded => {
+                    let _ = kill(Pid::from_raw(self.pid as i32), signal);
+                    forwarded = true;
+                    eprintln!(
+                        "memtrace: passed {signal} on to {} (pid {}); interrupt again to kill it (SIGKILL)",
+                        self.name, self.pid
+                    );
+                }
+                Some(_) => {
+                    let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+                    eprintln!("memtrace: killed {} (pid {}) with SIGKILL", self.name, self.pid);
+                }
+                None => {}
+            }
+        }
+    }
 }
 
 struct Run<'a> {
@@ -235,22 +325,31 @@ struct Run<'a> {
     signals: SignalFd,
     started: Instant,
     samples: u64,
+    /// Lost events already said on stderr.
+    lost_reported: u64,
+    /// The first SIGINT/SIGTERM went to the command.
+    forwarded_signal: bool,
+    /// Outputs that could not be written (each said when it failed).
+    failed_outputs: usize,
 }
 
 impl Run<'_> {
     fn trace(&mut self) -> Result<Ending> {
         let deadline = self.cli.duration.map(|duration| self.started + duration);
         let mut next_sample = self.started + self.cli.interval;
-        let mut forwarded_signal = false;
         loop {
             let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
             let (signal, exited) = self.wait_until(wake)?;
             if let Some(signal) = signal {
                 match self.running_child() {
                     // The command decides how to end; its exit ends the trace.
-                    Some(child) if !forwarded_signal => {
+                    Some(child) if !self.forwarded_signal => {
                         let _ = kill(Pid::from_raw(child as i32), signal);
-                        forwarded_signal = true;
+                        self.forwarded_signal = true;
+                        eprintln!(
+                            "memtrace: passed {signal} on to the command (pid {child}); tracing goes on \
+                             until it exits (interrupt again to stop tracing now)"
+                        );
                     }
                     _ => return Ok(Ending::Signal(signal)),
                 }
@@ -258,6 +357,9 @@ impl Run<'_> {
             let now = Instant::now();
             if exited || now >= next_sample {
                 self.sample()?;
+                if self.failed_outputs > 0 {
+                    return Ok(Ending::OutputFailed);
+                }
                 while next_sample <= now {
                     next_sample += self.cli.interval;
                 }
@@ -322,13 +424,37 @@ impl Run<'_> {
         self.collector.sample(&self.probes, &mut self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
-        for exporter in &mut self.exporters {
-            exporter.sample(&self.model, sample)?;
+        self.report_new_losses();
+        let mut index = 0;
+        while index < self.exporters.len() {
+            match self.exporters[index].sample(&self.model, sample) {
+                Ok(()) => index += 1,
+                Err(err) => {
+                    eprintln!("memtrace: error: {err:#}");
+                    // Its file stays as it was: a trace cut short still loads.
+                    self.exporters.remove(index);
+                    self.failed_outputs += 1;
+                }
+            }
         }
         if self.all_processes.is_some() {
             self.release_exited()?;
         }
         Ok(())
+    }
+
+    /// Says on stderr, once per interval while they grow, that events are being lost.
+    fn report_new_losses(&mut self) {
+        let lost = self.model.lost_events();
+        if lost > self.lost_reported {
+            eprintln!(
+                "memtrace: warning: {} events lost in the last interval ({lost} in all); a kernel table \
+                 is full (the live-allocation table holds --max-allocations {} entries)",
+                lost - self.lost_reported,
+                self.cli.max_allocations
+            );
+            self.lost_reported = lost;
+        }
     }
 
     /// System-wide: processes that exited have had their final sample; keep what the report needs
@@ -377,28 +503,22 @@ impl Run<'_> {
             maps.stack_totals = occupancy.stack_totals;
             maps.usdt_entries = occupancy.usdt_entries;
         }
+        // Every output that can still be written is: one failure does not stop the others.
         for exporter in &mut self.exporters {
-            exporter.finish(&self.model, RunEnd { duration })?;
+            match exporter.finish(&self.model, RunEnd { duration }) {
+                Ok(()) => {
+                    if let Some(written) = exporter.written() {
+                        eprintln!("memtrace: {written}");
+                    }
+                }
+                Err(err) => {
+                    eprintln!("memtrace: error: {err:#}");
+                    self.failed_outputs += 1;
+                }
+            }
         }
         Ok(())
     }
-}
-
-fn exit_code(ending: Ending, targets: &[Watched]) -> Result<ExitCode> {
-    let Some(child) = targets.iter().find(|t| t.is_child) else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    let status = match ending {
-        Ending::TargetsExited => child.reap()?,
-        Ending::DurationReached => {
-            eprintln!("memtrace: --duration reached; tracing stopped, waiting for the command to exit");
-            child.reap()?
-        }
-        // A second signal: the command is still running and memtrace leaves it be.
-        Ending::Signal(signal) if !child.exited => 128 + signal as i32,
-        Ending::Signal(_) => child.reap()?,
-    };
-    Ok(ExitCode::from(u8::try_from(status).unwrap_or(1)))
 }
 
 /// SIGINT and SIGTERM end the run cleanly: they are read from a descriptor, never delivered.

@@ -507,6 +507,11 @@ impl Outcome {
             .unwrap_or_else(|| panic!("no `memtrace: error:` line on stderr:\n{}", self.stderr))
     }
 
+    /// The run's own directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// The trace file as memtrace left it.
     pub fn trace_text(&self) -> String {
         let path = self.dir.path().join("trace.json");

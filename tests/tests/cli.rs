@@ -1,8 +1,16 @@
 //! The command line's contract: exit statuses and error messages.
 
-use std::{fs, os::unix::fs::PermissionsExt};
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    process::{Command, Stdio},
+    sync::Mutex,
+};
 
-use memtrace_tests::{fixture, unused_pid, Memtrace};
+use memtrace_tests::{
+    assert_figures, assert_figures_of, fixture, fixture_variant, unused_pid, workspace_root, Memtrace,
+    Spawned, LEAKS,
+};
 
 #[test]
 fn exit_status_of_the_command_is_passed_on() {
@@ -64,4 +72,121 @@ fn unprivileged_run_says_what_it_needs() {
     outcome.assert_exit_code(1);
     let error = outcome.error_line();
     assert!(error.contains("root") && error.contains("CAP_BPF"), "{}", outcome.stderr);
+}
+
+/// The capabilities the README's "Privileges" table lists, as setpriv spells them (`+bpf,...`).
+fn documented_capabilities() -> String {
+    let readme = fs::read_to_string(workspace_root().join("README.md")).expect("reading README.md");
+    let section = readme.split("### Privileges").nth(1).expect("the README has a Privileges section");
+    let names: Vec<String> = section
+        .lines()
+        .skip_while(|line| !line.starts_with("| capability"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| line.split('`').nth(1))
+        .map(|name| format!("+{}", name.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert!(!names.is_empty(), "no capability in the README's Privileges table");
+    names.join(",")
+}
+
+/// memtrace as uid 65534 with exactly `capabilities` (setpriv's spelling), and nothing else.
+fn with_capabilities(capabilities: &str) -> Memtrace {
+    let memtrace = Memtrace::new().wrapped_in([
+        "setpriv".to_owned(),
+        "--reuid=65534".to_owned(),
+        "--regid=65534".to_owned(),
+        "--clear-groups".to_owned(),
+        format!("--inh-caps=-all,{capabilities}"),
+        format!("--ambient-caps=-all,{capabilities}"),
+    ]);
+    fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777)).unwrap();
+    memtrace
+}
+
+#[test]
+fn the_documented_capabilities_are_enough() {
+    let capabilities = documented_capabilities();
+    let outcome = with_capabilities(&capabilities).command(&fixture("leaks")).run();
+    outcome.assert_exit_code(0);
+    assert_figures(&outcome, LEAKS);
+}
+
+#[test]
+fn a_missing_capability_is_named_with_what_needs_it() {
+    // CAP_BPF and CAP_PERFMON load the programs and make uprobe_multi links; per-site links are
+    // uprobe perf events, which the kernel refuses without CAP_SYS_ADMIN.
+    let outcome =
+        with_capabilities("+bpf,+perfmon").env("MEMTRACE_LINKS", "perf").command(&fixture("leaks")).run();
+    outcome.assert_exit_code(1);
+    let error = outcome.error_line();
+    assert!(error.contains("missing: CAP_SYS_ADMIN (perf_event_open"), "{}", outcome.stderr);
+
+    // Another user's process needs CAP_SYS_PTRACE to be read through /proc.
+    let mut target = Spawned::spawn(Command::new(fixture("wait_stdin")));
+    target.wait_for_stdout("ready ");
+    let pid = target.pid().to_string();
+    let outcome = with_capabilities("+bpf,+perfmon,+sys_admin").args(["--pid", &pid]).run();
+    outcome.assert_exit_code(1);
+    let error = outcome.error_line();
+    assert!(error.contains(&pid) && error.contains("missing: CAP_SYS_PTRACE"), "{}", outcome.stderr);
+}
+
+#[test]
+fn a_kernel_thread_is_not_traced_and_says_why() {
+    let name = fs::read_to_string("/proc/2/comm").expect("pid 2 exists");
+    assert_eq!(name.trim(), "kthreadd", "pid 2 is the kernel thread daemon");
+    let outcome = Memtrace::new().args(["--pid", "2"]).run();
+    outcome.assert_exit_code(1);
+    assert!(outcome.error_line().contains("pid 2 (kthreadd) is a kernel thread"), "{}", outcome.stderr);
+}
+
+#[test]
+fn a_zombie_is_not_traced_and_says_why() {
+    let mut child = Command::new("true").stdin(Stdio::null()).spawn().expect("starting true");
+    let pid = child.id();
+    // Wait for it to exit without reaping it: until then it is a zombie.
+    // SAFETY: waitid writes only the siginfo it is given.
+    let waited = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT)
+    };
+    assert_eq!(waited, 0, "waiting for pid {pid}");
+    let outcome = Memtrace::new().args(["--pid", &pid.to_string()]).run();
+    child.wait().expect("reaping true");
+    outcome.assert_exit_code(1);
+    let expected = format!("pid {pid} (true) is a zombie");
+    assert!(outcome.error_line().contains(&expected), "{}", outcome.stderr);
+}
+
+/// `--comm` implies `--all` and may be given more than once; a program of another name is left out.
+#[test]
+fn comm_names_what_to_trace_system_wide() {
+    // One system-wide run at a time in this file.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let programs = ["a", "b", "c"].map(|variant| fixture_variant("leaks", &format!("comm-{variant}"), &[]));
+    let mut memtrace = Memtrace::new().args(["--comm", "leaks-comm-a", "--comm", "leaks-comm-b"]).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing all processes");
+    let pids = programs.map(|program| {
+        let mut child = Command::new(program).spawn().expect("starting a fixture");
+        assert!(child.wait().unwrap().success());
+        child.id()
+    });
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let processes = outcome.summary()["processes"].as_array().unwrap();
+    for pid in &pids[..2] {
+        let process = processes.iter().find(|p| p["pid"] == *pid);
+        assert_figures_of(
+            process.unwrap_or_else(|| panic!("pid {pid} not traced:\n{}", outcome.stderr)),
+            LEAKS,
+        );
+    }
+    assert!(processes.iter().all(|p| p["pid"] != pids[2]), "leaks-comm-c was traced: {processes:#?}");
+    assert!(
+        processes.iter().all(|p| p["comm"] == "leaks-comm-a" || p["comm"] == "leaks-comm-b"),
+        "a process of another name was traced: {processes:#?}"
+    );
 }

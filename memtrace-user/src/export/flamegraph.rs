@@ -1,54 +1,48 @@
 //! `--flamegraph PATH`: an SVG flamegraph of live bytes by call stack, one tower per process.
 
-use std::{
-    fs::File,
-    io::BufWriter,
-    path::{Path, PathBuf},
-};
+use std::{io::Write, path::Path};
 
 use anyhow::{Context, Result};
 use inferno::flamegraph;
 
-use super::Exporter;
+use super::{output_file::OutputFile, Exporter};
 use crate::model::{Model, RunEnd};
 
 pub struct FlamegraphFile {
-    path: PathBuf,
-    file: File,
+    file: OutputFile,
 }
 
 impl FlamegraphFile {
     pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path).with_context(|| {
-            format!(
-                "cannot write the flamegraph to {}; choose another path with --flamegraph",
-                path.display()
-            )
-        })?;
-        Ok(Self { path: path.to_owned(), file })
+        Ok(Self { file: OutputFile::create(path, "flamegraph", "--flamegraph")? })
     }
 }
 
 impl Exporter for FlamegraphFile {
+    fn written(&self) -> Option<String> {
+        Some(format!("flamegraph written to {}", self.file.path().display()))
+    }
+
     fn finish(&mut self, model: &Model, _end: RunEnd) -> Result<()> {
         let lines = folded_stacks(model);
         let mut options = flamegraph::Options::default();
         options.title = "memtrace: live bytes by call stack".to_owned();
         options.count_name = "bytes".to_owned();
-        let mut out = BufWriter::new(&mut self.file);
-        if lines.is_empty() {
-            // inferno refuses an empty profile; an empty picture says the same without an error.
-            use std::io::Write;
-            writeln!(
-                out,
-                r#"<svg xmlns="http://www.w3.org/2000/svg" width="600" height="40"><text x="10" y="25">memtrace: no live bytes with a recorded stack</text></svg>"#
-            )?;
-            return Ok(());
-        }
-        flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)
-            .with_context(|| format!("writing {}", self.path.display()))
+        // inferno refuses an empty profile; an empty picture says the same without an error.
+        let svg = if lines.is_empty() {
+            EMPTY_FLAMEGRAPH.as_bytes().to_vec()
+        } else {
+            let mut svg = Vec::new();
+            flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+                .context("drawing the flamegraph")?;
+            svg
+        };
+        self.file.commit(|file| file.write_all(&svg))
     }
 }
+
+const EMPTY_FLAMEGRAPH: &str = r#"<svg xmlns="http://www.w3.org/2000/svg" width="600" height="40"><text x="10" y="25">memtrace: no live bytes with a recorded stack</text></svg>
+"#;
 
 /// "comm (pid);outermost;...;innermost bytes" per stack that still holds bytes.
 fn folded_stacks(model: &Model) -> Vec<String> {

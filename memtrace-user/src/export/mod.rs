@@ -1,6 +1,7 @@
 //! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
 
 pub mod flamegraph;
+pub mod output_file;
 pub mod pprof;
 pub mod report;
 pub mod summary;
@@ -18,4 +19,9 @@ pub trait Exporter {
 
     /// Called once when the run ends, after the last sample.
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()>;
+
+    /// What to say on stderr once `finish` has written the output: "summary written to PATH".
+    fn written(&self) -> Option<String> {
+        None
+    }
 }

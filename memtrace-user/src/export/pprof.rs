@@ -2,44 +2,40 @@
 //! with the sample types alloc_objects, alloc_space, inuse_objects and inuse_space, one sample per
 //! (process, call stack), labelled with the pid and command name.
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    io::Write,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, io::Write, path::Path};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use super::Exporter;
+use super::{output_file::OutputFile, Exporter};
 use crate::{
     model::{Model, RunEnd},
     symbolize::Frame,
 };
 
 pub struct PprofFile {
-    path: PathBuf,
-    file: File,
+    file: OutputFile,
 }
 
 impl PprofFile {
     pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path).with_context(|| {
-            format!("cannot write the pprof profile to {}; choose another path with --pprof", path.display())
-        })?;
-        Ok(Self { path: path.to_owned(), file })
+        Ok(Self { file: OutputFile::create(path, "pprof profile", "--pprof")? })
     }
 }
 
 impl Exporter for PprofFile {
+    fn written(&self) -> Option<String> {
+        Some(format!("pprof profile written to {}", self.file.path().display()))
+    }
+
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
         let profile = build_profile(model, end);
-        let mut gzip = GzEncoder::new(&mut self.file, Compression::default());
-        gzip.write_all(&profile.encode_to_vec())?;
-        gzip.finish().with_context(|| format!("writing {}", self.path.display()))?;
-        Ok(())
+        self.file.commit(|file| {
+            let mut gzip = GzEncoder::new(file, Compression::default());
+            gzip.write_all(&profile.encode_to_vec())?;
+            gzip.finish().map(drop)
+        })
     }
 }
 

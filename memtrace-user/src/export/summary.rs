@@ -2,16 +2,15 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     io::Write,
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 
-use super::Exporter;
+use super::{output_file::OutputFile, Exporter};
 use crate::{
     model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile},
     symbolize::Frame,
@@ -185,26 +184,26 @@ fn seconds(duration: Duration) -> f64 {
 /// Writes the summary at the end of the run into a file opened at the start, so that an unwritable
 /// path is reported before anything is traced.
 pub struct SummaryFile {
-    path: PathBuf,
-    file: File,
+    file: OutputFile,
     /// How many leaking stacks to list per process.
     top: usize,
 }
 
 impl SummaryFile {
     pub fn create(path: &Path, top: usize) -> Result<Self> {
-        let file = File::create(path).with_context(|| {
-            format!("cannot write the summary to {}; choose another path with --summary", path.display())
-        })?;
-        Ok(Self { path: path.to_owned(), file, top })
+        Ok(Self { file: OutputFile::create(path, "summary", "--summary")?, top })
     }
 }
 
 impl Exporter for SummaryFile {
+    fn written(&self) -> Option<String> {
+        Some(format!("summary written to {}", self.file.path().display()))
+    }
+
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
         let mut text = serde_json::to_string_pretty(&Summary::of(model, end, self.top))?;
         text.push('\n');
-        self.file.write_all(text.as_bytes()).with_context(|| format!("writing {}", self.path.display()))
+        self.file.commit(|file| file.write_all(text.as_bytes()))
     }
 }
 

@@ -19,6 +19,12 @@ pub struct TraceFile {
     path: PathBuf,
     file: File,
     events_written: usize,
+    /// Length of the file up to its last whole event.
+    whole_bytes: u64,
+    /// Losses not charged to a process have been drawn (under memtrace's own pid).
+    losses_shown: bool,
+    /// The run ended cleanly: the file is a whole trace, even without events.
+    finished: bool,
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
@@ -26,17 +32,22 @@ pub struct TraceFile {
 
 impl TraceFile {
     pub fn create(path: &Path) -> Result<Self> {
-        let mut file = File::create(path).with_context(|| {
-            format!("cannot write the trace to {}; choose another path with -o/--output", path.display())
-        })?;
-        file.write_all(b"[")?;
-        Ok(Self {
+        let cannot =
+            || format!("cannot write the trace to {}; choose another path with -o/--output", path.display());
+        let file = File::create(path).with_context(cannot)?;
+        let mut trace = Self {
             path: path.to_owned(),
             file,
             events_written: 0,
+            whole_bytes: 1,
+            losses_shown: false,
+            finished: false,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
-        })
+        };
+        // On failure (a full disk) the file goes again as `trace` drops.
+        trace.file.write_all(b"[").with_context(cannot)?;
+        Ok(trace)
     }
 
     pub fn path(&self) -> &Path {
@@ -50,7 +61,55 @@ impl TraceFile {
             text.push_str(&event.to_string());
             self.events_written += 1;
         }
-        self.file.write_all(text.as_bytes()).with_context(|| format!("writing {}", self.path.display()))
+        if let Err(err) = self.file.write_all(text.as_bytes()) {
+            // A partial write (a full disk) would leave half an event: cut back to the last whole
+            // one, so the file still loads.
+            let _ = self.file.set_len(self.whole_bytes);
+            return Err(err).with_context(|| self.write_failed());
+        }
+        self.whole_bytes += text.len() as u64;
+        Ok(())
+    }
+
+    /// Losses no process can be charged with (a full process table, USDT reports), as a counter of
+    /// memtrace's own, from the first one on.
+    fn unattributed_losses(&mut self, model: &Model, sample: Sample) -> Vec<Value> {
+        let lost = model.unattributed_lost_events + model.usdt_lost_events;
+        if lost == 0 && !self.losses_shown {
+            return Vec::new();
+        }
+        let pid = std::process::id();
+        let mut events = Vec::new();
+        if !self.losses_shown {
+            self.losses_shown = true;
+            events.push(json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid,
+                               "args": {"name": "memtrace (losses of no one process)"}}));
+        }
+        events.push(json!({"name": "lost_events", "ph": "C", "ts": sample.ts_us, "pid": pid, "tid": pid,
+                           "args": {"lost_events": lost}}));
+        events
+    }
+
+    fn write_failed(&self) -> String {
+        format!("writing the trace to {} (-o/--output)", self.path.display())
+    }
+}
+
+/// A run that failed before its first sample leaves no trace behind: the file holds nothing but `[`.
+/// Only the regular file memtrace created is removed, never a device or a pipe named by -o.
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        if self.events_written > 0 || self.finished {
+            return;
+        }
+        let ours = self.file.metadata().ok();
+        let there = std::fs::metadata(&self.path).ok();
+        if let (Some(ours), Some(there)) = (ours, there) {
+            use std::os::unix::fs::MetadataExt;
+            if ours.is_file() && (ours.dev(), ours.ino()) == (there.dev(), there.ino()) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
     }
 }
 
@@ -69,12 +128,18 @@ impl Exporter for TraceFile {
                 self.closed.insert(process.pid);
             }
         }
+        events.extend(self.unattributed_losses(model, sample));
         self.write_events(&events)
     }
 
+    fn written(&self) -> Option<String> {
+        Some(format!("trace written to {} (open it in Perfetto UI or chrome://tracing)", self.path.display()))
+    }
+
     fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
-        self.file.write_all(b"\n]\n")?;
-        self.file.sync_data().with_context(|| format!("writing {}", self.path.display()))
+        self.finished = true;
+        self.file.write_all(b"\n]\n").with_context(|| self.write_failed())?;
+        self.file.sync_data().with_context(|| self.write_failed())
     }
 }
 
@@ -99,6 +164,8 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
         ),
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.rss_bytes})),
+        // Losses show on the timeline when they happen.
+        counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations));
@@ -195,7 +262,7 @@ mod tests {
         // Cut short: only the closing bracket is missing.
         let cut = std::fs::read_to_string(&path).unwrap() + "]";
         let events: Vec<Value> = serde_json::from_str(&cut).unwrap();
-        assert_eq!(events.len(), 4);
+        assert_eq!(events.len(), 5);
 
         model.processes.get_mut(&42).unwrap().exited = true;
         trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
@@ -203,7 +270,7 @@ mod tests {
         trace.finish(&model, RunEnd { duration: Duration::from_secs(3) }).unwrap();
 
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(events.len(), 7, "an exited process gets one final sample, then no more");
+        assert_eq!(events.len(), 9, "an exited process gets one final sample, then no more");
         assert_eq!(events[0]["ph"], "M");
         assert_eq!(events[0]["args"]["name"], "demo");
         let heap = &events[1];
@@ -214,7 +281,9 @@ mod tests {
         assert_eq!(heap["args"]["live_bytes"], 4096);
         assert_eq!(heap["args"]["live_allocations"], 2);
         assert_eq!(events[2]["args"]["rss_bytes"], 0x10000);
-        let dump = &events[3];
+        assert_eq!((events[3]["name"].as_str(), events[3]["ph"].as_str()), (Some("lost_events"), Some("C")));
+        assert_eq!(events[3]["args"]["lost_events"], 0);
+        let dump = &events[4];
         assert_eq!(dump["ph"], "v");
         assert_eq!(dump["id"], "0x1");
         assert_eq!(dump["args"]["dumps"]["process_totals"]["resident_set_bytes"], "10000");
@@ -223,7 +292,46 @@ mod tests {
         let lines = read_lines(&path);
         assert_eq!(lines.first().map(String::as_str), Some("["));
         assert_eq!(lines.last().map(String::as_str), Some("]"));
-        assert_eq!(lines.len(), 9, "one event per line");
+        assert_eq!(lines.len(), 11, "one event per line");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn losses_of_no_process_are_a_counter_of_memtraces_own() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-losses-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap();
+        let mut model = model();
+        trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
+        model.unattributed_lost_events = 3;
+        trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(2) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let own = Value::from(std::process::id());
+        let losses: Vec<&Value> = events.iter().filter(|e| e["pid"] == own).collect();
+        assert_eq!(losses.len(), 2, "a name and one counter, from the first loss on: {losses:?}");
+        assert_eq!(losses[0]["ph"], "M");
+        assert_eq!(
+            (losses[1]["name"].as_str(), losses[1]["ts"].as_u64(), losses[1]["args"]["lost_events"].as_u64()),
+            (Some("lost_events"), Some(2000), Some(3))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_trace_without_events_is_not_left_behind() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        drop(TraceFile::create(&path).unwrap());
+        assert!(!path.exists(), "an empty trace was left behind");
+        let mut finished = TraceFile::create(&path).unwrap();
+        finished.finish(&Model::default(), RunEnd { duration: Duration::from_secs(1) }).unwrap();
+        drop(finished);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "[\n]\n", "a finished trace stays");
+        drop(TraceFile::create(Path::new("/dev/null")).unwrap());
+        assert!(Path::new("/dev/null").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

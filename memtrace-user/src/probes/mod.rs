@@ -15,7 +15,7 @@ use aya::{
 };
 use memtrace_common::{
     Allocation, AllocationKey, ProbeCookie, ProcessStats, StackFrames, StackKey, StackTotals,
-    GLOBAL_LOST_SLOT,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
 };
 
 use links::Links;
@@ -60,8 +60,8 @@ pub struct ProcessFilter {
     /// memtrace itself, which must never trace its own allocations.
     pub self_tgid: u32,
     pub excluded_pids: Vec<u32>,
-    /// Trace only processes with this command name.
-    pub only_comm: Option<String>,
+    /// Trace only processes with one of these command names (`--comm`); all when empty.
+    pub only_comms: Vec<String>,
 }
 
 /// How many entries the kernel's tables hold, to show they stay bounded.
@@ -98,16 +98,16 @@ impl Probes {
     /// Loads every program into the kernel.
     pub fn load(config: &ProbeConfig) -> Result<Self> {
         let filter = config.system_wide.clone().unwrap_or_default();
-        let only_comm = comm_bytes(filter.only_comm.as_deref().unwrap_or_default())?;
+        let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("ALLOCATIONS", config.max_allocations)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("FILTER_PROCESSES", &u8::from(config.system_wide.is_some()), true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
-            .override_global("ONLY_COMM", &only_comm, true)
+            .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
             .load(BPF_OBJECT)
-            .context("loading the BPF programs into the kernel")?;
+            .with_context(|| loading_failed(config.max_allocations))?;
         let multi = load_multi(&ebpf)?;
         for (name, program) in ebpf.programs_mut() {
             match program {
@@ -122,6 +122,11 @@ impl Probes {
             HashMap::try_from(ebpf.map_mut("EXCLUDED_PIDS").context("no map EXCLUDED_PIDS")?)?;
         for pid in &filter.excluded_pids {
             excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
+        }
+        let mut comms: HashMap<&mut MapData, [u8; 16], u8> =
+            HashMap::try_from(ebpf.map_mut("ALLOWED_COMMS").context("no map ALLOWED_COMMS")?)?;
+        for comm in &only_comms {
+            comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
         }
         let mut probes = Self {
             ebpf,
@@ -347,8 +352,25 @@ fn collect_entries<K, V>(
         .with_context(|| format!("reading {what}"))
 }
 
+/// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual
+/// reason (the kernel preallocates every entry, about 100 bytes each).
+fn loading_failed(max_allocations: u32) -> String {
+    if max_allocations <= DEFAULT_MAX_LIVE_ALLOCATIONS {
+        return "loading the BPF programs into the kernel".to_owned();
+    }
+    let megabytes = u64::from(max_allocations) * 100 / 1_000_000;
+    format!(
+        "loading the BPF programs into the kernel, with a live-allocation table of --max-allocations \
+         {max_allocations} entries (about {megabytes} MB of kernel memory; lower it if the kernel \
+         cannot allocate that)"
+    )
+}
+
 /// A command name as the kernel stores it: at most 15 bytes and a NUL.
 fn comm_bytes(comm: &str) -> Result<[u8; 16]> {
+    if comm.is_empty() {
+        bail!("--comm needs a command name, as `ps -o comm` shows it");
+    }
     if comm.len() > 15 {
         bail!("--comm {comm:?} is longer than the 15 bytes the kernel keeps of a command name");
     }
