@@ -12,31 +12,31 @@
 //! program as it is exec'd. Uprobes (and the semaphores the kernel keeps for them) belong to the
 //! file, so one attachment serves every process that maps it, now or later; the BPF side keys the
 //! figures by the process a probe fires in and filters processes as it does allocator events.
+//!
+//! One job per file: `request` (what `--usdt` asks for), this module (which files to scan and
+//! attaching their sites), `plan` (each site's uses and their specs), `read` (the handler's maps);
+//! `notes` and `args` parse what the files say. Attaching goes through `probes`, never back.
 
 pub mod args;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod list;
 pub mod notes;
+mod plan;
+mod read;
+mod request;
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, path::Path};
 
 use anyhow::{bail, Context, Result};
-use aya::maps::{Array, HashMap, MapData, MapError};
-use memtrace_common::{
-    usdt_action, SubsystemKey, UsdtCounterKey, UsdtCounterValue, UsdtSpec, MAX_USDT_SPECS, MAX_USES_PER_SITE,
-    USDT_LOST_SLOT,
-};
+use memtrace_common::usdt_action;
 
-use self::{
-    args::SiteContext,
-    notes::{ElfProbes, ProbeSite},
+use self::plan::{spec_of, uses_of, write_specs};
+pub use self::{
+    read::{collect, occupancy, release, reporting_processes},
+    request::UsdtRequest,
 };
 use crate::{
-    model::{Model, UsdtProbeCounter},
     probes::{Direction, Probes, Scope, Site, USDT_SITE},
     process::{file_identity, FileId, ObjectFile, ProcessImage, SparseImage},
 };
@@ -45,80 +45,6 @@ use crate::{
 pub const MEMTRACE_PROVIDER: &str = "memtrace";
 const REPORT_TOTAL: &str = "report_total";
 const REPORT_DELTA: &str = "report_delta";
-
-/// One `--usdt [PATH:]PROVIDER:NAME[=argN]` option.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsdtRequest {
-    /// The option as written; names the counter in the trace and the summary.
-    pub label: String,
-    /// Only sites in this object: a path (with a `/`) or a file name.
-    pub path: Option<PathBuf>,
-    pub provider: String,
-    pub name: String,
-    /// Track this argument (0-based, as in `arg0`) instead of only counting hits.
-    pub argument: Option<usize>,
-}
-
-impl UsdtRequest {
-    /// Parses the option's value; the error says what a valid one looks like.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let usage = "write [PATH:]PROVIDER:NAME or [PATH:]PROVIDER:NAME=argN, e.g. \
-                     --usdt myapp:request_done or --usdt ./libfoo.so:foo:alloc=arg1";
-        let (probe, argument) = match text.rsplit_once('=') {
-            Some((probe, arg)) => {
-                let index = arg
-                    .strip_prefix("arg")
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .filter(|&n| n < 12)
-                    .ok_or_else(|| {
-                        format!(
-                            "`{arg}` in `{text}` is not an argument: write arg0 ... arg11 \
-                             (arg0 is the first argument)"
-                        )
-                    })?;
-                (probe, Some(index))
-            }
-            None => (text, None),
-        };
-        let mut parts = probe.rsplitn(3, ':');
-        let name = parts.next().unwrap_or_default();
-        let provider = parts.next().unwrap_or_default();
-        let path = parts.next();
-        let valid = |part: &str| {
-            !part.is_empty()
-                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
-        };
-        if !valid(provider) || !valid(name) {
-            return Err(format!("`{text}` is not a USDT probe; {usage}"));
-        }
-        if path.is_some_and(str::is_empty) {
-            return Err(format!("`{text}` has an empty PATH; {usage}"));
-        }
-        Ok(Self {
-            label: text.to_owned(),
-            path: path.map(PathBuf::from),
-            provider: provider.to_owned(),
-            name: name.to_owned(),
-            argument,
-        })
-    }
-
-    fn matches(&self, site: &ProbeSite) -> bool {
-        site.provider == self.provider && site.name == self.name
-    }
-
-    /// Whether this request's PATH (if any) names `object`.
-    fn wants_object(&self, object: &ObjectFile, explicit: &[FileId]) -> bool {
-        let Some(path) = &self.path else {
-            return true;
-        };
-        if path.to_string_lossy().contains('/') {
-            file_identity(&object.host_path).is_some_and(|id| explicit.contains(&id))
-        } else {
-            object.path.file_name() == Some(path.as_os_str())
-        }
-    }
-}
 
 /// The USDT side of the probes: every attached site, and what reading their maps needs.
 #[derive(Default)]
@@ -160,13 +86,6 @@ impl UsdtProbes {
     fn missing_requests(&self) -> impl Iterator<Item = (usize, &UsdtRequest)> {
         self.requests.iter().enumerate().filter(|&(index, _)| !self.found[index])
     }
-}
-
-/// What one site is attached for.
-struct Use {
-    action: u32,
-    counter: u32,
-    argument: Option<usize>,
 }
 
 /// Attaches to the probe sites of every object a process maps (its image), and the objects
@@ -416,111 +335,6 @@ fn attach_object(
     Ok(())
 }
 
-/// Writes the uses of one site one after another in `USDT_SPECS`, the last marked; returns the
-/// index of the first, the site's cookie, or None when the site has no use.
-fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result<Option<u64>> {
-    let Some(last) = specs.last_mut() else {
-        return Ok(None);
-    };
-    last.last_of_site = 1;
-    if specs.len() > MAX_USES_PER_SITE as usize {
-        bail!("a USDT probe site is wanted by more than {MAX_USES_PER_SITE} --usdt options; name fewer");
-    }
-    let first = probes.usdt.next_spec;
-    if first as usize + specs.len() > MAX_USDT_SPECS as usize {
-        bail!("more than {MAX_USDT_SPECS} uses of USDT probe sites to attach; name fewer with --usdt");
-    }
-    let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
-    for (index, spec) in (first..).zip(specs.iter()) {
-        table.set(index, spec, 0).context("writing a USDT site's spec")?;
-    }
-    probes.usdt.next_spec += specs.len() as u32;
-    Ok(Some(u64::from(first)))
-}
-
-fn uses_of(requests: &[UsdtRequest], site: &ProbeSite, object: &ObjectFile, explicit: &[FileId]) -> Vec<Use> {
-    let mut uses = Vec::new();
-    if site.provider == MEMTRACE_PROVIDER {
-        let action = match site.name.as_str() {
-            REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
-            REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
-            _ => None,
-        };
-        if let Some(action) = action {
-            uses.push(Use { action, counter: 0, argument: None });
-        }
-    }
-    for (index, request) in requests.iter().enumerate() {
-        if request.matches(site) && request.wants_object(object, explicit) {
-            uses.push(Use {
-                action: if request.argument.is_some() {
-                    usdt_action::TRACK_ARGUMENT
-                } else {
-                    usdt_action::COUNT_HITS
-                },
-                counter: index as u32,
-                argument: request.argument,
-            });
-        }
-    }
-    uses
-}
-
-/// The spec of one use of a site; None (after a warning) when the site cannot serve it.
-fn spec_of(
-    probes: &Probes,
-    object: &ObjectFile,
-    elf: &ElfProbes,
-    site: &ProbeSite,
-    site_use: &Use,
-) -> Result<Option<UsdtSpec>> {
-    let where_ =
-        || format!("probe {} in {} at offset {:#x}", site.full_name(), object.path.display(), site.offset);
-    let specs = match args::parse_all(&site.arguments) {
-        Ok(specs) => specs,
-        Err(err) if site_use.action == usdt_action::COUNT_HITS => {
-            // Counting hits needs no argument.
-            let _ = err;
-            Vec::new()
-        }
-        Err(err) => return Err(err).with_context(where_),
-    };
-    let symbol_address = |name: &str| elf.symbol_address(name);
-    let context = SiteContext { address: site.address, symbol_address: &symbol_address };
-    let mut spec = UsdtSpec { action: site_use.action, counter: site_use.counter, ..UsdtSpec::default() };
-    match site_use.action {
-        usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => {
-            if specs.len() != 2 {
-                eprintln!(
-                    "memtrace: warning: skipping {}: it has {} arguments, not (subsystem, bytes)",
-                    where_(),
-                    specs.len()
-                );
-                return Ok(None);
-            }
-            for (slot, arg) in spec.args.iter_mut().zip(&specs) {
-                *slot = arg.to_bpf(&context).with_context(where_)?;
-            }
-        }
-        usdt_action::TRACK_ARGUMENT => {
-            let index = site_use.argument.unwrap_or(0);
-            let Some(arg) = specs.get(index) else {
-                bail!(
-                    "--usdt {}: {} has {} argument{}, so there is no arg{index} (arguments \
-                     count from arg0)",
-                    probes.usdt.requests[site_use.counter as usize].label,
-                    where_(),
-                    specs.len(),
-                    if specs.len() == 1 { "" } else { "s" }
-                );
-            };
-            spec.args[0] = arg.to_bpf(&context).with_context(where_)?;
-        }
-        _ => {}
-    }
-    Ok(Some(spec))
-}
-
 /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
 pub fn check_requests_found(probes: &Probes) -> Result<()> {
     let usdt = &probes.usdt;
@@ -541,126 +355,4 @@ pub fn check_requests_found(probes: &Probes) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
-pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
-    let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    let table: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    // An entry removed between two steps of the walk is no error.
-    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
-        let (key, value) = entry.context("reading the USDT subsystem map")?;
-        subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
-    }
-    let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
-    let table: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
-        let (key, value) = entry.context("reading the USDT counter map")?;
-        let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
-            continue;
-        };
-        counters.entry(key.tgid).or_default().insert(
-            request.label.clone(),
-            UsdtProbeCounter { hits: value.hits, value: request.argument.map(|_| value.value) },
-        );
-    }
-    for (pid, process) in &mut model.processes {
-        let figures = &mut process.usdt;
-        if let Some(subsystems) = subsystems.remove(pid) {
-            figures.subsystems = subsystems;
-        }
-        // Every requested counter shows, at 0 before the first hit; system-wide, only in the
-        // processes that hit it.
-        for request in probes.usdt.requests.iter().filter(|_| !probes.usdt.system_wide) {
-            figures
-                .probes
-                .entry(request.label.clone())
-                .or_insert(UsdtProbeCounter { hits: 0, value: request.argument.map(|_| 0) });
-        }
-        if let Some(counters) = counters.remove(pid) {
-            figures.probes.extend(counters);
-        }
-    }
-    let lost: Array<&MapData, u64> = Array::try_from(probes.map("USDT_LOST_EVENTS")?)?;
-    model.usdt_lost_events = lost.get(&USDT_LOST_SLOT, 0)?;
-    Ok(())
-}
-
-/// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
-pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
-    let mut tgids = BTreeSet::new();
-    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    tgids.extend(subsystems.keys().filter_map(Result::ok).map(|key| key.tgid));
-    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    tgids.extend(counters.keys().filter_map(Result::ok).map(|key| key.tgid));
-    Ok(tgids)
-}
-
-/// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
-pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
-    let mut subsystems: HashMap<&mut MapData, SubsystemKey, i64> =
-        HashMap::try_from(probes.map_mut("SUBSYSTEMS")?)?;
-    let doomed: Vec<SubsystemKey> =
-        subsystems.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-    for key in &doomed {
-        let _ = subsystems.remove(key);
-    }
-    let mut counters: HashMap<&mut MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map_mut("USDT_COUNTERS")?)?;
-    let doomed: Vec<UsdtCounterKey> =
-        counters.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-    for key in &doomed {
-        let _ = counters.remove(key);
-    }
-    Ok(())
-}
-
-/// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
-pub fn occupancy(probes: &Probes) -> Result<usize> {
-    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    Ok(subsystems.keys().count() + counters.keys().count())
-}
-
-/// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
-fn subsystem_name(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usdt_options() {
-        let request = UsdtRequest::parse("myapp:tick").unwrap();
-        assert_eq!(
-            (request.path, request.provider.as_str(), request.name.as_str(), request.argument),
-            (None, "myapp", "tick", None)
-        );
-        let request = UsdtRequest::parse("./lib/libfoo.so:foo:alloc=arg1").unwrap();
-        assert_eq!(request.path, Some(PathBuf::from("./lib/libfoo.so")));
-        assert_eq!((request.provider.as_str(), request.name.as_str()), ("foo", "alloc"));
-        assert_eq!(request.argument, Some(1));
-        assert_eq!(request.label, "./lib/libfoo.so:foo:alloc=arg1");
-        let request = UsdtRequest::parse("/a:b/c:p:n").unwrap();
-        assert_eq!(request.path, Some(PathBuf::from("/a:b/c")));
-        for bad in
-            ["", "tick", ":tick", "p:", "p:n=1", "p:n=arg", "p:n=arg99", "p:n=argx", ":p:n", "p:n/x", "p q:n"]
-        {
-            let err = UsdtRequest::parse(bad).unwrap_err();
-            assert!(err.contains("write"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn subsystem_names_stop_at_nul() {
-        assert_eq!(subsystem_name(b"textures\0\0\0"), "textures");
-        assert_eq!(subsystem_name(b"full"), "full");
-        assert_eq!(subsystem_name(b"\0"), "");
-    }
 }

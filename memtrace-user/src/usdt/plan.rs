@@ -1,0 +1,134 @@
+//! Planning a probe site's uses: what the handler does there (a subsystem report, a `--usdt`
+//! counter), its decoded argument specs, and their place in `USDT_SPECS`, where the site's
+//! cookie finds them one after another.
+
+use anyhow::{bail, Context, Result};
+use aya::maps::{Array, MapData};
+use memtrace_common::{usdt_action, UsdtSpec, MAX_USDT_SPECS, MAX_USES_PER_SITE};
+
+use super::{
+    args::{self, SiteContext},
+    notes::{ElfProbes, ProbeSite},
+    UsdtRequest, MEMTRACE_PROVIDER, REPORT_DELTA, REPORT_TOTAL,
+};
+use crate::{
+    probes::Probes,
+    process::{FileId, ObjectFile},
+};
+
+/// What one site is attached for.
+pub(super) struct Use {
+    pub(super) action: u32,
+    counter: u32,
+    argument: Option<usize>,
+}
+
+/// Writes the uses of one site one after another in `USDT_SPECS`, the last marked; returns the
+/// index of the first, the site's cookie, or None when the site has no use.
+pub(super) fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result<Option<u64>> {
+    let Some(last) = specs.last_mut() else {
+        return Ok(None);
+    };
+    last.last_of_site = 1;
+    if specs.len() > MAX_USES_PER_SITE as usize {
+        bail!("a USDT probe site is wanted by more than {MAX_USES_PER_SITE} --usdt options; name fewer");
+    }
+    let first = probes.usdt.next_spec;
+    if first as usize + specs.len() > MAX_USDT_SPECS as usize {
+        bail!("more than {MAX_USDT_SPECS} uses of USDT probe sites to attach; name fewer with --usdt");
+    }
+    let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
+    for (index, spec) in (first..).zip(specs.iter()) {
+        table.set(index, spec, 0).context("writing a USDT site's spec")?;
+    }
+    probes.usdt.next_spec += specs.len() as u32;
+    Ok(Some(u64::from(first)))
+}
+
+pub(super) fn uses_of(
+    requests: &[UsdtRequest],
+    site: &ProbeSite,
+    object: &ObjectFile,
+    explicit: &[FileId],
+) -> Vec<Use> {
+    let mut uses = Vec::new();
+    if site.provider == MEMTRACE_PROVIDER {
+        let action = match site.name.as_str() {
+            REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
+            REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
+            _ => None,
+        };
+        if let Some(action) = action {
+            uses.push(Use { action, counter: 0, argument: None });
+        }
+    }
+    for (index, request) in requests.iter().enumerate() {
+        if request.matches(site) && request.wants_object(object, explicit) {
+            uses.push(Use {
+                action: if request.argument.is_some() {
+                    usdt_action::TRACK_ARGUMENT
+                } else {
+                    usdt_action::COUNT_HITS
+                },
+                counter: index as u32,
+                argument: request.argument,
+            });
+        }
+    }
+    uses
+}
+
+/// The spec of one use of a site; None (after a warning) when the site cannot serve it.
+pub(super) fn spec_of(
+    probes: &Probes,
+    object: &ObjectFile,
+    elf: &ElfProbes,
+    site: &ProbeSite,
+    site_use: &Use,
+) -> Result<Option<UsdtSpec>> {
+    let where_ =
+        || format!("probe {} in {} at offset {:#x}", site.full_name(), object.path.display(), site.offset);
+    let specs = match args::parse_all(&site.arguments) {
+        Ok(specs) => specs,
+        Err(err) if site_use.action == usdt_action::COUNT_HITS => {
+            // Counting hits needs no argument.
+            let _ = err;
+            Vec::new()
+        }
+        Err(err) => return Err(err).with_context(where_),
+    };
+    let symbol_address = |name: &str| elf.symbol_address(name);
+    let context = SiteContext { address: site.address, symbol_address: &symbol_address };
+    let mut spec = UsdtSpec { action: site_use.action, counter: site_use.counter, ..UsdtSpec::default() };
+    match site_use.action {
+        usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => {
+            if specs.len() != 2 {
+                eprintln!(
+                    "memtrace: warning: skipping {}: it has {} arguments, not (subsystem, bytes)",
+                    where_(),
+                    specs.len()
+                );
+                return Ok(None);
+            }
+            for (slot, arg) in spec.args.iter_mut().zip(&specs) {
+                *slot = arg.to_bpf(&context).with_context(where_)?;
+            }
+        }
+        usdt_action::TRACK_ARGUMENT => {
+            let index = site_use.argument.unwrap_or(0);
+            let Some(arg) = specs.get(index) else {
+                bail!(
+                    "--usdt {}: {} has {} argument{}, so there is no arg{index} (arguments \
+                     count from arg0)",
+                    probes.usdt.requests[site_use.counter as usize].label,
+                    where_(),
+                    specs.len(),
+                    if specs.len() == 1 { "" } else { "s" }
+                );
+            };
+            spec.args[0] = arg.to_bpf(&context).with_context(where_)?;
+        }
+        _ => {}
+    }
+    Ok(Some(spec))
+}

@@ -1,0 +1,113 @@
+//! Reading the USDT handler's maps at every sample: subsystem totals and `--usdt` counters into the
+//! model, and releasing what exited processes left there.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use anyhow::{Context, Result};
+use aya::maps::{Array, HashMap, MapData, MapError};
+use memtrace_common::{SubsystemKey, UsdtCounterKey, UsdtCounterValue, USDT_LOST_SLOT};
+
+use crate::{
+    model::{Model, UsdtProbeCounter},
+    probes::Probes,
+};
+
+/// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
+pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
+    let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
+    let table: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    // An entry removed between two steps of the walk is no error.
+    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
+        let (key, value) = entry.context("reading the USDT subsystem map")?;
+        subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
+    }
+    let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
+    let table: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
+        let (key, value) = entry.context("reading the USDT counter map")?;
+        let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
+            continue;
+        };
+        counters.entry(key.tgid).or_default().insert(
+            request.label.clone(),
+            UsdtProbeCounter { hits: value.hits, value: request.argument.map(|_| value.value) },
+        );
+    }
+    for (pid, process) in &mut model.processes {
+        let figures = &mut process.usdt;
+        if let Some(subsystems) = subsystems.remove(pid) {
+            figures.subsystems = subsystems;
+        }
+        // Every requested counter shows, at 0 before the first hit; system-wide, only in the
+        // processes that hit it.
+        for request in probes.usdt.requests.iter().filter(|_| !probes.usdt.system_wide) {
+            figures
+                .probes
+                .entry(request.label.clone())
+                .or_insert(UsdtProbeCounter { hits: 0, value: request.argument.map(|_| 0) });
+        }
+        if let Some(counters) = counters.remove(pid) {
+            figures.probes.extend(counters);
+        }
+    }
+    let lost: Array<&MapData, u64> = Array::try_from(probes.map("USDT_LOST_EVENTS")?)?;
+    model.usdt_lost_events = lost.get(&USDT_LOST_SLOT, 0)?;
+    Ok(())
+}
+
+/// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
+pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
+    let mut tgids = BTreeSet::new();
+    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    tgids.extend(subsystems.keys().filter_map(Result::ok).map(|key| key.tgid));
+    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    tgids.extend(counters.keys().filter_map(Result::ok).map(|key| key.tgid));
+    Ok(tgids)
+}
+
+/// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
+pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
+    let mut subsystems: HashMap<&mut MapData, SubsystemKey, i64> =
+        HashMap::try_from(probes.map_mut("SUBSYSTEMS")?)?;
+    let doomed: Vec<SubsystemKey> =
+        subsystems.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+    for key in &doomed {
+        let _ = subsystems.remove(key);
+    }
+    let mut counters: HashMap<&mut MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map_mut("USDT_COUNTERS")?)?;
+    let doomed: Vec<UsdtCounterKey> =
+        counters.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
+    for key in &doomed {
+        let _ = counters.remove(key);
+    }
+    Ok(())
+}
+
+/// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
+pub fn occupancy(probes: &Probes) -> Result<usize> {
+    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
+    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
+        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
+    Ok(subsystems.keys().count() + counters.keys().count())
+}
+
+/// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
+fn subsystem_name(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsystem_names_stop_at_nul() {
+        assert_eq!(subsystem_name(b"textures\0\0\0"), "textures");
+        assert_eq!(subsystem_name(b"full"), "full");
+        assert_eq!(subsystem_name(b"\0"), "");
+    }
+}
