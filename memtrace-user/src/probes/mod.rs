@@ -209,8 +209,11 @@ impl Probes {
         let path = &allocator.host_path;
         let what = || format!("attaching to the allocator in {}", allocator.path.display());
         let AllocatorPrograms { entry, exit } = self.allocator_programs;
-        self.attach_sites(entry, path, &entries, scope, Direction::Entry).with_context(what)?;
-        self.attach_sites(exit, path, &returns, scope, Direction::Return).with_context(what)
+        // Returns first: a call entered before its return probe existed never returns through it,
+        // so an entry seen without its return would leave the thread inside a call for good. A
+        // return whose entry was not seen is ignored.
+        self.attach_sites(exit, path, &returns, scope, Direction::Return).with_context(what)?;
+        self.attach_sites(entry, path, &entries, scope, Direction::Entry).with_context(what)
     }
 
     /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.
