@@ -1,7 +1,11 @@
 //! Reads the kernel's maps and /proc into the model, for every process at one moment, and at the end
 //! of the run turns the kernel's stacks into symbolized per-stack profiles.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    time::Duration,
+};
 
 use anyhow::Result;
 use memtrace_common::{StackKey, StackTotals};
@@ -9,19 +13,24 @@ use memtrace_common::{StackKey, StackTotals};
 use crate::{
     model::{Model, StackProfile},
     probes::Probes,
-    procfs,
+    process::{open_mapping, ObjectFile, Root},
+    procfs::{self, Mapping},
     symbolize::StackSymbolizer,
 };
 
 #[derive(Default)]
 pub struct Collector {
     symbolizer: StackSymbolizer,
+    /// The mapped paths of each live process already indexed for symbols, so that a file is
+    /// opened once per process, not at every sample.
+    indexed: HashMap<u32, HashSet<PathBuf>>,
 }
 
 impl Collector {
     pub fn sample(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
         for process in model.processes.values_mut() {
             if process.released {
+                self.indexed.remove(&process.pid);
                 continue;
             }
             process.stats = probes.stats(process.pid)?;
@@ -39,9 +48,7 @@ impl Collector {
                 process.comm = comm;
             }
             if let Ok(mappings) = procfs::mappings(process.pid) {
-                for mapping in &mappings {
-                    self.symbolizer.index(&procfs::in_root_of(process.pid, &mapping.path), &mapping.path);
-                }
+                self.index_mappings(process.pid, &mappings);
                 process.mappings = mappings;
             }
         }
@@ -50,15 +57,27 @@ impl Collector {
         Ok(())
     }
 
-    /// Makes an object file of a process known: `readable` is where to open it now (through
-    /// /proc/PID/root), `path` where it stays after the process exits.
-    pub fn index_object_of_process(&mut self, readable: &std::path::Path, path: &std::path::Path) {
-        self.symbolizer.index(readable, path);
+    /// Indexes the files of a process's mappings that are new since the last sample.
+    fn index_mappings(&mut self, pid: u32, mappings: &[Mapping]) {
+        let indexed = self.indexed.entry(pid).or_default();
+        let mut root = None;
+        // Stacks point into code: only executable mappings hold it.
+        for mapping in mappings.iter().filter(|mapping| mapping.executable) {
+            if indexed.contains(&mapping.path) {
+                continue;
+            }
+            indexed.insert(mapping.path.clone());
+            let Some(root) = root.get_or_insert_with(|| Root::of_process(pid).ok()) else { return };
+            if let Ok(object) = open_mapping(pid, root, mapping) {
+                self.symbolizer.index(&object);
+            }
+        }
     }
 
-    /// Makes an object file known before the process maps it (a command's executable, its allocator).
-    pub fn index_object(&mut self, path: &std::path::Path) {
-        self.symbolizer.index(path, path);
+    /// Makes an object file of a process known, e.g. before the process maps it (a command's
+    /// executable, its allocator) or while a short-lived program's files are still open.
+    pub fn index_object(&mut self, object: &ObjectFile) {
+        self.symbolizer.index(object);
     }
 
     /// Fills in every process's stacks; live blocks younger than `older` do not count as leaked.

@@ -1,17 +1,24 @@
-//! What memtrace reads from ELF files: defined function symbols, their file offsets, and the
-//! dynamic section's dependencies.
+//! What memtrace reads from ELF files: defined function symbols, their file offsets, the dynamic
+//! section's dependencies and the build ID. The files are the target's, so hostile: everything is
+//! read through `object`'s bounds-checked readers, from a whole file in memory (tests, fuzzing) or
+//! from a sparse image of it (crate::process::SparseImage) that holds only the headers and the
+//! sections these questions need, with the code bytes an answer needs read on demand.
 
 use anyhow::{bail, Result};
 use object::{
     elf,
     read::elf::{Dyn as _, ElfFile64, FileHeader as _, ProgramHeader as _},
-    Endianness, Object, ObjectSymbol,
+    Endianness, FileKind, Object, ObjectSymbol,
 };
+
+/// Reads `len` bytes at a file offset, for data a sparse image does not hold (code).
+pub type CodeReader<'data> = &'data (dyn Fn(u64, usize) -> Vec<u8> + 'data);
 
 /// A parsed 64-bit ELF file.
 pub struct ElfObject<'data> {
     file: ElfFile64<'data, Endianness>,
     data: &'data [u8],
+    code: Option<CodeReader<'data>>,
 }
 
 /// DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a dynamic object.
@@ -25,27 +32,62 @@ pub struct DynamicInfo {
 
 impl<'data> ElfObject<'data> {
     pub fn parse(data: &'data [u8]) -> Result<Self> {
-        match object::File::parse(data)? {
-            object::File::Elf64(file) => Ok(Self { file, data }),
-            _ => bail!("not a 64-bit ELF file"),
+        if !matches!(FileKind::parse(data), Ok(FileKind::Elf64)) {
+            bail!("not a 64-bit ELF file");
         }
+        Ok(Self { file: ElfFile64::parse(data)?, data, code: None })
     }
 
-    pub fn data(&self) -> &'data [u8] {
-        self.data
+    /// Code bytes are read with `code` instead of from the parsed data (a sparse image).
+    pub fn with_code_reader(mut self, code: CodeReader<'data>) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// Up to `len` bytes of the file from `offset` (fewer at the end of the file).
+    pub fn code_bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+        if let Some(read) = self.code {
+            return read(offset, len);
+        }
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.data.len());
+        self.data[start..][..len.min(self.data.len() - start)].to_vec()
     }
 
     /// Address of a function this object defines, from .dynsym or .symtab.
+    #[cfg(test)]
     pub fn defined_function(&self, name: &str) -> Option<u64> {
-        self.file
-            .dynamic_symbols()
-            .chain(self.file.symbols())
-            .find(|symbol| {
-                symbol.is_definition()
-                    && symbol.kind() == object::SymbolKind::Text
-                    && symbol.name_bytes().is_ok_and(|n| n == name.as_bytes())
-            })
-            .map(|symbol| symbol.address())
+        self.defined_functions(|n| n == name.as_bytes()).into_iter().next().map(|(_, address)| address)
+    }
+
+    /// Every function this object defines whose name `wanted` accepts, with its address: the first
+    /// definition of each name, .dynsym before .symtab, in one pass over the symbols.
+    pub fn defined_functions(&self, wanted: impl Fn(&[u8]) -> bool) -> Vec<(String, u64)> {
+        let mut found: Vec<(String, u64)> = Vec::new();
+        for symbol in self.file.dynamic_symbols().chain(self.file.symbols()) {
+            if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
+                continue;
+            }
+            let Ok(name) = symbol.name_bytes() else { continue };
+            if wanted(name) && !found.iter().any(|(known, _)| known.as_bytes() == name) {
+                found.push((String::from_utf8_lossy(name).into_owned(), symbol.address()));
+            }
+        }
+        found
+    }
+
+    /// The contents of the section named `name`, if the file has one.
+    pub fn section_data(&self, name: &str) -> Option<&'data [u8]> {
+        use object::ObjectSection as _;
+        self.file.section_by_name(name)?.data().ok()
+    }
+
+    /// The GNU build ID, zero-padded to 20 bytes as the kernel reports it in stacks.
+    pub fn build_id(&self) -> Option<[u8; 20]> {
+        let id = self.file.build_id().ok()??;
+        let mut padded = [0u8; 20];
+        let len = id.len().min(20);
+        padded[..len].copy_from_slice(&id[..len]);
+        Some(padded)
     }
 
     /// The file offset of a virtual address in an executable PT_LOAD segment.
@@ -69,7 +111,8 @@ impl<'data> ElfObject<'data> {
         };
         let strings = sections.strings(endian, self.data, strings_index)?;
         for entry in entries {
-            let Ok(text) = entry.string(endian, strings) else {
+            let Ok(text) = u32::try_from(entry.d_val(endian)).map_err(drop).and_then(|at| strings.get(at))
+            else {
                 continue;
             };
             let text = String::from_utf8_lossy(text).into_owned();

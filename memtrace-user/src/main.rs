@@ -1,14 +1,13 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
-mod allocator;
 mod cli;
 mod collector;
 mod elf;
 mod export;
 mod model;
-mod objects;
 mod privileges;
 mod probes;
+mod process;
 mod procfs;
 mod session;
 mod symbolize;
@@ -22,6 +21,8 @@ mod usdt;
 use std::process::ExitCode;
 
 use clap::Parser;
+// Allocator discovery reads a process image; it keeps its short path.
+use process::allocator;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.

@@ -1,9 +1,6 @@
 //! What the OS says about a process, read from /proc.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{fs, path::PathBuf};
 
 /// The process (thread group) a pid or thread id belongs to.
 pub fn tgid(pid: u32) -> Option<u32> {
@@ -72,15 +69,10 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     })
 }
 
-/// A path inside the target's mount namespace, opened from ours (containers see other files).
-pub fn in_root_of(pid: u32, path: &Path) -> PathBuf {
-    let relative = path.strip_prefix("/").unwrap_or(path);
-    PathBuf::from(format!("/proc/{pid}/root")).join(relative)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn maps_lines_keep_file_backed_mappings() {
@@ -105,14 +97,6 @@ mod tests {
     fn statm_second_field_is_resident_pages() {
         assert_eq!(parse_statm_resident_pages("2000 345 100 10 0 400 0\n"), Some(345));
         assert_eq!(parse_statm_resident_pages("garbage"), None);
-    }
-
-    #[test]
-    fn paths_resolve_inside_the_target_root() {
-        assert_eq!(
-            in_root_of(7, Path::new("/usr/lib/libc.so.6")),
-            Path::new("/proc/7/root/usr/lib/libc.so.6")
-        );
     }
 
     #[test]

@@ -30,9 +30,11 @@ use crate::{
     model::{KernelMaps, Model, RunEnd, Sample},
     privileges,
     probes::{ProbeConfig, Probes, ProcessFilter, Scope},
+    process::{FileCache, ProcessImage},
     procfs,
     system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
+    unwind::KernelTables,
 };
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -71,6 +73,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         ),
         None => describe(&model),
     };
+    // Unwind tables of the targets known now (--pid); others follow at each interval.
+    let mut unwind = KernelTables::new(!cli.no_stacks, cli.all);
+    unwind.update(&mut probes, &model)?;
     crate::usdt::check_requests_found(&probes)?;
     eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
@@ -82,6 +87,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         probes,
         collector,
         model,
+        unwind,
         exporters,
         targets,
         all_processes,
@@ -142,10 +148,12 @@ impl Targets {
         model: &mut Model,
     ) -> Result<Self> {
         let mut watched = Vec::new();
+        let cache = FileCache::default();
         for &pid in pids {
-            let allocator = Allocator::of_process(pid, overrides)?;
+            let image = ProcessImage::of_process(pid, &cache)?;
+            let allocator = Allocator::of_image(&image, overrides, &cache)?;
             probes.attach(&allocator, Scope::Process(pid))?;
-            crate::usdt::attach_process(probes, pid)?;
+            crate::usdt::attach_process(probes, &image)?;
             watched.push(Watched::new(pid, false)?);
             add_traced(model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
         }
@@ -163,15 +171,17 @@ impl Targets {
         model: &mut Model,
     ) -> Result<Self> {
         let program = resolve_program(&command[0])?;
-        let allocator = Allocator::of_command(&program, overrides)?;
+        let cache = FileCache::default();
+        let image = ProcessImage::of_command(&program, &cache)?;
+        let allocator = Allocator::of_image(&image, overrides, &cache)?;
         // The command may exit before the first sample: know its files for symbols already.
-        for object in Allocator::objects_of_command(&program) {
-            collector.index_object(&object);
+        for object in &image.objects {
+            collector.index_object(object);
         }
-        collector.index_object(&allocator.host_path);
+        collector.index_object(&allocator.object);
         let held = HeldCommand::spawn(&program, command)?;
         probes.attach(&allocator, Scope::Process(held.pid))?;
-        crate::usdt::attach_command(probes, &program, held.pid)?;
+        crate::usdt::attach_command(probes, &image, held.pid)?;
         let watched = vec![Watched::new(held.pid, true)?];
         add_traced(model, held.pid, command_name(&program), &allocator);
         Ok(Self { watched, all_processes: None, held: Some(held) })
@@ -222,6 +232,7 @@ struct Run<'a> {
     probes: Probes,
     collector: Collector,
     model: Model,
+    unwind: KernelTables,
     exporters: Vec<Box<dyn Exporter>>,
     targets: Vec<Watched>,
     /// Set with --all.
@@ -292,8 +303,8 @@ impl Run<'_> {
             None
         };
         if let (true, Some(all)) = (execs_ready, &mut self.all_processes) {
-            for (path, readable) in all.handle_execs(&mut self.probes)? {
-                self.collector.index_object_of_process(&readable, &path);
+            for object in all.handle_execs(&mut self.probes)? {
+                self.collector.index_object(&object);
             }
         }
         for &i in &exited {
@@ -314,6 +325,7 @@ impl Run<'_> {
             all.adopt_new_processes(&self.probes, &mut self.model)?;
         }
         self.collector.sample(&self.probes, &mut self.model)?;
+        self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
         for exporter in &mut self.exporters {
@@ -370,6 +382,7 @@ impl Run<'_> {
             maps.live_allocations = occupancy.live_allocations;
             maps.stack_totals = occupancy.stack_totals;
             maps.usdt_entries = occupancy.usdt_entries;
+            (maps.unwind_files, maps.unwind_rows) = self.unwind.occupancy();
         }
         for exporter in &mut self.exporters {
             exporter.finish(&self.model, RunEnd { duration })?;

@@ -5,8 +5,7 @@
 //! module+offset or as a bare address, never dropped.
 
 use std::{
-    collections::{HashMap, HashSet},
-    os::unix::fs::MetadataExt,
+    collections::HashMap,
     path::{Path, PathBuf},
 };
 
@@ -15,9 +14,11 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 use memtrace_common::{StackFrames, FRAME_BUILD_ID, FRAME_IP};
-use object::Object;
 
-use crate::procfs::Mapping;
+use crate::{
+    process::{FileCache, FileId, ObjectFile},
+    procfs::Mapping,
+};
 
 /// One resolved stack frame.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,34 +52,35 @@ impl Frame {
 #[derive(Default)]
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
-    /// Build ID (zero-padded to 20 bytes as the kernel reports it) -> a readable path of the file.
-    build_ids: HashMap<[u8; 20], PathBuf>,
-    indexed: HashSet<PathBuf>,
-    by_inode: HashMap<(u64, u64), Option<[u8; 20]>>,
+    /// Build ID (zero-padded to 20 bytes as the kernel reports it) -> where to read the file.
+    build_ids: HashMap<[u8; 20], Readable>,
+    /// Every file indexed, by identity: each is read once however many processes map it.
+    indexed: HashMap<FileId, Option<[u8; 20]>>,
+    facts: FileCache,
+}
+
+/// Where an indexed file can be read at the end of the run.
+struct Readable {
+    path: PathBuf,
+    /// A file memtrace's own file system does not have at that path (a container's, a deleted
+    /// one) stays open, and is read through its descriptor.
+    _open: Option<ObjectFile>,
 }
 
 impl StackSymbolizer {
-    /// Remembers the build ID of an object file a traced process maps. `readable` is where memtrace
-    /// can open it now (through /proc/PID/root); `stable` is where it stays readable after the
-    /// process exits, if anywhere.
-    pub fn index(&mut self, readable: &Path, stable: &Path) {
-        if !self.indexed.insert(readable.to_owned()) {
+    /// Remembers the build ID of an object file a traced process maps, and where to read it once
+    /// the process is gone.
+    pub fn index(&mut self, object: &ObjectFile) {
+        if self.indexed.contains_key(&object.id) {
             return;
         }
-        let (build_id, keep) = match (self.build_id(readable), self.build_id(stable)) {
-            (Some(id), Some(stable_id)) if id == stable_id => (id, stable),
-            (Some(id), _) => (id, readable),
-            // The process is gone, and its file with it from /proc; it is still where it saw it.
-            (None, Some(id)) => (id, stable),
-            (None, None) => return,
-        };
-        self.build_ids.entry(build_id).or_insert_with(|| keep.to_owned());
-    }
-
-    /// A file's build ID, read once per file however many processes map it.
-    fn build_id(&mut self, path: &Path) -> Option<[u8; 20]> {
-        let metadata = std::fs::metadata(path).ok()?;
-        *self.by_inode.entry((metadata.dev(), metadata.ino())).or_insert_with(|| read_build_id(path))
+        let build_id = self.facts.facts(object).build_id;
+        self.indexed.insert(object.id, build_id);
+        let Some(build_id) = build_id else { return };
+        self.build_ids.entry(build_id).or_insert_with(|| match object.stable_path() {
+            Some(path) => Readable { path, _open: None },
+            None => Readable { path: object.host_path.clone(), _open: Some(object.clone()) },
+        });
     }
 
     /// Resolves the frames of a stack, innermost first.
@@ -96,7 +98,7 @@ impl StackSymbolizer {
 
     fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Frame {
         match self.build_ids.get(build_id) {
-            Some(path) => self.symbolize(path, offset),
+            Some(readable) => self.symbolize(&readable.path, offset),
             None => {
                 let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
                 unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset)
@@ -132,15 +134,6 @@ fn unresolved(module: String, offset: u64) -> Frame {
     Frame { function: None, file: None, line: None, module, offset }
 }
 
-fn read_build_id(path: &Path) -> Option<[u8; 20]> {
-    let data = std::fs::read(path).ok()?;
-    let id = object::File::parse(&*data).ok()?.build_id().ok()??;
-    let mut padded = [0u8; 20];
-    let len = id.len().min(20);
-    padded[..len].copy_from_slice(&id[..len]);
-    Some(padded)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,8 +156,9 @@ mod tests {
     fn own_functions_resolve_by_build_id() {
         let exe = std::env::current_exe().unwrap();
         let mut symbolizer = StackSymbolizer::default();
-        symbolizer.index(&exe, &exe);
-        let build_id = read_build_id(&exe).expect("rustc links test binaries with a build ID");
+        let object = ObjectFile::open_host(&exe).unwrap();
+        symbolizer.index(&object);
+        let build_id = symbolizer.indexed[&object.id].expect("rustc links test binaries with a build ID");
         // Find this function's file offset through our own mappings.
         let address = own_functions_resolve_by_build_id as fn() as usize as u64;
         let mappings = crate::procfs::mappings(std::process::id()).unwrap();

@@ -4,13 +4,10 @@
 //! process (crate::usdt).
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     fs,
     io::Read,
-    os::{
-        fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     sync::mpsc::{self, Receiver},
 };
@@ -27,27 +24,22 @@ use nix::{
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     model::Model,
-    objects::{self, ObjectFile},
     probes::{Probes, Scope},
+    process::{FileCache, FileId, ObjectFile, ProcessImage},
     procfs,
 };
 
-/// A program a process has just exec'd, as the watcher thread saw it.
-struct Exec {
-    pid: u32,
-    /// The object files it will map, in link order.
-    objects: Vec<ObjectFile>,
-    /// The same files, opened while the process existed: a short-lived program is gone, and its
-    /// /proc/PID/exe with it, by the time the main loop scans them for USDT probes.
-    opened: Vec<(PathBuf, fs::File)>,
-}
-
 pub struct SystemWide {
     overrides: Overrides,
-    /// (device, inode) of every allocator file probed: uprobes belong to the file, so one
-    /// attachment serves every process that maps it, in any mount namespace.
-    probed: HashSet<(u64, u64)>,
-    execs: Receiver<Exec>,
+    /// Every allocator file probed: uprobes belong to the file, so one attachment serves every
+    /// process that maps it, in any mount namespace.
+    probed: HashSet<FileId>,
+    /// What each file is, read once however many processes map it.
+    cache: FileCache,
+    /// The images of programs just exec'd, resolved by the watcher thread while the process
+    /// existed, with their files open: a short-lived program is gone, and its /proc/PID/exe with
+    /// it, by the time the main loop scans them for USDT probes.
+    execs: Receiver<ProcessImage>,
     /// Readable when the watcher has seen execs.
     wakeup: std::fs::File,
 }
@@ -56,32 +48,55 @@ impl SystemWide {
     /// Probes the allocators of every running process and every allocator library installed.
     pub fn start(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
+        crate::process::raise_open_file_limit();
+        let cache = FileCache::default();
         let (sender, execs) = mpsc::channel();
         let (wakeup, wake) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).context("creating a pipe")?;
         // A thread of its own reads exec events at once: a short-lived process is gone by the next
         // sample, and with it the /proc entries that name its files.
+        let watcher_cache = cache.clone();
         std::thread::Builder::new()
             .name("exec-watcher".into())
-            .spawn(move || watch_execs(exec_events, |exec| sender.send(exec).is_ok(), wake))
+            .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
             .context("starting the exec watcher")?;
-        let mut this = Self { overrides, probed: HashSet::new(), execs, wakeup: wakeup.into() };
-        if this.overrides.lib.is_none() {
+        let mut this = Self { overrides, probed: HashSet::new(), cache, execs, wakeup: wakeup.into() };
+        // Everything is resolved before anything is attached: once libc is probed, every malloc
+        // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
+        let (allocators, mapped) = this.resolve_running();
+        for allocator in allocators.values() {
+            this.probe(probes, allocator)?;
+        }
+        crate::usdt::attach_system_wide(probes, mapped)?;
+        Ok(this)
+    }
+
+    /// The allocators of every running process and every allocator library installed, each file
+    /// once; and every object file running processes map, each once, for the USDT scan.
+    fn resolve_running(&self) -> (HashMap<FileId, Allocator>, Vec<ObjectFile>) {
+        let mut allocators = HashMap::new();
+        if self.overrides.lib.is_none() {
             for library in installed_allocator_libraries() {
-                if let Some(allocator) = Allocator::of_file(&library) {
-                    this.probe(probes, &allocator)?;
+                let Ok(object) = ObjectFile::open_host(&library) else { continue };
+                if let Some(allocator) = Allocator::of_file(&object, &self.cache) {
+                    allocators.entry(allocator.object.id).or_insert(allocator);
                 }
             }
         }
         let own_pid = std::process::id();
-        let pids: Vec<u32> = running_pids().into_iter().filter(|&pid| pid != own_pid).collect();
-        for &pid in &pids {
-            // Kernel threads and processes that exit meanwhile have no allocator to find.
-            if let Ok(allocator) = Allocator::of_process(pid, &this.overrides) {
-                this.probe(probes, &allocator)?;
+        let mut mapped: HashMap<FileId, ObjectFile> = HashMap::new();
+        for pid in running_pids().into_iter().filter(|&pid| pid != own_pid) {
+            // Kernel threads and processes that exit meanwhile have no image.
+            let Ok(image) = ProcessImage::of_process(pid, &self.cache) else { continue };
+            if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
+                allocators.entry(allocator.object.id).or_insert(allocator);
+            }
+            for object in image.objects {
+                mapped.entry(object.id).or_insert(object);
             }
         }
-        crate::usdt::attach_system_wide(probes, &pids)?;
-        Ok(this)
+        let mut mapped: Vec<ObjectFile> = mapped.into_values().collect();
+        mapped.sort_by(|a, b| a.path.cmp(&b.path));
+        (allocators, mapped)
     }
 
     pub fn probed_files(&self) -> usize {
@@ -94,29 +109,18 @@ impl SystemWide {
     }
 
     /// Probes the allocators and USDT sites that newly exec'd programs bring along; returns the
-    /// object files they map, (as the process sees the path, where to read it now), for
-    /// symbolization.
-    pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<(PathBuf, PathBuf)>> {
+    /// object files they map (still open), for symbolization.
+    pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<ObjectFile>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
-        while let Ok(exec) = self.execs.try_recv() {
-            // Opened files are read through this process's descriptors, which outlive the program.
-            let opened: Vec<ObjectFile> = exec
-                .opened
-                .iter()
-                .map(|(path, file)| ObjectFile {
-                    path: path.clone(),
-                    host_path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
-                })
-                .collect();
+        while let Ok(image) = self.execs.try_recv() {
             // A program may have no allocator memtrace knows; it then needs no probe.
-            if let Ok(allocator) = Allocator::among(&opened, exec.pid, &self.overrides) {
+            if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
                 self.probe(probes, &allocator)?;
             }
-            crate::usdt::attach_exec_objects(probes, opened);
-            drop(exec.opened);
-            objects.extend(exec.objects.into_iter().map(|object| (object.path, object.host_path)));
+            crate::usdt::attach_exec_objects(probes, image.objects.clone());
+            objects.extend(image.objects);
         }
         Ok(objects)
     }
@@ -156,8 +160,7 @@ impl SystemWide {
     }
 
     fn probe(&mut self, probes: &mut Probes, allocator: &Allocator) -> Result<()> {
-        let Ok(metadata) = fs::metadata(&allocator.host_path) else { return Ok(()) };
-        if self.probed.insert((metadata.dev(), metadata.ino())) {
+        if self.probed.insert(allocator.object.id) {
             probes.attach(allocator, Scope::AllProcesses)?;
         }
         Ok(())
@@ -166,7 +169,12 @@ impl SystemWide {
 
 /// The exec watcher: names the files of each exec'd process while it still exists, hands them on
 /// with `deliver` and wakes the main loop, until the main loop is gone.
-fn watch_execs(mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool, wake: OwnedFd) {
+fn watch_execs(
+    mut events: RingBuf<MapData>,
+    cache: &FileCache,
+    deliver: impl Fn(ProcessImage) -> bool,
+    wake: OwnedFd,
+) {
     loop {
         let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, PollTimeout::NONE).is_err() {
@@ -178,12 +186,9 @@ fn watch_execs(mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool, wak
             }
             // SAFETY: the kernel side writes exactly one ExecEvent per record.
             let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            let objects = objects::link_order_of_exec(event.tgid).unwrap_or_default();
-            let opened = objects
-                .iter()
-                .filter_map(|object| Some((object.path.clone(), fs::File::open(&object.host_path).ok()?)))
-                .collect();
-            if !deliver(Exec { pid: event.tgid, objects, opened }) {
+            // A process that is gone already has no image to resolve.
+            let Ok(image) = ProcessImage::of_exec(event.tgid, cache) else { continue };
+            if !deliver(image) {
                 return;
             }
         }

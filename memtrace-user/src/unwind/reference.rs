@@ -147,7 +147,10 @@ impl ProcessTables {
         let offset = address - mapping.start + mapping.file_offset;
         let pid = self.pid;
         let table = self.tables.entry(mapping.path.clone()).or_insert_with(|| {
-            table_of_file(&procfs::in_root_of(pid, &mapping.path)).ok().map(|(t, _)| Rc::new(t))
+            let object = crate::process::Root::of_process(pid)
+                .and_then(|root| crate::process::open_mapping(pid, &root, mapping))
+                .ok()?;
+            table_of_file(&object.host_path).ok().map(|(t, _)| Rc::new(t))
         });
         Some((table.clone(), offset))
     }

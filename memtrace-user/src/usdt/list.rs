@@ -3,12 +3,12 @@
 //!
 //!     /usr/bin/app memtrace:report_total offset=0x1139 semaphore=0x3010 args: arg0=8@%rdi arg1=-8@%rsi
 
-use std::{fmt::Write as _, fs, path::Path};
+use std::{fmt::Write as _, path::Path};
 
 use anyhow::{bail, Context, Result};
 
 use super::notes::{self, ProbeSite};
-use crate::objects;
+use crate::process::{FileCache, ObjectFile, ProcessImage, SparseImage, NOTES, SYMBOLS};
 
 /// Prints the probes of process `pid` (every object it maps) or of the file at `path`.
 pub fn run(pid: Option<u32>, path: Option<&Path>) -> Result<()> {
@@ -24,11 +24,11 @@ pub fn run(pid: Option<u32>, path: Option<&Path>) -> Result<()> {
 fn list_process(pid: u32) -> Result<String> {
     let mut text = String::new();
     let mut sites = 0;
-    for object in objects::mapped_by(pid)? {
-        let Ok(data) = fs::read(&object.host_path) else {
+    for object in ProcessImage::of_process(pid, &FileCache::default())?.objects {
+        let Ok(image) = read_object(&object) else {
             continue;
         };
-        let Ok(elf) = notes::parse_elf(&data) else {
+        let Ok(elf) = notes::parse_elf(image.data()) else {
             continue;
         };
         for site in &elf.sites {
@@ -42,11 +42,17 @@ fn list_process(pid: u32) -> Result<String> {
     Ok(text)
 }
 
+/// What the note parser reads of an object file (its headers, notes and symbol tables), never
+/// the whole file.
+fn read_object(object: &ObjectFile) -> Result<SparseImage<'_>> {
+    SparseImage::of(object, &[NOTES, SYMBOLS].concat())
+        .with_context(|| format!("reading {}", object.path.display()))
+}
+
 fn list_file(path: &Path) -> Result<String> {
-    let data = fs::read(path).with_context(|| {
-        format!("cannot read {}; give the path of an executable or a library", path.display())
-    })?;
-    let elf = notes::parse_elf(&data).with_context(|| format!("reading {}", path.display()))?;
+    let object = ObjectFile::open_host(path)?;
+    let image = read_object(&object)?;
+    let elf = notes::parse_elf(image.data()).with_context(|| format!("reading {}", path.display()))?;
     if elf.sites.is_empty() {
         eprintln!("memtrace: {} has no USDT probes (no .note.stapsdt section)", path.display());
     }

@@ -38,8 +38,8 @@ use self::{
 };
 use crate::{
     model::{Model, UsdtProbeCounter},
-    objects::{self, file_identity, ObjectFile},
     probes::{Direction, Probes, Scope, Site, USDT_SITE},
+    process::{file_identity, FileId, ObjectFile, ProcessImage, SparseImage},
 };
 
 /// The provider include/memtrace.h emits.
@@ -109,7 +109,7 @@ impl UsdtRequest {
     }
 
     /// Whether this request's PATH (if any) names `object`.
-    fn wants_object(&self, object: &ObjectFile, explicit: &[(u64, u64)]) -> bool {
+    fn wants_object(&self, object: &ObjectFile, explicit: &[FileId]) -> bool {
         let Some(path) = &self.path else {
             return true;
         };
@@ -134,9 +134,9 @@ pub struct UsdtProbes {
     system_wide: bool,
     /// System-wide: (device, inode) of every object file scanned for probe sites, so that each is
     /// attached once, whatever path names it.
-    scanned: HashSet<(u64, u64)>,
+    scanned: HashSet<FileId>,
     /// System-wide: the identities of the files `--usdt PATH:...` names by path.
-    named: Vec<(u64, u64)>,
+    named: Vec<FileId>,
 }
 
 impl UsdtProbes {
@@ -170,39 +170,35 @@ struct Use {
     argument: Option<usize>,
 }
 
-/// Attaches to the probe sites of every object process `pid` maps, and the objects `--usdt` names.
-pub fn attach_process(probes: &mut Probes, pid: u32) -> Result<()> {
-    let mut objects = objects::mapped_by(pid)?;
+/// Attaches to the probe sites of every object a process maps (its image), and the objects
+/// `--usdt` names (an absolute path as the process sees it, resolved in its root).
+pub fn attach_process(probes: &mut Probes, image: &ProcessImage) -> Result<()> {
+    let mut objects = image.objects.clone();
     let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| {
         if path.is_absolute() {
-            crate::procfs::in_root_of(pid, path)
+            image.open(path)
         } else {
-            path.to_owned()
+            ObjectFile::open_host(path)
         }
     })?;
+    let pid = image.pid.context("attaching USDT probes to a process that has not started")?;
+    let objects = with_wanted_sites(&probes.usdt.requests, objects, &named);
     attach_objects(probes, &objects, &named, Scope::Process(pid), false)
 }
 
 /// System-wide (`--all`): attaches, for every process, to the probe sites of each file `--usdt
-/// PATH:...` names and of each object file a process in `pids` maps, every file once. A named file
-/// that is missing or has no probes is an error; a request that matches nothing yet is only said
-/// on stderr, as a program started later may bring its probe.
-pub fn attach_system_wide(probes: &mut Probes, pids: &[u32]) -> Result<()> {
+/// PATH:...` names and of each object file running processes map (`mapped`, from their images),
+/// every file once. A named file that is missing or has no probes is an error; a request that
+/// matches nothing yet is only said on stderr, as a program started later may bring its probe.
+pub fn attach_system_wide(probes: &mut Probes, mapped: Vec<ObjectFile>) -> Result<()> {
     probes.usdt.system_wide = true;
     let mut named_objects = Vec::new();
-    let named = add_named_objects(&probes.usdt.requests, &mut named_objects, Path::to_owned)?;
+    let named = add_named_objects(&probes.usdt.requests, &mut named_objects, ObjectFile::open_host)?;
     probes.usdt.named.clone_from(&named);
     let named_objects = probes.usdt.take_unscanned(named_objects);
     attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
-    let own_pid = std::process::id();
-    let mut mapped = Vec::new();
-    for &pid in pids.iter().filter(|&&pid| pid != own_pid) {
-        // Kernel threads map nothing; a process may exit meanwhile.
-        if let Ok(objects) = objects::mapped_by(pid) {
-            mapped.extend(objects);
-        }
-    }
     let mapped = probes.usdt.take_unscanned(mapped);
+    let mapped = with_wanted_sites(&probes.usdt.requests, mapped, &named);
     attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
     for (_, request) in probes.usdt.missing_requests() {
         eprintln!(
@@ -221,6 +217,7 @@ pub fn attach_system_wide(probes: &mut Probes, pids: &[u32]) -> Result<()> {
 /// no earlier scan saw. Never fails: a file or site memtrace cannot use is named on stderr.
 pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
     let objects = probes.usdt.take_unscanned(objects);
+    let objects = with_wanted_sites(&probes.usdt.requests, objects, &probes.usdt.named);
     if objects.is_empty() {
         return;
     }
@@ -251,39 +248,76 @@ pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
 }
 
 /// Attaches, for the held child `pid`, to the probe sites of the command's executable and of the
-/// libraries it needs; the kernel places them as exec maps the files.
-pub fn attach_command(probes: &mut Probes, program: &Path, pid: u32) -> Result<()> {
-    let mut objects = objects::link_order_of_command(program, Path::new("/"), &[])?;
-    let named = add_named_objects(&probes.usdt.requests, &mut objects, Path::to_owned)?;
+/// libraries it needs (its image); the kernel places them as exec maps the files.
+pub fn attach_command(probes: &mut Probes, image: &ProcessImage, pid: u32) -> Result<()> {
+    let mut objects = image.objects.clone();
+    let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| image.open(path))?;
+    let objects = with_wanted_sites(&probes.usdt.requests, objects, &named);
     attach_objects(probes, &objects, &named, Scope::Process(pid), false)
 }
 
+/// The objects that may have a probe site memtrace would attach: a memtrace report site, or one a
+/// `--usdt` option asks for, or any in a file an option names by path. Only the notes are read
+/// (crate::process::SparseImage), so a 200 MB library whose notes are someone else's (libLLVM's
+/// libstdcxx:throw) is never read whole. A file whose notes cannot be read is kept, for the
+/// attachment to judge and report.
+fn with_wanted_sites(
+    requests: &[UsdtRequest],
+    objects: Vec<ObjectFile>,
+    named: &[FileId],
+) -> Vec<ObjectFile> {
+    let wanted = |provider: &str, name: &str| {
+        (provider == MEMTRACE_PROVIDER && (name == REPORT_TOTAL || name == REPORT_DELTA))
+            || requests.iter().any(|request| request.provider == provider && request.name == name)
+    };
+    let has_wanted_site = |object: &ObjectFile| -> bool {
+        let notes = SparseImage::of(object, crate::process::NOTES).and_then(|image| {
+            image.with_elf(|elf| {
+                Ok(elf.section_data(".note.stapsdt").map(notes::parse_notes).unwrap_or_default())
+            })
+        });
+        match notes {
+            Ok(notes) => notes.iter().any(|note| wanted(&note.provider, &note.name)),
+            Err(_) => true,
+        }
+    };
+    objects.into_iter().filter(|object| named.contains(&object.id) || has_wanted_site(object)).collect()
+}
+
 /// Adds each file a `--usdt PATH:...` names by path, mapped yet or not: a uprobe on a file fires in
-/// the traced process whenever it maps that file, even later (dlopen). Returns the identities of
-/// the files named by path.
+/// the traced process whenever it maps that file, even later (dlopen). `open` opens a path where
+/// the process would. Returns the identities of the files named by path.
 fn add_named_objects(
     requests: &[UsdtRequest],
     objects: &mut Vec<ObjectFile>,
-    host_path: impl Fn(&Path) -> PathBuf,
-) -> Result<Vec<(u64, u64)>> {
+    open: impl Fn(&Path) -> Result<ObjectFile>,
+) -> Result<Vec<FileId>> {
     let mut named = Vec::new();
     for request in requests {
         let Some(path) = &request.path else { continue };
         if !path.to_string_lossy().contains('/') {
             continue;
         }
-        let host = host_path(path);
-        let Some(identity) = file_identity(&host) else {
-            bail!(
-                "--usdt {}: {} does not exist; give the path of the executable or library that \
-                 has the probe",
-                request.label,
-                path.display()
-            );
+        let object = match open(path) {
+            Ok(object) => object,
+            Err(err)
+                if err
+                    .root_cause()
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|err| err.kind() == std::io::ErrorKind::NotFound) =>
+            {
+                bail!(
+                    "--usdt {}: {} does not exist; give the path of the executable or library that \
+                     has the probe",
+                    request.label,
+                    path.display()
+                )
+            }
+            Err(err) => return Err(err).with_context(|| format!("--usdt {}", request.label)),
         };
-        named.push(identity);
-        if !objects.iter().any(|o| file_identity(&o.host_path) == Some(identity)) {
-            objects.push(ObjectFile { path: path.clone(), host_path: host });
+        named.push(object.id);
+        if !objects.iter().any(|o| o.id == object.id) {
+            objects.push(object);
         }
     }
     Ok(named)
@@ -294,7 +328,7 @@ fn add_named_objects(
 fn attach_objects(
     probes: &mut Probes,
     objects: &[ObjectFile],
-    explicit: &[(u64, u64)],
+    explicit: &[FileId],
     scope: Scope,
     lenient: bool,
 ) -> Result<()> {
@@ -319,7 +353,7 @@ fn attach_objects(
 fn attach_object(
     probes: &mut Probes,
     object: &ObjectFile,
-    explicit: &[(u64, u64)],
+    explicit: &[FileId],
     scope: Scope,
     lenient: bool,
 ) -> Result<()> {
@@ -402,12 +436,7 @@ fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result<Option<u64
     Ok(Some(u64::from(first)))
 }
 
-fn uses_of(
-    requests: &[UsdtRequest],
-    site: &ProbeSite,
-    object: &ObjectFile,
-    explicit: &[(u64, u64)],
-) -> Vec<Use> {
+fn uses_of(requests: &[UsdtRequest], site: &ProbeSite, object: &ObjectFile, explicit: &[FileId]) -> Vec<Use> {
     let mut uses = Vec::new();
     if site.provider == MEMTRACE_PROVIDER {
         let action = match site.name.as_str() {

@@ -12,11 +12,8 @@ use anyhow::{bail, Context, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 use memtrace_common::AllocatorFunction;
 
-use crate::{
-    elf::ElfObject,
-    objects::{link_order_of_command, link_order_of_process, ObjectFile, SYSTEM_LIBRARY_DIRS},
-    procfs,
-};
+use super::{FileCache, ObjectFile, ProcessImage, SYSTEM_LIBRARY_DIRS};
+use crate::elf::ElfObject;
 
 /// An allocator entry point and the symbol that names it, without any prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +61,10 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// The `--lib` object, opened at `host_path(lib)`.
-    fn lib_object(&self, host_path: impl Fn(&Path) -> PathBuf) -> Option<ObjectFile> {
-        self.lib.as_ref().map(|lib| ObjectFile { path: lib.clone(), host_path: host_path(lib) })
+    /// The `--lib` object, resolved where the process resolves its paths.
+    fn lib_object(&self, image: &ProcessImage) -> Result<Option<ObjectFile>> {
+        let Some(lib) = &self.lib else { return Ok(None) };
+        image.open(lib).map(Some).with_context(|| format!("--lib {}", lib.display()))
     }
 
     /// `--allocator`: a known allocator's name or a literal symbol prefix.
@@ -101,64 +99,41 @@ pub struct Allocator {
     pub kind: String,
     /// The path as the target sees it, for reports.
     pub path: PathBuf,
-    /// The path to open from memtrace's mount namespace.
+    /// Where the probes attach: `/proc/self/fd/N` of the opened file, valid while `object` lives.
     pub host_path: PathBuf,
     pub entry_points: Vec<ResolvedEntryPoint>,
+    /// The file, kept open.
+    pub object: ObjectFile,
 }
 
 impl Allocator {
-    /// The allocator of a running process, read through /proc/PID/root (containers see other files).
-    pub fn of_process(pid: u32, overrides: &Overrides) -> Result<Self> {
-        let objects = link_order_of_process(pid)?;
-        choose(
-            &objects,
-            overrides.lib_object(|lib| procfs::in_root_of(pid, lib)),
-            overrides.prefix.as_deref(),
-        )
-        .with_context(|| format!("finding the allocator of pid {pid}"))
-    }
-
-    /// The allocator a command will use once it runs, found by resolving its dependencies the way
-    /// the dynamic linker will.
-    pub fn of_command(program: &Path, overrides: &Overrides) -> Result<Self> {
-        let objects = link_order_of_command(program, Path::new("/"), &[])?;
-        choose(&objects, overrides.lib_object(Path::to_owned), overrides.prefix.as_deref())
-            .with_context(|| format!("finding the allocator of {}", program.display()))
-    }
-
-    /// The allocator among the objects of process `pid` in link order, e.g. of a program it has
-    /// just exec'd (objects::link_order_of_exec).
-    pub fn among(objects: &[ObjectFile], pid: u32, overrides: &Overrides) -> Result<Self> {
-        choose(objects, overrides.lib_object(|lib| procfs::in_root_of(pid, lib)), overrides.prefix.as_deref())
-    }
-
-    /// The object files a command will map, as they are found on this machine.
-    pub fn objects_of_command(program: &Path) -> Vec<PathBuf> {
-        link_order_of_command(program, Path::new("/"), &[])
-            .unwrap_or_default()
-            .into_iter()
-            .map(|object| object.host_path)
-            .collect()
+    /// The allocator among a process's objects (or `--lib`), as the dynamic linker resolves
+    /// malloc; each file's entry points are read once (`cache`).
+    pub fn of_image(image: &ProcessImage, overrides: &Overrides, cache: &FileCache) -> Result<Self> {
+        let lib = overrides.lib_object(image)?;
+        choose(&image.objects, lib, overrides.prefix.as_deref(), cache).with_context(|| match image.pid {
+            Some(pid) => format!("finding the allocator of pid {pid}"),
+            None => format!(
+                "finding the allocator of {}",
+                image.executable().map(|o| o.path.display().to_string()).unwrap_or_default()
+            ),
+        })
     }
 
     /// The allocator a library file provides, if it provides one (plain or with a known prefix).
-    pub fn of_file(path: &Path) -> Option<Self> {
-        let object = ObjectFile { path: path.to_owned(), host_path: path.to_owned() };
-        choose(std::slice::from_ref(&object), None, None).ok()
+    pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
+        choose(std::slice::from_ref(object), None, None, cache).ok()
     }
 
-    fn from_object(object: &ObjectFile, prefix: &str) -> Result<Option<Self>> {
-        let data =
-            fs::read(&object.host_path).with_context(|| format!("reading {}", object.host_path.display()))?;
-        let elf = ElfObject::parse(&data).with_context(|| format!("parsing {}", object.path.display()))?;
-        let entry_points = resolve_entry_points(&elf, prefix)
-            .with_context(|| format!("reading the symbols of {}", object.path.display()))?;
+    fn from_object(object: &ObjectFile, prefix: &str, cache: &FileCache) -> Result<Option<Self>> {
+        let entry_points = cache.entry_points(object, prefix)?;
         let defines_malloc = entry_points.iter().any(|e| e.entry.symbol == "malloc");
         Ok(defines_malloc.then(|| Self {
             kind: kind_of(&object.path, prefix),
             path: object.path.clone(),
             host_path: object.host_path.clone(),
-            entry_points,
+            entry_points: entry_points.to_vec(),
+            object: object.clone(),
         }))
     }
 }
@@ -166,14 +141,19 @@ impl Allocator {
 /// The first object in search order that defines malloc wins, as it does for the dynamic linker.
 /// Failing that, an allocator with a known prefix anywhere (e.g. Rust's jemallocator in the
 /// executable) is the one the program calls.
-fn choose(objects: &[ObjectFile], lib: Option<ObjectFile>, prefix: Option<&str>) -> Result<Allocator> {
+fn choose(
+    objects: &[ObjectFile],
+    lib: Option<ObjectFile>,
+    prefix: Option<&str>,
+    cache: &FileCache,
+) -> Result<Allocator> {
     if let Some(lib) = lib {
         let prefixes: Vec<&str> = match prefix {
             Some(prefix) => vec![prefix],
             None => std::iter::once("").chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p)).collect(),
         };
         for prefix in prefixes {
-            if let Some(allocator) = Allocator::from_object(&lib, prefix)? {
+            if let Some(allocator) = Allocator::from_object(&lib, prefix, cache)? {
                 return Ok(allocator);
             }
         }
@@ -190,7 +170,7 @@ fn choose(objects: &[ObjectFile], lib: Option<ObjectFile>, prefix: Option<&str>)
     for prefix in prefixes {
         for object in objects {
             // Objects that are not ELF (or unreadable) cannot be the allocator.
-            if let Ok(Some(allocator)) = Allocator::from_object(object, prefix) {
+            if let Ok(Some(allocator)) = Allocator::from_object(object, prefix, cache) {
                 return Ok(allocator);
             }
         }
@@ -248,8 +228,14 @@ pub fn installed_allocator_libraries() -> Vec<PathBuf> {
 pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
     let mut seen = HashSet::new();
     let mut resolved = Vec::new();
+    // One pass over the symbols finds every entry point.
+    let defined = elf.defined_functions(|name| {
+        name.strip_prefix(prefix.as_bytes())
+            .is_some_and(|name| ENTRY_POINTS.iter().any(|entry| entry.symbol.as_bytes() == name))
+    });
     for entry in ENTRY_POINTS {
-        let Some(address) = elf.defined_function(&format!("{prefix}{}", entry.symbol)) else {
+        let name = format!("{prefix}{}", entry.symbol);
+        let Some(&(_, address)) = defined.iter().find(|(defined, _)| *defined == name) else {
             continue;
         };
         if !seen.insert(address) {
@@ -258,8 +244,9 @@ pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<Res
         let Some(offset) = elf.code_file_offset(address) else {
             bail!("{prefix}{} at {address:#x} lies in no executable segment", entry.symbol);
         };
-        let code = elf.data().get(offset as usize..).unwrap_or_default();
-        let probe_offset = offset + single_stepped_prologue_len(code, address);
+        // The longest x86 instruction is 15 bytes.
+        let code = elf.code_bytes(offset, 15);
+        let probe_offset = offset + single_stepped_prologue_len(&code, address);
         resolved.push(ResolvedEntryPoint { entry, offset, probe_offset });
     }
     Ok(resolved)
@@ -301,7 +288,7 @@ mod tests {
     }
 
     fn own_libc() -> PathBuf {
-        procfs::mappings(std::process::id())
+        crate::procfs::mappings(std::process::id())
             .unwrap()
             .into_iter()
             .map(|m| m.path)
@@ -324,18 +311,26 @@ mod tests {
 
     #[test]
     fn own_process_is_traced_through_glibc() {
-        let allocator = Allocator::of_process(std::process::id(), &Overrides::default()).unwrap();
+        let cache = FileCache::default();
+        let image = ProcessImage::of_process(std::process::id(), &cache).unwrap();
+        let allocator = Allocator::of_image(&image, &Overrides::default(), &cache).unwrap();
         assert_eq!(allocator.kind, "glibc");
-        let command =
-            Allocator::of_command(&std::env::current_exe().unwrap(), &Overrides::default()).unwrap();
+        let image = ProcessImage::of_command(&std::env::current_exe().unwrap(), &cache).unwrap();
+        let command = Allocator::of_image(&image, &Overrides::default(), &cache).unwrap();
         assert_eq!(command.kind, "glibc");
     }
 
     #[test]
     fn a_lib_without_the_prefix_is_a_clear_error() {
         let overrides = Overrides { lib: Some(own_libc()), prefix: Some("je_".into()) };
-        let err = Allocator::of_process(std::process::id(), &overrides).unwrap_err();
+        let cache = FileCache::default();
+        let image = ProcessImage::of_process(std::process::id(), &cache).unwrap();
+        let err = Allocator::of_image(&image, &overrides, &cache).unwrap_err();
         assert!(format!("{err:#}").contains("defines no je_malloc"), "{err:#}");
+        let overrides = Overrides { lib: Some("/dev/zero".into()), prefix: None };
+        let err = Allocator::of_image(&image, &overrides, &cache).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("--lib /dev/zero") && text.contains("not a regular file"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,125 @@
+//! What memtrace learns from an object file, read once per file ([`FileId`]) however many processes
+//! map it: under `--all` a libc mapped by 300 processes is parsed once. Parsing reads only the
+//! headers and sections a question needs, never the whole file.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use anyhow::{anyhow, Context, Result};
+
+use super::{
+    sparse::{self, SparseImage},
+    FileId, ObjectFile,
+};
+use crate::{
+    allocator::{resolve_entry_points, ResolvedEntryPoint},
+    elf::DynamicInfo,
+};
+
+/// Files remembered before the cache starts afresh: far more than a machine maps at once, and a
+/// bound on memtrace's memory over a long `--all` run that sees many short-lived programs.
+const MAX_FILES: usize = 16_384;
+
+/// What one object file is, for link order and symbolization.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileFacts {
+    /// A 64-bit ELF file: the dynamic linker skips others, and so does memtrace.
+    pub is_elf64: bool,
+    pub dynamic: DynamicInfo,
+    pub build_id: Option<[u8; 20]>,
+}
+
+/// Facts about object files, by identity; shared (cheaply cloned) between the threads that
+/// resolve images.
+#[derive(Clone, Default)]
+pub struct FileCache {
+    inner: Arc<Mutex<Cached>>,
+}
+
+#[derive(Default)]
+struct Cached {
+    facts: HashMap<FileId, Arc<FileFacts>>,
+    /// (file, symbol prefix) -> the allocator entry points it defines, or why they cannot be used.
+    entry_points: HashMap<(FileId, String), EntryPointsOrError>,
+}
+
+/// A file's allocator entry points for one prefix, or why they cannot be read.
+type EntryPointsOrError = Result<Arc<Vec<ResolvedEntryPoint>>, String>;
+
+impl FileCache {
+    pub fn facts(&self, object: &ObjectFile) -> Arc<FileFacts> {
+        if let Some(facts) = self.lock().facts.get(&object.id) {
+            return facts.clone();
+        }
+        let facts = Arc::new(read_facts(object));
+        let mut cached = self.lock();
+        if cached.facts.len() >= MAX_FILES {
+            cached.facts.clear();
+        }
+        cached.facts.insert(object.id, facts.clone());
+        facts
+    }
+
+    /// The allocator entry points `object` defines with symbol prefix `prefix`.
+    pub fn entry_points(&self, object: &ObjectFile, prefix: &str) -> Result<Arc<Vec<ResolvedEntryPoint>>> {
+        let key = (object.id, prefix.to_owned());
+        if let Some(known) = self.lock().entry_points.get(&key) {
+            return known.clone().map_err(|err| anyhow!(err));
+        }
+        let found = read_entry_points(object, prefix).map(Arc::new).map_err(|err| format!("{err:#}"));
+        let mut cached = self.lock();
+        if cached.entry_points.len() >= MAX_FILES {
+            cached.entry_points.clear();
+        }
+        cached.entry_points.insert(key, found.clone());
+        found.map_err(|err| anyhow!(err))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
+        // A panic elsewhere leaves plain data behind, still usable.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reads an object file's facts; a file that is not ELF, or not all of it valid, has fewer.
+pub fn read_facts(object: &ObjectFile) -> FileFacts {
+    let facts = SparseImage::of(object, sparse::FACTS).and_then(|image| {
+        image.with_elf(|elf| {
+            Ok(FileFacts {
+                is_elf64: true,
+                dynamic: elf.dynamic_info().unwrap_or_default(),
+                build_id: elf.build_id(),
+            })
+        })
+    });
+    facts.unwrap_or_default()
+}
+
+fn read_entry_points(object: &ObjectFile, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
+    let image = SparseImage::of(object, sparse::SYMBOLS)
+        .with_context(|| format!("reading {}", object.path.display()))?;
+    image
+        .with_elf(|elf| resolve_entry_points(elf, prefix))
+        .with_context(|| format!("reading the symbols of {}", object.path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_read_once_per_file() {
+        let exe = std::env::current_exe().unwrap();
+        let cache = FileCache::default();
+        let first = cache.facts(&ObjectFile::open_host(&exe).unwrap());
+        assert!(first.is_elf64 && first.build_id.is_some(), "{first:?}");
+        assert!(first.dynamic.needed.iter().any(|name| name.starts_with("libc.so")), "{first:?}");
+        // A second opening of the same file is the same entry.
+        let second = cache.facts(&ObjectFile::open_host(&exe).unwrap());
+        assert!(Arc::ptr_eq(&first, &second));
+        let not_elf = cache.facts(&ObjectFile::open_host(std::path::Path::new("/etc/passwd")).unwrap());
+        assert!(!not_elf.is_elf64);
+    }
+}

@@ -1,0 +1,91 @@
+//! A process's image, resolved once: its object files in link order, each opened safely inside the
+//! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
+//! section, build ID, allocator entry points) cached by identity ([`FileCache`]). Allocator
+//! discovery (crate::allocator), USDT attachment (crate::usdt), symbol indexing
+//! (crate::symbolize) and the exec watcher (crate::system_wide) all read a [`ProcessImage`]
+//! instead of working the objects out again.
+
+pub mod allocator;
+mod facts;
+mod file;
+#[cfg(test)]
+mod fuzz_tests;
+mod objects;
+mod resolve;
+mod sparse;
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+pub use self::{
+    facts::FileCache,
+    file::{FileId, ObjectFile, Root, MAX_OBJECT_BYTES},
+    objects::{open_mapping, SYSTEM_LIBRARY_DIRS},
+    sparse::{SparseImage, NOTES, SYMBOLS},
+};
+
+/// The identity of the file at a path of memtrace's own file system (for the USDT code, whose
+/// objects carry a path that reaches the file they opened).
+pub fn file_identity(path: &Path) -> Option<FileId> {
+    FileId::of_path(path)
+}
+
+/// Raises the soft limit of open files to the hard one: system-wide, memtrace holds each object
+/// file it has not finished with open (uprobes and readers reach it through its descriptor).
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// The object files of one process (running, just exec'd, or a command not started yet).
+#[derive(Debug, Clone)]
+pub struct ProcessImage {
+    /// None for a command not started yet.
+    pub pid: Option<u32>,
+    /// Where the process resolves its paths.
+    pub root: Root,
+    /// Every object file, each once, in the dynamic linker's symbol search order; a running
+    /// process's files as mapped (objects it dlopen'd last).
+    pub objects: Vec<ObjectFile>,
+}
+
+impl ProcessImage {
+    /// A running process, read through /proc (its mappings, its root, its environment).
+    pub fn of_process(pid: u32, cache: &FileCache) -> Result<Self> {
+        let root = Root::of_process(pid)?;
+        let objects = objects::link_order_of_process(pid, &root, cache)?;
+        Ok(Self { pid: Some(pid), root, objects })
+    }
+
+    /// A process that has just exec'd a program: the files the program will map, resolved in
+    /// the process's root as its dynamic linker will.
+    pub fn of_exec(pid: u32, cache: &FileCache) -> Result<Self> {
+        let (root, objects) = objects::link_order_of_exec(pid, cache)?;
+        Ok(Self { pid: Some(pid), root, objects })
+    }
+
+    /// A command memtrace is about to start, in memtrace's own file system and environment.
+    pub fn of_command(program: &Path, cache: &FileCache) -> Result<Self> {
+        let root = Root::host();
+        let program = root.open(program).with_context(|| format!("cannot run {}", program.display()))?;
+        let objects = objects::link_order_of_program(program, &root, &[], cache);
+        Ok(Self { pid: None, root, objects })
+    }
+
+    /// A file the process names by path (`--lib`, `--usdt PATH:...`), resolved in its root.
+    pub fn open(&self, path: &Path) -> Result<ObjectFile> {
+        self.root.open(path)
+    }
+
+    /// The process's executable.
+    pub fn executable(&self) -> Option<&ObjectFile> {
+        self.objects.first()
+    }
+}
