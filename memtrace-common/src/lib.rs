@@ -579,8 +579,16 @@ pub mod unwind_stop {
     /// Counters.
     pub const COUNT: usize = 8;
     /// Their names, by index, as the summary shows them.
-    pub const NAMES: [&str; COUNT] =
-        ["whole", "no_mappings", "no_mapping", "no_table", "no_row", "unsupported", "read_fault", "depth_limit"];
+    pub const NAMES: [&str; COUNT] = [
+        "whole",
+        "no_mappings",
+        "no_mapping",
+        "no_table",
+        "no_row",
+        "unsupported",
+        "read_fault",
+        "depth_limit",
+    ];
 }
 
 #[cfg(feature = "user")]

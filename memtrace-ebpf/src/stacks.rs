@@ -25,9 +25,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    unwind_file_state, unwind_kind, unwind_stop, ProcessStats, StackFrame, StackFrames, StackKey, StackTotals,
-    UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP,
-    MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH, UNWIND_MAPPING_STEPS,
+    unwind_file_state, unwind_kind, unwind_stop, ProcessStats, StackFrame, StackFrames, StackKey,
+    StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID,
+    FRAME_IP, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH, UNWIND_MAPPING_STEPS,
     UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS,
     UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
@@ -186,7 +186,9 @@ fn unwind(
     state: *mut UnwindState,
 ) {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
-    let regs = unsafe { Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 } };
+    let regs = unsafe {
+        Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
+    };
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
     for _ in 0..STACK_DEPTH {
@@ -198,7 +200,12 @@ fn unwind(
 
 /// Takes one frame and steps to its caller; false when the walk ends (the reason in `state`).
 #[inline(never)]
-fn unwind_frame(mappings: &UnwindMappings, raw: &mut RawStack, locations: &mut Locations, state: *mut UnwindState) -> bool {
+fn unwind_frame(
+    mappings: &UnwindMappings,
+    raw: &mut RawStack,
+    locations: &mut Locations,
+    state: *mut UnwindState,
+) -> bool {
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
     let index = depth as usize & (STACK_DEPTH - 1);
@@ -230,7 +237,12 @@ fn unwind_frame(mappings: &UnwindMappings, raw: &mut RawStack, locations: &mut L
     match step(&regs, mapping.file, pc.wrapping_add(base)) {
         Ok(caller) => {
             // SAFETY: as above.
-            unsafe { write_volatile(state, UnwindState { regs: caller, depth: depth + 1, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
+            unsafe {
+                write_volatile(
+                    state,
+                    UnwindState { regs: caller, depth: depth + 1, stop: unwind_stop::DEPTH_LIMIT as u64 },
+                )
+            };
             true
         }
         Err(stop) => end(depth + 1, stop),
@@ -341,8 +353,8 @@ fn step_by_frame_pointer(regs: &Registers) -> Result<Registers, usize> {
     }
     // [rbp] is the caller's rbp, [rbp + 8] the return address into the caller.
     // SAFETY: the helper checks the user address and fails rather than faults.
-    let [caller_rbp, return_address] = unsafe { bpf_probe_read_user(regs.rbp as *const [u64; 2]) }
-        .map_err(|_| unwind_stop::READ_FAULT)?;
+    let [caller_rbp, return_address] =
+        unsafe { bpf_probe_read_user(regs.rbp as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)?;
     if return_address == 0 {
         return Err(unwind_stop::WHOLE);
     }
@@ -366,7 +378,9 @@ fn record_locations(
     // SAFETY: as above; a StackFrame is four u64 words (status and the build ID's first 4 bytes,
     // then 8 and 8 more bytes of it, then the offset or address).
     let frames = unsafe { &mut *(scratch as *mut [[u64; 4]; STACK_DEPTH]) };
-    for (index, ((frame, location), address)) in frames.iter_mut().zip(locations.iter()).zip(raw.iter()).enumerate() {
+    for (index, ((frame, location), address)) in
+        frames.iter_mut().zip(locations.iter()).zip(raw.iter()).enumerate()
+    {
         let words = if index >= depth {
             [0; 4]
         } else {
@@ -374,7 +388,8 @@ fn record_locations(
                 Some(file) if file.has_build_id != 0 => {
                     let id = &file.build_id;
                     let head = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
-                    let middle = u64::from_le_bytes([id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11]]);
+                    let middle =
+                        u64::from_le_bytes([id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11]]);
                     let tail =
                         u64::from_le_bytes([id[12], id[13], id[14], id[15], id[16], id[17], id[18], id[19]]);
                     [FRAME_BUILD_ID as u32 as u64 | u64::from(head) << 32, middle, tail, location.offset]

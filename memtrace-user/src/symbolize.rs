@@ -116,10 +116,18 @@ impl StackSymbolizer {
     fn symbolize(&self, path: &Path, offset: u64) -> Frame {
         // Frames are return addresses; the call instruction ends just before.
         let lookup = offset.saturating_sub(1);
-        let source = Source::Elf(Elf::new(path));
         let mut frame = unresolved(path.display().to_string(), offset);
-        if let Ok(Symbolized::Sym(sym)) = self.symbolizer.symbolize_single(&source, Input::FileOffset(lookup))
-        {
+        let with_debug = Source::Elf(Elf::new(path));
+        // Without debug information blazesym's DWARF resolver finds nothing, nor falls back on
+        // .dynsym: a stripped library's exported functions are named from its ELF symbols alone.
+        let symbols_only = Source::Elf(Elf { debug_syms: false, ..Elf::new(path) });
+        let symbolized = [with_debug, symbols_only].into_iter().find_map(|source| {
+            match self.symbolizer.symbolize_single(&source, Input::FileOffset(lookup)) {
+                Ok(Symbolized::Sym(sym)) => Some(sym),
+                _ => None,
+            }
+        });
+        if let Some(sym) = symbolized {
             frame.function = Some(sym.name.into_owned());
             if let Some(code) = sym.code_info {
                 frame.file = Some(code.file.to_string_lossy().into_owned());
@@ -166,5 +174,25 @@ mod tests {
         let offset = address - mapping.start + mapping.file_offset;
         let frame = symbolizer.resolve_build_id(&build_id, offset + 1);
         assert!(frame.name().contains("own_functions_resolve_by_build_id"), "{frame:?}");
+    }
+
+    #[test]
+    fn exported_functions_of_a_stripped_library_are_named_from_dynsym() {
+        // Debian's libc has no .symtab; strdup is in .dynsym.
+        let libc = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let symbolizer = StackSymbolizer::default();
+        let offset = strdup_offset(libc);
+        let frame = symbolizer.symbolize(libc, offset + 8);
+        assert!(matches!(frame.function.as_deref(), Some("strdup" | "__strdup")), "{frame:?}");
+    }
+
+    /// strdup's file offset in `library`, from its .dynsym.
+    fn strdup_offset(library: &Path) -> u64 {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(library).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let symbol = file.dynamic_symbols().find(|s| s.name() == Ok("strdup")).unwrap();
+        // Debian's libc maps its text at equal offsets and addresses.
+        symbol.address()
     }
 }

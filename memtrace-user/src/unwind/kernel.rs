@@ -114,7 +114,8 @@ impl KernelTables {
         let mut gone: HashSet<u32> = self.processes.keys().copied().collect();
         for process in model.processes.values().filter(|p| !p.exited && !p.released) {
             gone.remove(&process.pid);
-            let executable: Vec<Mapping> = process.mappings.iter().filter(|m| m.executable).cloned().collect();
+            let executable: Vec<Mapping> =
+                process.mappings.iter().filter(|m| m.executable).cloned().collect();
             if executable.is_empty() {
                 continue;
             }
@@ -139,7 +140,8 @@ impl KernelTables {
     fn write_mappings(&mut self, probes: &mut Probes, pid: u32, executable: Vec<Mapping>) -> Result<()> {
         let mut table = self.processes.remove(&pid).unwrap_or_default();
         let mut root = None;
-        let mut value = UnwindMappings { count: 0, _pad: 0, mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS] };
+        let mut value =
+            UnwindMappings { count: 0, _pad: 0, mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS] };
         for mapping in executable.iter().take(UNWIND_MAX_MAPPINGS) {
             let slot = match table.slots.get(&mapping.path) {
                 Some(slot) => *slot,
