@@ -83,7 +83,7 @@ impl Root {
 
     /// Opens `path` (as the process sees it) as an object file: a regular file of a sane size.
     pub fn open(&self, path: &Path) -> Result<ObjectFile> {
-        let handle = self.open_path(path).with_context(|| format!("cannot open {}", self.describe(path)))?;
+        let handle = self.open_path(path).with_context(|| format!("cannot read {}", self.describe(path)))?;
         ObjectFile::from_path_handle(handle, path.to_owned(), self)
     }
 
