@@ -50,6 +50,9 @@ enum SlotState {
 /// A table built away from the main thread: the file's slot and the table, or None without one.
 type Built = (u32, Option<UnwindTable>);
 
+/// The worker's ends: files to build (by slot), and the tables built.
+type Worker = (Sender<(u32, ObjectFile)>, Receiver<Built>);
+
 /// One traced process as last written to the kernel.
 #[derive(Default)]
 struct ProcessTable {
@@ -72,7 +75,7 @@ pub struct KernelTables {
     next_page: u32,
     processes: HashMap<u32, ProcessTable>,
     facts: FileCache,
-    worker: Option<(Sender<(u32, ObjectFile)>, Receiver<Built>)>,
+    worker: Option<Worker>,
 }
 
 impl KernelTables {
@@ -265,7 +268,7 @@ fn build(object: &ObjectFile) -> Option<UnwindTable> {
     table_of_file(&object.host_path).ok().map(|(table, _)| table)
 }
 
-fn spawn_worker() -> (Sender<(u32, ObjectFile)>, Receiver<Built>) {
+fn spawn_worker() -> Worker {
     let (requests, incoming) = channel::<(u32, ObjectFile)>();
     let (done, results) = channel::<Built>();
     std::thread::spawn(move || {
