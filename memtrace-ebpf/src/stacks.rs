@@ -334,11 +334,22 @@ fn step_by_row(row: UnwindRow, regs: &Registers) -> Result<Registers, usize> {
         unwind_kind::END => return Err(unwind_stop::WHOLE),
         _ => return Err(unwind_stop::UNSUPPORTED),
     };
-    let return_address = read_stack(cfa.wrapping_sub(8))?;
-    let (rbp, rbp_known) = match row.rbp {
-        0 => (regs.rbp, regs.rbp_known),
-        UNWIND_RBP_LOST => (0, 0),
-        units => (read_stack(cfa.wrapping_add((i64::from(units) * 8) as u64))?, 1),
+    let (return_address, rbp, rbp_known) = match row.rbp {
+        // rbp pushed right below the return address (every `push %rbp` prologue): one read.
+        -2 => {
+            // SAFETY: the helper checks the user address and fails rather than faults.
+            let [rbp, return_address] =
+                unsafe { bpf_probe_read_user(cfa.wrapping_sub(16) as *const [u64; 2]) }
+                    .map_err(|_| unwind_stop::READ_FAULT)?;
+            (return_address, rbp, 1)
+        }
+        0 => (read_stack(cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
+        UNWIND_RBP_LOST => (read_stack(cfa.wrapping_sub(8))?, 0, 0),
+        units => (
+            read_stack(cfa.wrapping_sub(8))?,
+            read_stack(cfa.wrapping_add((i64::from(units) * 8) as u64))?,
+            1,
+        ),
     };
     if return_address == 0 {
         return Err(unwind_stop::WHOLE);
