@@ -82,10 +82,8 @@ fn leak_through_strdup_names_strdup_then_its_caller() {
         .unwrap_or_else(|| panic!("no leak through copy_name: {:#}", process["leaks"]));
     assert_eq!(leak["bytes"], 2 * 12, "{leak:#}");
     assert_eq!(leak["allocations"], 2, "{leak:#}");
-    // glibc exports strdup and __strdup at one address; either name is strdup.
-    let strdup = stack_names(leak)[0];
-    assert!(strdup == "strdup" || strdup == "__strdup", "{leak:#}");
-    assert_chain(leak, &[strdup, "copy_name", "main"]);
+    // glibc exports strdup and __strdup at one address: the public name is the one shown.
+    assert_chain(leak, &["strdup", "copy_name", "main"]);
 }
 
 #[test]
