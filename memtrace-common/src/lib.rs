@@ -112,6 +112,8 @@ pub struct ProcessStats {
     pub allocator: u64,
     /// The process's command name when it first allocated, and when it exited.
     pub comm: [u8; 16],
+    /// Stacks taken, by why the unwinder ended them (`unwind_stop`).
+    pub unwind_stops: [u64; unwind_stop::COUNT],
 }
 
 /// A process that began running a new program (sched_process_exec), for system-wide tracing to
@@ -487,3 +489,122 @@ const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
 // one row per byte) always fits: every table can be indexed.
 const _: () = assert!((1u32 << UNWIND_MIN_PAGE_SHIFT) < UNWIND_MAX_RUN);
 const _: () = assert!(core::mem::size_of::<UnwindTableInfo>() == 24);
+
+// ---- Unwind tables in the kernel ----------------------------------------------------------------
+//
+// Userspace loads each object file's table once (by file identity) into two shared arrays
+// (`UNWIND_ROWS`, `UNWIND_PAGES`) and describes the file in `UNWIND_FILES` at a slot of its own;
+// each traced process gets a sorted table of its executable file mappings (`UNWIND_MAPPINGS`, by
+// tgid) naming those slots. The BPF unwinder (memtrace-ebpf/src/stacks.rs) finds a frame's mapping
+// by binary search, turns its address into a file offset, looks the row up in the file's table
+// (the lookup on `UnwindTableInfo`) and steps per `UnwindRow`; where the file has no unwind
+// information at all it follows frame pointers.
+
+/// Executable file mappings per process the unwinder knows; a process with more keeps the first.
+pub const UNWIND_MAX_MAPPINGS: usize = 256;
+/// Halvings of the binary search over a process's mappings (log2 of `UNWIND_MAX_MAPPINGS`).
+pub const UNWIND_MAPPING_STEPS: u32 = 8;
+/// Processes with a mapping table at once.
+pub const UNWIND_MAX_PROCESSES: u32 = 8_192;
+/// Object files with a slot in `UNWIND_FILES`.
+pub const UNWIND_MAX_FILES: u32 = 8_192;
+/// Rows of every loaded table together (8 bytes each: 32 MiB); a file that no longer fits stays
+/// without a table (its stacks end with `unwind_stop::NO_TABLE`).
+pub const UNWIND_MAX_ROWS: u32 = 1 << 22;
+/// Page index entries of every loaded table together (4 bytes each).
+pub const UNWIND_MAX_PAGES: u32 = 1 << 21;
+/// `UnwindMapping::file` and `FrameLocation::file` when no file slot applies.
+pub const UNWIND_NO_FILE: u32 = u32::MAX;
+
+/// What the unwinder can do in one file, in `UnwindFile::state`.
+pub mod unwind_file_state {
+    /// The table is being built or does not fit: stacks end here (`unwind_stop::NO_TABLE`).
+    pub const PENDING: u8 = 0;
+    /// `UnwindFile::table` is loaded.
+    pub const LOADED: u8 = 1;
+    /// The file has no unwind information: frame pointers are followed through it.
+    pub const FRAME_POINTERS: u8 = 2;
+}
+
+/// One object file the unwinder knows, at its slot in `UNWIND_FILES`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindFile {
+    /// Where its rows and pages are in the shared arrays (valid when LOADED).
+    pub table: UnwindTableInfo,
+    /// One of `unwind_file_state`.
+    pub state: u8,
+    /// 1 when `build_id` is valid.
+    pub has_build_id: u8,
+    pub _pad: [u8; 2],
+    /// The file's GNU build ID, zero-padded to 20 bytes (as `StackFrame::build_id`).
+    pub build_id: [u8; 20],
+}
+
+/// One executable file mapping of a process: runtime addresses [start, end) map the file from
+/// `file_offset`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The file's slot in `UNWIND_FILES`.
+    pub file: u32,
+    pub _pad: u32,
+}
+
+/// A process's executable file mappings, sorted by `start`, not overlapping; `count` are valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnwindMappings {
+    pub count: u32,
+    pub _pad: u32,
+    pub mappings: [UnwindMapping; UNWIND_MAX_MAPPINGS],
+}
+
+/// Why the unwinder ended a stack: the index of its counter in `ProcessStats::unwind_stops`.
+pub mod unwind_stop {
+    /// The outermost frame (an END row) or a return address of 0: the stack is whole.
+    pub const WHOLE: usize = 0;
+    /// The process has no mapping table yet: its stack was taken by frame pointers alone, cut at
+    /// the first frame outside a file the kernel can name.
+    pub const NO_MAPPINGS: usize = 1;
+    /// The next return address is in no executable file mapping the unwinder knows (a library
+    /// loaded since its table was last written, JIT code): the frame is left out.
+    pub const NO_MAPPING: usize = 2;
+    /// The frame's file has no table loaded yet.
+    pub const NO_TABLE: usize = 3;
+    /// No row covers the address and there is no frame pointer to follow.
+    pub const NO_ROW: usize = 4;
+    /// The row is UNSUPPORTED, or needs an rbp an earlier frame lost.
+    pub const UNSUPPORTED: usize = 5;
+    /// The stack could not be read where the row points.
+    pub const READ_FAULT: usize = 6;
+    /// `STACK_DEPTH` frames were taken: deeper callers are cut.
+    pub const DEPTH_LIMIT: usize = 7;
+    /// Counters.
+    pub const COUNT: usize = 8;
+    /// Their names, by index, as the summary shows them.
+    pub const NAMES: [&str; COUNT] = [
+        "whole",
+        "no_mappings",
+        "no_mapping",
+        "no_table",
+        "no_row",
+        "unsupported",
+        "read_fault",
+        "depth_limit",
+    ];
+}
+
+#[cfg(feature = "user")]
+mod unwind_kernel_pod {
+    // SAFETY: #[repr(C)] plain integers and byte arrays, padding spelled out as fields.
+    unsafe impl aya::Pod for super::UnwindFile {}
+    unsafe impl aya::Pod for super::UnwindMapping {}
+    unsafe impl aya::Pod for super::UnwindMappings {}
+}
+
+const _: () = assert!(1 << UNWIND_MAPPING_STEPS == UNWIND_MAX_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<UnwindFile>() == 48);

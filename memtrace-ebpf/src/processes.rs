@@ -135,6 +135,8 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
 pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, .. } = caller();
     let _ = STATS.remove(tgid);
+    // The old image's mappings are gone; userspace writes the new image's table.
+    let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
     if !is_traced(tgid) {
         return 0;
     }

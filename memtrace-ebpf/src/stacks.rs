@@ -1,16 +1,35 @@
 //! The user stack of each allocation, and what each (process, stack) allocated and still holds.
+//!
+//! Stacks are unwound here, at allocation time, with the tables userspace builds from each file's
+//! .eh_frame (the rules are on `memtrace_common::UnwindRow` and `UnwindTableInfo`): per frame, the
+//! process's mapping table gives the file and the file offset, the file's table gives the row, the
+//! row gives the caller's registers. Frame pointers are followed only through files with no unwind
+//! information, or where a table has no row. A frame is kept only inside an executable file mapping
+//! the unwinder knows; where it cannot go on, the stack ends there (never a guessed frame) and the
+//! reason is counted in `ProcessStats::unwind_stops`.
+//!
+//! Frames are recorded as the unwinder found them, (file slot, file offset); a stack seen for the
+//! first time is written to STACKS in build-ID form, each frame's build ID copied from its file's
+//! slot, so userspace symbolizes it after the process is gone (crate-external: symbolize.rs).
+//! A process whose mapping table is not loaded yet falls back to the frame-pointer walk and
+//! bpf_get_stack's build-ID form, cut at the first frame outside a file.
+
+use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_stack},
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::RetProbeContext,
     EbpfContext,
 };
 use memtrace_common::{
-    ProcessStats, StackFrame, StackFrames, StackKey, StackTotals, MAX_RAW_STACKS, MAX_STACKS,
-    MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH,
+    unwind_file_state, unwind_kind, unwind_stop, ProcessStats, StackFrame, StackFrames, StackKey,
+    StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID,
+    FRAME_IP, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH, UNWIND_MAPPING_STEPS,
+    UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS,
+    UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::counters::{add, add_signed};
@@ -38,38 +57,378 @@ static RAW_SCRATCH: PerCpuArray<RawStack> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static RAW_STACKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_RAW_STACKS, 0);
 
+/// Each traced process's executable file mappings, by tgid (written by userspace, removed at exec).
+#[map]
+pub(crate) static UNWIND_MAPPINGS: HashMap<u32, UnwindMappings> =
+    HashMap::with_max_entries(UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
+
+/// The object files the unwinder knows, by slot: state, table placement, build ID.
+#[map]
+static UNWIND_FILES: Array<UnwindFile> = Array::with_max_entries(UNWIND_MAX_FILES, 0);
+
+/// The rows of every loaded table, one file's after another.
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_MAX_ROWS, 0);
+
+/// The page indices of every loaded table, one file's after another.
+#[map]
+static UNWIND_PAGES: Array<u32> = Array::with_max_entries(UNWIND_MAX_PAGES, 0);
+
+/// Where the unwinder found a frame: the file's slot and the file offset of its address.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FrameLocation {
+    file: u32,
+    _pad: u32,
+    offset: u64,
+}
+
+type Locations = [FrameLocation; STACK_DEPTH];
+
+#[map]
+static LOCATION_SCRATCH: PerCpuArray<Locations> = PerCpuArray::with_max_entries(1, 0);
+
+/// The unwinder's state between frames, kept in a per-CPU map rather than in registers: values
+/// read back from a map are unknown to the verifier, so the states of every path that reaches the
+/// next frame (or the end of the walk) are the same state, verified once.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UnwindState {
+    regs: Registers,
+    /// Frames taken so far.
+    depth: u64,
+    /// Why the walk ended (`unwind_stop`).
+    stop: u64,
+}
+
+#[map]
+static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(1, 0);
+
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 pub(crate) static CAPTURE_STACKS: u8 = 1;
 
 /// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
-/// frame-pointer walk starts at the allocator's caller. The raw return addresses are cheap to take
-/// and name the stack within one program image; their build-ID form, which outlives the process,
-/// is resolved once per distinct raw stack and cached in RAW_STACKS.
+/// registers are the allocator's caller's. The raw return addresses are cheap to take and name the
+/// stack within one program image; its build-ID form, which outlives the process, is written once
+/// per distinct raw stack and cached in RAW_STACKS.
 pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats) -> u64 {
     // SAFETY: a global the loader sets before the programs load.
     if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
         return NO_STACK;
     }
-    let Some(raw) = RAW_SCRATCH.get_ptr_mut(0) else {
+    let (Some(raw), Some(locations)) = (RAW_SCRATCH.get_ptr_mut(0), LOCATION_SCRATCH.get_ptr_mut(0)) else {
         return NO_STACK;
     };
-    // SAFETY: the per-CPU scratch value is ours until the program ends.
-    let raw = unsafe { &mut *raw };
-    walk_frame_pointers(ctx, raw);
+    // SAFETY: the per-CPU scratch values are ours until the program ends.
+    let (raw, locations) = unsafe { (&mut *raw, &mut *locations) };
+    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else {
+        return NO_STACK;
+    };
+    let mappings = UNWIND_MAPPINGS.get_ptr(tgid);
+    match mappings {
+        // SAFETY: a map value, valid while the program runs.
+        Some(mappings) => unwind(ctx, unsafe { &*mappings }, raw, locations, state),
+        None => {
+            let depth = walk_frame_pointers(ctx, raw) as u64;
+            // SAFETY: the per-CPU scratch value is ours until the program ends.
+            unsafe {
+                write_volatile(&mut (*state).depth, depth);
+                write_volatile(&mut (*state).stop, unwind_stop::NO_MAPPINGS as u64);
+            }
+        }
+    }
+    // SAFETY: as above; read back through memory so that every path's state is one.
+    let (depth, stop) =
+        unsafe { (read_volatile(&(*state).depth) as usize, read_volatile(&(*state).stop) as usize) };
+    let depth = depth.min(STACK_DEPTH);
+    if let Some(counter) = stats.unwind_stops.get(stop & (unwind_stop::COUNT - 1)) {
+        add(counter, 1);
+    }
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(FNV_OFFSET, u64::from(tgid));
-    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw);
+    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw, depth);
     if let Some(key) = RAW_STACKS.get_ptr(raw_key) {
         // SAFETY: a map value, valid while the program runs.
         return unsafe { *key };
     }
-    let key = resolve_build_ids(ctx, stats, raw);
+    let key = match mappings {
+        Some(_) => record_locations(stats, raw, locations, state),
+        // SAFETY: as above.
+        None => resolve_build_ids(ctx, stats, unsafe { read_volatile(&(*state).depth) } as usize),
+    };
     if key != NO_STACK {
         // A full cache evicts its least recently used entry: nothing is lost, only resolved again.
         let _ = RAW_STACKS.insert(raw_key, key, 0);
     }
     key
+}
+
+/// A frame's registers as far as unwinding needs them.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Registers {
+    rip: u64,
+    rsp: u64,
+    rbp: u64,
+    /// 0 once a frame's row said the caller's rbp cannot be recovered.
+    rbp_known: u64,
+}
+
+/// Unwinds from a return probe's registers (the allocator's caller first) with the process's
+/// mapping table and the files' tables, into `raw` and `locations`; leaves the depth and why the
+/// walk ended (`unwind_stop`) in `state`.
+fn unwind(
+    ctx: &RetProbeContext,
+    mappings: &UnwindMappings,
+    raw: &mut RawStack,
+    locations: &mut Locations,
+    state: *mut UnwindState,
+) {
+    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
+    let regs = unsafe {
+        Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
+    };
+    // SAFETY: the per-CPU scratch value is ours until the program ends.
+    unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
+    for _ in 0..STACK_DEPTH {
+        if !unwind_frame(mappings, raw, locations, state) {
+            return;
+        }
+    }
+}
+
+/// Takes one frame and steps to its caller; false when the walk ends (the reason in `state`).
+#[inline(never)]
+fn unwind_frame(
+    mappings: &UnwindMappings,
+    raw: &mut RawStack,
+    locations: &mut Locations,
+    state: *mut UnwindState,
+) -> bool {
+    // SAFETY: the per-CPU scratch value is ours until the program ends.
+    let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
+    let index = depth as usize & (STACK_DEPTH - 1);
+    let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
+        return false;
+    };
+    let end = |depth: u64, stop: usize| {
+        // SAFETY: as above.
+        unsafe {
+            write_volatile(&mut (*state).depth, depth);
+            write_volatile(&mut (*state).stop, stop as u64);
+        }
+        false
+    };
+    // Past the innermost frame, rip is a return address: look inside the call.
+    let pc = if depth == 0 { regs.rip } else { regs.rip.wrapping_sub(1) };
+    let Some(mapping) = find_mapping(mappings, pc) else {
+        if depth == 0 {
+            // The allocator's caller is real whatever maps it (JIT code): keep its address.
+            *slot = regs.rip;
+            *location = FrameLocation { file: UNWIND_NO_FILE, _pad: 0, offset: regs.rip };
+            return end(1, unwind_stop::NO_MAPPING);
+        }
+        return end(depth, unwind_stop::NO_MAPPING);
+    };
+    *slot = regs.rip;
+    let base = mapping.file_offset.wrapping_sub(mapping.start);
+    *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
+    match step(&regs, mapping.file, pc.wrapping_add(base)) {
+        Ok(caller) => {
+            // SAFETY: as above.
+            unsafe {
+                write_volatile(
+                    state,
+                    UnwindState { regs: caller, depth: depth + 1, stop: unwind_stop::DEPTH_LIMIT as u64 },
+                )
+            };
+            true
+        }
+        Err(stop) => end(depth + 1, stop),
+    }
+}
+
+/// The mapping holding `pc`: the last one starting at or before it, if it ends after it.
+fn find_mapping(mappings: &UnwindMappings, pc: u64) -> Option<&UnwindMapping> {
+    let count = mappings.count as usize;
+    if count == 0 || count > UNWIND_MAX_MAPPINGS {
+        return None;
+    }
+    let (mut lo, mut hi) = (0usize, count);
+    for _ in 0..UNWIND_MAPPING_STEPS {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if mappings.mappings.get(mid & (UNWIND_MAX_MAPPINGS - 1))?.start <= pc {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let mapping = mappings.mappings.get(lo & (UNWIND_MAX_MAPPINGS - 1))?;
+    (mapping.start <= pc && pc < mapping.end).then_some(mapping)
+}
+
+/// The caller's registers, or why there is none: by the file's row at `offset`, else by frame
+/// pointers where the file has no unwind information or no row covers the address.
+fn step(regs: &Registers, file: u32, offset: u64) -> Result<Registers, usize> {
+    let Some(file) = UNWIND_FILES.get(file) else {
+        return Err(unwind_stop::NO_TABLE);
+    };
+    match file.state {
+        unwind_file_state::LOADED => match find_row(&file.table, offset) {
+            Some(row) => step_by_row(row, regs),
+            None => step_by_frame_pointer(regs),
+        },
+        unwind_file_state::FRAME_POINTERS => step_by_frame_pointer(regs),
+        _ => Err(unwind_stop::NO_TABLE),
+    }
+}
+
+/// The lookup specified on `UnwindTableInfo`, over the shared arrays.
+fn find_row(table: &UnwindTableInfo, pc: u64) -> Option<UnwindRow> {
+    let page = pc >> (table.page_shift & 31);
+    let index = page.checked_sub(u64::from(table.first_page))?;
+    if index >= u64::from(table.page_count) {
+        return None;
+    }
+    let page_slot = u64::from(table.pages_start) + index;
+    if page_slot + 1 >= u64::from(UNWIND_MAX_PAGES) {
+        return None;
+    }
+    let mut lo = *UNWIND_PAGES.get(page_slot as u32)?;
+    let mut hi = UNWIND_PAGES.get(page_slot as u32 + 1)?.wrapping_add(1);
+    if hi <= lo {
+        return None;
+    }
+    for _ in 0..UNWIND_SEARCH_STEPS {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if u64::from(UNWIND_ROWS.get(table.rows_start.wrapping_add(mid))?.pc) <= pc {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let row = *UNWIND_ROWS.get(table.rows_start.wrapping_add(lo))?;
+    (row.kind != unwind_kind::NONE).then_some(row)
+}
+
+/// One 8-byte read of the traced stack.
+fn read_stack(address: u64) -> Result<u64, usize> {
+    // SAFETY: the helper checks the user address and fails rather than faults.
+    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)
+}
+
+/// The steps on `UnwindRow`.
+fn step_by_row(row: UnwindRow, regs: &Registers) -> Result<Registers, usize> {
+    let offset = u64::from(row.cfa_offset);
+    let cfa = match row.kind {
+        unwind_kind::CFA_RSP => regs.rsp.wrapping_add(offset),
+        unwind_kind::CFA_RBP if regs.rbp_known != 0 => regs.rbp.wrapping_add(offset),
+        unwind_kind::CFA_PLT => regs.rsp.wrapping_add(offset + if regs.rip & 15 >= 11 { 8 } else { 0 }),
+        unwind_kind::END => return Err(unwind_stop::WHOLE),
+        _ => return Err(unwind_stop::UNSUPPORTED),
+    };
+    let (return_address, rbp, rbp_known) = match row.rbp {
+        // rbp pushed right below the return address (every `push %rbp` prologue): one read.
+        -2 => {
+            // SAFETY: the helper checks the user address and fails rather than faults.
+            let [rbp, return_address] =
+                unsafe { bpf_probe_read_user(cfa.wrapping_sub(16) as *const [u64; 2]) }
+                    .map_err(|_| unwind_stop::READ_FAULT)?;
+            (return_address, rbp, 1)
+        }
+        0 => (read_stack(cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
+        UNWIND_RBP_LOST => (read_stack(cfa.wrapping_sub(8))?, 0, 0),
+        units => (
+            read_stack(cfa.wrapping_sub(8))?,
+            read_stack(cfa.wrapping_add((i64::from(units) * 8) as u64))?,
+            1,
+        ),
+    };
+    if return_address == 0 {
+        return Err(unwind_stop::WHOLE);
+    }
+    Ok(Registers { rip: return_address, rsp: cfa, rbp, rbp_known })
+}
+
+/// CFA = rbp + 16, where rbp must point into the stack above this frame.
+fn step_by_frame_pointer(regs: &Registers) -> Result<Registers, usize> {
+    if regs.rbp_known == 0 || regs.rbp == 0 || regs.rbp < regs.rsp {
+        return Err(unwind_stop::NO_ROW);
+    }
+    // [rbp] is the caller's rbp, [rbp + 8] the return address into the caller.
+    // SAFETY: the helper checks the user address and fails rather than faults.
+    let [caller_rbp, return_address] =
+        unsafe { bpf_probe_read_user(regs.rbp as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)?;
+    if return_address == 0 {
+        return Err(unwind_stop::WHOLE);
+    }
+    Ok(Registers { rip: return_address, rsp: regs.rbp + 16, rbp: caller_rbp, rbp_known: 1 })
+}
+
+/// Writes the unwound stack to STACKS in build-ID form (each frame's build ID from its file's
+/// slot; the address where the file has none); its key, or NO_STACK. The depth is read back from
+/// `state`, so every path that gets here is verified as one.
+fn record_locations(
+    stats: &ProcessStats,
+    raw: &RawStack,
+    locations: &Locations,
+    state: *const UnwindState,
+) -> u64 {
+    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return NO_STACK;
+    };
+    // SAFETY: the per-CPU scratch values are ours until the program ends.
+    let depth = unsafe { read_volatile(&(*state).depth) } as usize;
+    // SAFETY: as above; a StackFrame is four u64 words (status and the build ID's first 4 bytes,
+    // then 8 and 8 more bytes of it, then the offset or address).
+    let frames = unsafe { &mut *(scratch as *mut [[u64; 4]; STACK_DEPTH]) };
+    for (index, ((frame, location), address)) in
+        frames.iter_mut().zip(locations.iter()).zip(raw.iter()).enumerate()
+    {
+        let words = if index >= depth {
+            [0; 4]
+        } else {
+            match UNWIND_FILES.get(location.file) {
+                Some(file) if file.has_build_id != 0 => {
+                    let id = &file.build_id;
+                    let head = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+                    let middle =
+                        u64::from_le_bytes([id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11]]);
+                    let tail =
+                        u64::from_le_bytes([id[12], id[13], id[14], id[15], id[16], id[17], id[18], id[19]]);
+                    [FRAME_BUILD_ID as u32 as u64 | u64::from(head) << 32, middle, tail, location.offset]
+                }
+                _ => [FRAME_IP as u32 as u64, 0, 0, *address],
+            }
+        };
+        // Word by word: a whole-struct store would be a call to a byte loop (memset, memcpy),
+        // which the verifier walks byte by byte.
+        for (slot, word) in frame.iter_mut().zip(words) {
+            // SAFETY: a word of the scratch value.
+            unsafe { write_volatile(slot, word) };
+        }
+    }
+    store_frames(stats, scratch, depth * 4)
+}
+
+/// Stores the stack in STACK_SCRATCH (its first `used` words hashed) in STACKS; its key or NO_STACK.
+fn store_frames(stats: &ProcessStats, scratch: *mut StackFrames, used: usize) -> u64 {
+    // SAFETY: the scratch value is ours until the program ends; a stack is whole u64 words.
+    let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
+    let hash = hash_words(FNV_OFFSET, words, used);
+    // SAFETY: as above.
+    if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
+        add(&stats.lost_events, 1);
+        return NO_STACK;
+    }
+    hash
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -78,11 +437,13 @@ fn fnv1a(hash: u64, word: u64) -> u64 {
     (hash ^ word).wrapping_mul(0x0100_0000_01b3)
 }
 
-/// FNV-1a over every word (unused frames are zero): 64 bits make collisions between distinct
-/// stacks negligible. No early exit, so the verifier walks the program after it once.
-fn hash_words<const N: usize>(seed: u64, words: &[u64; N]) -> u64 {
+/// FNV-1a over the first `used` words: 64 bits make collisions between distinct stacks negligible.
+fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
     let mut hash = seed;
-    for word in words {
+    for (i, word) in words.iter().enumerate() {
+        if i >= used {
+            break;
+        }
         hash = fnv1a(hash, *word);
     }
     if hash == NO_STACK {
@@ -93,33 +454,35 @@ fn hash_words<const N: usize>(seed: u64, words: &[u64; N]) -> u64 {
 }
 
 /// Return addresses by frame pointers, from a return probe's registers: the allocator's caller
-/// first, zeros past the end. A frame must lie above the one it was called from (the stack grows
-/// down), which ends the walk at code without frame pointers instead of reading on through its
-/// data. Nothing computed here outlives the loop, so the verifier prunes where walks ended.
-fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) {
+/// first. A frame must lie above the one it was called from (the stack grows down), which ends the
+/// walk at code without frame pointers instead of reading on through its data. Returns the depth.
+fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let (mut ip, mut frame) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
+    let mut depth = 0;
     for slot in raw.iter_mut() {
         *slot = ip;
-        ip = 0;
+        depth += 1;
         if frame == 0 {
-            continue;
+            break;
         }
         // [frame] is the caller's frame pointer, [frame + 8] the return address into the caller.
         // SAFETY: the helper checks the user address and fails rather than faults.
-        match unsafe { bpf_probe_read_user(frame as *const [u64; 2]) } {
-            Ok([next, return_address]) if return_address != 0 => {
-                ip = return_address;
-                frame = if next > frame { next } else { 0 };
-            }
-            _ => frame = 0,
+        let Ok([next, return_address]) = (unsafe { bpf_probe_read_user(frame as *const [u64; 2]) }) else {
+            break;
+        };
+        if return_address == 0 {
+            break;
         }
+        ip = return_address;
+        frame = if next > frame { next } else { 0 };
     }
+    depth
 }
 
-/// The current stack in build-ID form, cut to the frames the frame-pointer walk found (`raw`),
+/// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
 /// stored in STACKS; its key, or NO_STACK.
-fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, raw: &RawStack) -> u64 {
+fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) -> u64 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return NO_STACK;
     };
@@ -134,20 +497,24 @@ fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, raw: &RawStack
     }
     // SAFETY: the scratch value is ours until the program ends.
     let frames = unsafe { &mut *scratch };
-    for (frame, address) in frames.frames.iter_mut().zip(raw) {
-        if *address == 0 {
-            *frame = StackFrame::EMPTY;
+    // A frame the kernel could not place in a file is what a frame-pointer walk reads out of a
+    // frame without one: the stack ends before it (the allocator's caller is always kept).
+    let mut kept = depth;
+    for (index, frame) in frames.frames.iter_mut().enumerate() {
+        if index > 0 && frame.status != FRAME_BUILD_ID && kept > index {
+            kept = index;
+        }
+        if index >= kept {
+            // SAFETY: a frame of the scratch value is four u64 words; see record_locations.
+            let words = unsafe { &mut *(frame as *mut StackFrame as *mut [u64; 4]) };
+            for word in words.iter_mut() {
+                // SAFETY: as above.
+                unsafe { write_volatile(word, 0) };
+            }
         }
     }
-    // SAFETY: as above; a stack is whole u64 words.
-    let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
-    let hash = hash_words(FNV_OFFSET, words);
-    // SAFETY: as above.
-    if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
-        add(&stats.lost_events, 1);
-        return NO_STACK;
-    }
-    hash
+    let used = (copied as usize / 8).min(kept * 4);
+    store_frames(stats, scratch, used)
 }
 
 /// Adds an allocation (or, with a negative count, a free) to its stack's totals.

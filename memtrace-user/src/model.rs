@@ -124,6 +124,9 @@ pub struct KernelMaps {
     pub peak_processes: usize,
     /// Exited processes whose kernel state was released during the run.
     pub released_processes: usize,
+    /// Object files with an unwind table in the kernel at the end, and the rows they take.
+    pub unwind_files: usize,
+    pub unwind_rows: usize,
 }
 
 impl Model {

@@ -34,6 +34,7 @@ use crate::{
     procfs,
     system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
+    unwind::KernelTables,
 };
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -78,6 +79,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         ),
         None => describe(&model),
     };
+    // Unwind tables of the targets known now (--pid); others follow at each interval.
+    let mut unwind = KernelTables::new(!cli.no_stacks, cli.all);
+    unwind.update(&mut probes, &model)?;
     crate::usdt::check_requests_found(&probes)?;
     eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
@@ -89,6 +93,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         probes,
         collector,
         model,
+        unwind,
         exporters,
         targets,
         all_processes,
@@ -318,6 +323,7 @@ struct Run<'a> {
     probes: Probes,
     collector: Collector,
     model: Model,
+    unwind: KernelTables,
     exporters: Vec<Box<dyn Exporter>>,
     targets: Vec<Watched>,
     /// Set with --all.
@@ -422,6 +428,7 @@ impl Run<'_> {
             all.adopt_new_processes(&self.probes, &mut self.model)?;
         }
         self.collector.sample(&self.probes, &mut self.model)?;
+        self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
         self.report_new_losses();
@@ -502,6 +509,7 @@ impl Run<'_> {
             maps.live_allocations = occupancy.live_allocations;
             maps.stack_totals = occupancy.stack_totals;
             maps.usdt_entries = occupancy.usdt_entries;
+            (maps.unwind_files, maps.unwind_rows) = self.unwind.occupancy();
         }
         // Every output that can still be written is: one failure does not stop the others.
         for exporter in &mut self.exporters {

@@ -5,6 +5,7 @@
 //! module+offset or as a bare address, never dropped.
 
 use std::{
+    cell::RefCell,
     collections::HashMap,
     path::{Path, PathBuf},
 };
@@ -57,6 +58,8 @@ pub struct StackSymbolizer {
     /// Every file indexed, by identity: each is read once however many processes map it.
     indexed: HashMap<FileId, Option<[u8; 20]>>,
     facts: FileCache,
+    /// Per file, the public name of each exported function address (see `public_name`).
+    public_names: RefCell<HashMap<PathBuf, HashMap<u64, String>>>,
 }
 
 /// Where an indexed file can be read at the end of the run.
@@ -116,11 +119,20 @@ impl StackSymbolizer {
     fn symbolize(&self, path: &Path, offset: u64) -> Frame {
         // Frames are return addresses; the call instruction ends just before.
         let lookup = offset.saturating_sub(1);
-        let source = Source::Elf(Elf::new(path));
         let mut frame = unresolved(path.display().to_string(), offset);
-        if let Ok(Symbolized::Sym(sym)) = self.symbolizer.symbolize_single(&source, Input::FileOffset(lookup))
-        {
-            frame.function = Some(sym.name.into_owned());
+        let with_debug = Source::Elf(Elf::new(path));
+        // Without debug information blazesym's DWARF resolver finds nothing, nor falls back on
+        // .dynsym: a stripped library's exported functions are named from its ELF symbols alone.
+        let symbols_only = Source::Elf(Elf { debug_syms: false, ..Elf::new(path) });
+        let symbolized = [with_debug, symbols_only].into_iter().find_map(|source| {
+            match self.symbolizer.symbolize_single(&source, Input::FileOffset(lookup)) {
+                Ok(Symbolized::Sym(sym)) => Some(sym),
+                _ => None,
+            }
+        });
+        if let Some(sym) = symbolized {
+            let public = self.public_name(path, sym.addr, &sym.name);
+            frame.function = Some(public.unwrap_or_else(|| sym.name.into_owned()));
             if let Some(code) = sym.code_info {
                 frame.file = Some(code.file.to_string_lossy().into_owned());
                 frame.line = code.line;
@@ -128,6 +140,40 @@ impl StackSymbolizer {
         }
         frame
     }
+}
+
+impl StackSymbolizer {
+    /// glibc exports a function under several names at one address (`strdup`, a weak alias of
+    /// `__strdup`), and blazesym may give either: a reserved name (leading underscore) becomes
+    /// the exported name at the same address with the fewest leading underscores, from .dynsym.
+    fn public_name(&self, path: &Path, address: u64, name: &str) -> Option<String> {
+        if !name.starts_with('_') {
+            return None;
+        }
+        let mut cache = self.public_names.borrow_mut();
+        let names = cache.entry(path.to_owned()).or_insert_with(|| exported_names(path));
+        names.get(&address).filter(|public| underscores(public) < underscores(name)).cloned()
+    }
+}
+
+fn underscores(name: &str) -> usize {
+    name.len() - name.trim_start_matches('_').len()
+}
+
+/// The defined functions of a file's .dynsym, the least reserved name per address.
+fn exported_names(path: &Path) -> HashMap<u64, String> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let mut names: HashMap<u64, String> = HashMap::new();
+    let Ok(data) = std::fs::read(path) else { return names };
+    let Ok(file) = object::File::parse(&*data) else { return names };
+    for symbol in file.dynamic_symbols().filter(|s| s.is_definition() && s.kind() == SymbolKind::Text) {
+        let Ok(name) = symbol.name() else { continue };
+        let entry = names.entry(symbol.address()).or_insert_with(|| name.to_owned());
+        if underscores(name) < underscores(entry) {
+            *entry = name.to_owned();
+        }
+    }
+    names
 }
 
 fn unresolved(module: String, offset: u64) -> Frame {
@@ -166,5 +212,25 @@ mod tests {
         let offset = address - mapping.start + mapping.file_offset;
         let frame = symbolizer.resolve_build_id(&build_id, offset + 1);
         assert!(frame.name().contains("own_functions_resolve_by_build_id"), "{frame:?}");
+    }
+
+    #[test]
+    fn exported_functions_of_a_stripped_library_are_named_from_dynsym() {
+        // Debian's libc has no .symtab; strdup is in .dynsym.
+        let libc = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let symbolizer = StackSymbolizer::default();
+        let offset = strdup_offset(libc);
+        let frame = symbolizer.symbolize(libc, offset + 8);
+        assert_eq!(frame.function.as_deref(), Some("strdup"), "the exported name, not __strdup: {frame:?}");
+    }
+
+    /// strdup's file offset in `library`, from its .dynsym.
+    fn strdup_offset(library: &Path) -> u64 {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(library).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let symbol = file.dynamic_symbols().find(|s| s.name() == Ok("strdup")).unwrap();
+        // Debian's libc maps its text at equal offsets and addresses.
+        symbol.address()
     }
 }

@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::Result;
+use memtrace_common::unwind_stop;
 use serde::Serialize;
 
 use super::{output_file::OutputFile, Exporter};
@@ -51,6 +52,8 @@ pub struct ProcessSummary {
     pub failed_allocations: u64,
     pub lost_events: u64,
     pub rss_bytes: u64,
+    /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame).
+    pub unwind_stops: BTreeMap<&'static str, u64>,
     /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
     pub subsystems: BTreeMap<String, i64>,
     /// Each `--usdt` option (as written): its hits and, for `=argN`, the argument's latest value.
@@ -129,6 +132,7 @@ impl ProcessSummary {
             failed_allocations: stats.failed_allocations,
             lost_events: stats.lost_events,
             rss_bytes: process.rss_bytes,
+            unwind_stops: unwind_stop::NAMES.iter().copied().zip(stats.unwind_stops).collect(),
             subsystems: process.usdt.subsystems.clone(),
             usdt: process
                 .usdt

@@ -4,6 +4,7 @@
 //! `reference` is the same unwinder in userspace, which the tests run on stopped processes.
 
 mod index;
+mod kernel;
 mod reference;
 mod rows;
 #[cfg(test)]
@@ -11,6 +12,7 @@ mod tests;
 
 #[allow(unused_imports)] // the BPF loader and unwinder will use these
 pub use index::{lookup, UnwindTable};
+pub use kernel::KernelTables;
 #[allow(unused_imports)] // the BPF loader and unwinder will use these
 pub use reference::{step, Memory, ProcessMemory, ProcessTables, Registers, StepSource, StopReason, Walk};
 #[allow(unused_imports)] // the BPF loader and unwinder will use these

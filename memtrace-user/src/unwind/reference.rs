@@ -10,7 +10,7 @@ use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 
 use super::{table_of_file, UnwindTable};
 use crate::{
-    process::Root,
+    process::{open_mapping, Root},
     procfs::{self, Mapping},
 };
 
@@ -150,7 +150,7 @@ impl ProcessTables {
         let offset = address - mapping.start + mapping.file_offset;
         let pid = self.pid;
         let table = self.tables.entry(mapping.path.clone()).or_insert_with(|| {
-            let object = Root::of_process(pid).and_then(|root| root.open(&mapping.path)).ok()?;
+            let object = Root::of_process(pid).and_then(|root| open_mapping(pid, &root, mapping)).ok()?;
             table_of_file(&object.host_path).ok().map(|(t, _)| Rc::new(t))
         });
         Some((table.clone(), offset))

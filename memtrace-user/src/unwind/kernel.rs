@@ -1,0 +1,292 @@
+//! The unwind tables in the kernel, kept current for every traced process: each object file's
+//! table is built once (by [`FileId`]) and loaded into the shared row and page arrays at a file slot
+//! of its own; each process's executable file mappings, as the collector last read them, become
+//! its mapping table (`UNWIND_MAPPINGS`), which names those slots. A process that maps a new file
+//! (dlopen) or execs gets a new mapping table at the next interval. The layout is specified in
+//! memtrace-common (`UnwindFile`, `UnwindMappings`); memtrace-ebpf/src/stacks.rs reads it.
+//!
+//! Tables are built inline (a few files: --pid, a command) or on a worker thread (--all, where the
+//! machine's files are many and start-up must stay fast); until a file's table is loaded, stacks
+//! through it end there (`unwind_stop::NO_TABLE`). Once every file of a process is ready, memtrace
+//! says so on stderr (`memtrace: unwind tables loaded for pid N`), which tests wait for.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::mpsc::{channel, Receiver, Sender},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use memtrace_common::{
+    unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UNWIND_MAX_FILES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
+};
+
+use super::{table_of_file, UnwindTable};
+use crate::{
+    model::Model,
+    probes::Probes,
+    process::{open_mapping, FileCache, FileId, ObjectFile, Root},
+    procfs::Mapping,
+};
+
+/// The kernel maps this module writes (declared in memtrace-ebpf/src/stacks.rs).
+const MAPPINGS_MAP: &str = "UNWIND_MAPPINGS";
+const FILES_MAP: &str = "UNWIND_FILES";
+const ROWS_MAP: &str = "UNWIND_ROWS";
+const PAGES_MAP: &str = "UNWIND_PAGES";
+
+/// What the kernel has for one file slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// Being built, or it did not fit in the shared arrays.
+    Pending,
+    Loaded,
+    /// No unwind information: frame pointers.
+    FramePointers,
+}
+
+/// A table built away from the main thread: the file's slot and the table, or None without one.
+type Built = (u32, Option<UnwindTable>);
+
+/// The worker's ends: files to build (by slot), and the tables built.
+type Worker = (Sender<(u32, ObjectFile)>, Receiver<Built>);
+
+/// One traced process as last written to the kernel.
+#[derive(Default)]
+struct ProcessTable {
+    /// The executable file mappings written, as /proc showed them.
+    mappings: Vec<Mapping>,
+    /// The file slot of each mapped path, opened once per process.
+    slots: HashMap<PathBuf, Option<u32>>,
+    /// Whether "loaded" has been said for the current mappings.
+    announced: bool,
+}
+
+/// Loaded tables, their file slots, and every traced process's mapping table.
+pub struct KernelTables {
+    enabled: bool,
+    /// Say on stderr when a process's tables are all loaded (not under --all: too many).
+    announce: bool,
+    slots: HashMap<FileId, u32>,
+    states: Vec<SlotState>,
+    next_row: u32,
+    next_page: u32,
+    processes: HashMap<u32, ProcessTable>,
+    facts: FileCache,
+    worker: Option<Worker>,
+}
+
+impl KernelTables {
+    /// `enabled` is false with --no-stacks; `background` builds tables on a worker thread.
+    pub fn new(enabled: bool, background: bool) -> Self {
+        let worker = (enabled && background).then(spawn_worker);
+        Self {
+            enabled,
+            announce: !background,
+            slots: HashMap::new(),
+            states: Vec::new(),
+            next_row: 0,
+            next_page: 0,
+            processes: HashMap::new(),
+            facts: FileCache::default(),
+            worker,
+        }
+    }
+
+    /// Files with a table in the kernel, and the rows they take.
+    pub fn occupancy(&self) -> (usize, usize) {
+        let loaded = self.states.iter().filter(|state| **state == SlotState::Loaded).count();
+        (loaded, self.next_row as usize)
+    }
+
+    /// Loads the tables the worker finished, and writes the mapping table of every process whose
+    /// executable mappings changed since the last call (from the model's latest sample).
+    pub fn update(&mut self, probes: &mut Probes, model: &Model) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let finished: Vec<Built> = match &self.worker {
+            Some((_, results)) => results.try_iter().collect(),
+            None => Vec::new(),
+        };
+        for (slot, table) in finished {
+            self.load_table(probes, slot, table)?;
+        }
+        let mut gone: HashSet<u32> = self.processes.keys().copied().collect();
+        for process in model.processes.values().filter(|p| !p.exited && !p.released) {
+            gone.remove(&process.pid);
+            let executable: Vec<Mapping> =
+                process.mappings.iter().filter(|m| m.executable).cloned().collect();
+            if executable.is_empty() {
+                continue;
+            }
+            let changed = self.processes.get(&process.pid).is_none_or(|table| table.mappings != executable);
+            if changed {
+                self.write_mappings(probes, process.pid, executable)?;
+            }
+            self.announce_if_ready(process.pid);
+        }
+        if !gone.is_empty() {
+            let mut mappings: BpfHashMap<&mut MapData, u32, UnwindMappings> =
+                BpfHashMap::try_from(probes.map_mut(MAPPINGS_MAP)?)?;
+            for pid in gone {
+                self.processes.remove(&pid);
+                let _ = mappings.remove(&pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a process's mapping table, giving each new file a slot (and a table).
+    fn write_mappings(&mut self, probes: &mut Probes, pid: u32, executable: Vec<Mapping>) -> Result<()> {
+        let mut table = self.processes.remove(&pid).unwrap_or_default();
+        let mut root = None;
+        let mut value =
+            UnwindMappings { count: 0, _pad: 0, mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS] };
+        for mapping in executable.iter().take(UNWIND_MAX_MAPPINGS) {
+            let slot = match table.slots.get(&mapping.path) {
+                Some(slot) => *slot,
+                None => {
+                    let root = root.get_or_insert_with(|| Root::of_process(pid).ok());
+                    let object = root.as_ref().and_then(|root| open_mapping(pid, root, mapping).ok());
+                    let slot = match object {
+                        Some(object) => self.slot_of(probes, object)?,
+                        None => None,
+                    };
+                    table.slots.insert(mapping.path.clone(), slot);
+                    slot
+                }
+            };
+            let Some(slot) = slot else { continue };
+            value.mappings[value.count as usize] = UnwindMapping {
+                start: mapping.start,
+                end: mapping.end,
+                file_offset: mapping.file_offset,
+                file: slot,
+                _pad: 0,
+            };
+            value.count += 1;
+        }
+        value.mappings[..value.count as usize].sort_by_key(|m| m.start);
+        let mut mappings: BpfHashMap<&mut MapData, u32, UnwindMappings> =
+            BpfHashMap::try_from(probes.map_mut(MAPPINGS_MAP)?)?;
+        // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
+        let _ = mappings.insert(pid, value, 0);
+        table.mappings = executable;
+        table.announced = false;
+        self.processes.insert(pid, table);
+        Ok(())
+    }
+
+    /// The slot of a file, made (and its table built or asked for) on first sight; None when the
+    /// slots are all taken.
+    fn slot_of(&mut self, probes: &mut Probes, object: ObjectFile) -> Result<Option<u32>> {
+        if let Some(slot) = self.slots.get(&object.id) {
+            return Ok(Some(*slot));
+        }
+        let slot = self.states.len() as u32;
+        if slot >= UNWIND_MAX_FILES {
+            return Ok(None);
+        }
+        self.slots.insert(object.id, slot);
+        self.states.push(SlotState::Pending);
+        let build_id = self.facts.facts(&object).build_id;
+        let file = UnwindFile {
+            state: unwind_file_state::PENDING,
+            has_build_id: u8::from(build_id.is_some()),
+            build_id: build_id.unwrap_or_default(),
+            ..UnwindFile::default()
+        };
+        write_file(probes, slot, &file)?;
+        match &self.worker {
+            Some((requests, _)) => {
+                // The worker only ends with memtrace.
+                let _ = requests.send((slot, object));
+            }
+            None => {
+                let table = build(&object);
+                self.load_table(probes, slot, table)?;
+            }
+        }
+        Ok(Some(slot))
+    }
+
+    /// Copies a built table into the shared arrays and marks its slot loaded (or frame pointers,
+    /// without a table). A table that does not fit leaves the slot pending.
+    fn load_table(&mut self, probes: &mut Probes, slot: u32, table: Option<UnwindTable>) -> Result<()> {
+        let mut file = read_file(probes, slot)?;
+        let Some(mut table) = table.filter(|table| !table.rows.is_empty()) else {
+            file.state = unwind_file_state::FRAME_POINTERS;
+            self.states[slot as usize] = SlotState::FramePointers;
+            return write_file(probes, slot, &file);
+        };
+        let rows_end = u64::from(self.next_row) + table.rows.len() as u64;
+        let pages_end = u64::from(self.next_page) + table.pages.len() as u64;
+        if rows_end > u64::from(UNWIND_MAX_ROWS) || pages_end > u64::from(UNWIND_MAX_PAGES) {
+            return Ok(());
+        }
+        table.info.rows_start = self.next_row;
+        table.info.pages_start = self.next_page;
+        let mut rows: Array<&mut MapData, UnwindRow> = Array::try_from(probes.map_mut(ROWS_MAP)?)?;
+        for (index, row) in (self.next_row..).zip(&table.rows) {
+            rows.set(index, row, 0).context("loading unwind rows")?;
+        }
+        let mut pages: Array<&mut MapData, u32> = Array::try_from(probes.map_mut(PAGES_MAP)?)?;
+        for (index, page) in (self.next_page..).zip(&table.pages) {
+            pages.set(index, page, 0).context("loading unwind pages")?;
+        }
+        self.next_row = rows_end as u32;
+        self.next_page = pages_end as u32;
+        // The rows are in place before the kernel may read them.
+        file.table = table.info;
+        file.state = unwind_file_state::LOADED;
+        self.states[slot as usize] = SlotState::Loaded;
+        write_file(probes, slot, &file)
+    }
+
+    /// Says once per change of a process's mappings that all its files are ready.
+    fn announce_if_ready(&mut self, pid: u32) {
+        let Some(table) = self.processes.get_mut(&pid) else { return };
+        if table.announced {
+            return;
+        }
+        let slots: Vec<u32> = table.slots.values().flatten().copied().collect();
+        if slots.iter().any(|&slot| self.states[slot as usize] == SlotState::Pending) {
+            return;
+        }
+        table.announced = true;
+        if self.announce {
+            eprintln!("memtrace: unwind tables loaded for pid {pid} ({} files)", slots.len());
+        }
+    }
+}
+
+/// A file's table, or None when it has no unwind information memtrace can use.
+fn build(object: &ObjectFile) -> Option<UnwindTable> {
+    table_of_file(&object.host_path).ok().map(|(table, _)| table)
+}
+
+fn spawn_worker() -> Worker {
+    let (requests, incoming) = channel::<(u32, ObjectFile)>();
+    let (done, results) = channel::<Built>();
+    std::thread::spawn(move || {
+        for (slot, object) in incoming {
+            if done.send((slot, build(&object))).is_err() {
+                return;
+            }
+        }
+    });
+    (requests, results)
+}
+
+fn read_file(probes: &mut Probes, slot: u32) -> Result<UnwindFile> {
+    let files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
+    files.get(&slot, 0).context("reading an unwind file slot")
+}
+
+fn write_file(probes: &mut Probes, slot: u32, file: &UnwindFile) -> Result<()> {
+    let mut files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
+    files.set(slot, file, 0).context("writing an unwind file slot")
+}

@@ -1,0 +1,111 @@
+//! Stacks through code without frame pointers, unwound in the kernel from .eh_frame tables: a call
+//! chain built with -O2 -fomit-frame-pointer, a leak through libc's strdup (libc has no frame
+//! pointers), and a library loaded with dlopen after memtrace attached. Each test waits for
+//! memtrace's "unwind tables loaded" line before the fixture allocates.
+
+use std::process::Command;
+
+use memtrace_tests::{fixture_variant, Memtrace, Spawned};
+use serde_json::Value;
+
+const NO_FRAME_POINTERS: [&str; 2] = ["-O2", "-fomit-frame-pointer"];
+
+fn stack_names(leak: &Value) -> Vec<&str> {
+    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
+}
+
+fn leaks(process: &Value) -> &Vec<Value> {
+    process["leaks"].as_array().unwrap()
+}
+
+/// The leak whose innermost frame is `function`; exactly one.
+fn only_leak_from<'a>(process: &'a Value, function: &str) -> &'a Value {
+    let from: Vec<&Value> = leaks(process).iter().filter(|leak| leak["stack"][0] == function).collect();
+    assert_eq!(from.len(), 1, "one leak group from {function}: {:#}", process["leaks"]);
+    from[0]
+}
+
+/// The stack starts with `chain`, innermost first, and every frame is named or module+offset.
+fn assert_chain(leak: &Value, chain: &[&str]) {
+    let names = stack_names(leak);
+    assert!(names.starts_with(chain), "the stack should start with {chain:?}: {names:?}");
+    assert!(names.iter().all(|name| !name.contains("[unknown]")), "a frame outside every mapping: {names:?}");
+}
+
+/// The fixture, held on stdin; memtrace attached to it with its tables loaded.
+fn attach(fixture: &std::path::Path, args: &[&str]) -> (Spawned, memtrace_tests::Running) {
+    let mut target = Spawned::spawn({
+        let mut command = Command::new(fixture);
+        command.args(args);
+        command
+    });
+    target.wait_for_stdout("ready");
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    (target, memtrace)
+}
+
+#[test]
+fn chain_without_frame_pointers_is_whole_and_one_group() {
+    let program = fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS);
+    let (mut target, memtrace) = attach(&program, &[]);
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let leak = only_leak_from(process, "grow_table");
+    assert_eq!(leak["bytes"], 4 * 4096, "{leak:#}");
+    assert_eq!(leak["allocations"], 4, "{leak:#}");
+    assert_chain(leak, &["grow_table", "build_index", "parse_request", "main"]);
+    // The strdup leak is the only other group.
+    assert_eq!(leaks(process).len(), 2, "{:#}", process["leaks"]);
+    let stops = &process["unwind_stops"];
+    assert_eq!(stops["whole"], process["allocations"], "every stack reaches _start: {stops:#}");
+    assert_eq!(outcome.summary()["lost_events"], 0);
+}
+
+#[test]
+fn leak_through_strdup_names_strdup_then_its_caller() {
+    let program = fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS);
+    let (mut target, memtrace) = attach(&program, &[]);
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let leak = leaks(process)
+        .iter()
+        .find(|leak| stack_names(leak).get(1) == Some(&"copy_name"))
+        .unwrap_or_else(|| panic!("no leak through copy_name: {:#}", process["leaks"]));
+    assert_eq!(leak["bytes"], 2 * 12, "{leak:#}");
+    assert_eq!(leak["allocations"], 2, "{leak:#}");
+    // glibc exports strdup and __strdup at one address: the public name is the one shown.
+    assert_chain(leak, &["strdup", "copy_name", "main"]);
+}
+
+#[test]
+fn library_loaded_later_gets_its_table_and_whole_stacks() {
+    let library =
+        fixture_variant("unwind_dlopen_lib", "so", &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"]);
+    let program = fixture_variant("unwind_dlopen", "main", &[]);
+    let (mut target, memtrace) = attach(&program, &[library.to_str().unwrap()]);
+    let mut memtrace = memtrace;
+    let pid = target.pid();
+    // Files before dlopen: the line names how many.
+    target.send(b"g");
+    target.wait_for_stdout("loaded");
+    let name = library.file_name().unwrap().to_str().unwrap().to_owned();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid} (4 files)"));
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let leak = only_leak_from(process, "lib_fill");
+    assert_eq!(leak["bytes"], 3 * 2000, "{leak:#}");
+    assert_chain(leak, &["lib_fill", "lib_leak", "main"]);
+    assert!(leak["frames"][0]["module"].as_str().unwrap().ends_with(&name), "{leak:#}");
+}
