@@ -145,6 +145,7 @@ impl Collector {
             });
         }
         for process in model.processes.values_mut() {
+            merge_cut_stacks(&mut process.stacks);
             process.stacks.sort_by(|a, b| {
                 (b.leaked_bytes, b.totals.allocated_bytes).cmp(&(a.leaked_bytes, a.totals.allocated_bytes))
             });
@@ -183,12 +184,80 @@ fn apply_estimate(stats: &mut ProcessStats, live: LiveEstimate, previous_peak: i
     stats.untracked_frees = 0;
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbolize::Frame;
+
+    fn stack(names: &[&str], live: i64) -> StackProfile {
+        let frame = |name: &&str| Frame {
+            function: Some((*name).into()),
+            file: None,
+            line: None,
+            module: "m".into(),
+            offset: 0,
+        };
+        StackProfile {
+            frames: names.iter().map(frame).collect(),
+            totals: StackTotals { live_bytes: live, ..StackTotals::default() },
+            leaked_bytes: live as u64,
+            leaked_allocations: 1,
+            oldest_age: None,
+        }
+    }
+
+    #[test]
+    fn a_cut_stack_joins_the_one_whole_stack_it_begins() {
+        let mut stacks = vec![
+            stack(&["leak", "main"], 10),
+            stack(&["leak", "main", "__libc_start_main", "_start"], 100),
+            stack(&["other", "main", "__libc_start_main", "_start"], 1),
+            // The beginning of two stacks: which one it was cut from is unknown, so it stays.
+            stack(&["main"], 5),
+        ];
+        merge_cut_stacks(&mut stacks);
+        assert_eq!(stacks.len(), 3);
+        let leak = stacks.iter().find(|s| s.frames[0].function.as_deref() == Some("leak")).unwrap();
+        assert_eq!((leak.frames.len(), leak.totals.live_bytes, leak.leaked_bytes), (4, 110, 110));
+        assert!(stacks.iter().any(|s| s.frames.len() == 1));
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Leaked {
     /// Estimates under sampling, hence fractional.
     bytes: f64,
     allocations: f64,
     oldest_age: Option<Duration>,
+}
+
+/// Folds each stack that is the beginning of exactly one longer stack of the same process into it.
+/// Such a stack was cut short: taken by frame pointers before the process's unwind tables were
+/// loaded (a command's first allocations, before its first sample), where the walk stops at the
+/// first frame it cannot place in a file. A whole stack always reaches the program's entry, so a
+/// real call site is never the beginning of another; without this, one leak site would be two.
+fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
+    stacks.sort_by_key(|stack| std::cmp::Reverse(stack.frames.len()));
+    let mut index = stacks.len();
+    while index > 0 {
+        index -= 1;
+        let cut = &stacks[index].frames;
+        let mut longer = (0..index)
+            .filter(|&other| stacks[other].frames.len() > cut.len() && stacks[other].frames.starts_with(cut));
+        let (Some(whole), None) = (longer.next(), longer.next()) else {
+            continue;
+        };
+        let cut = stacks.remove(index);
+        let whole = &mut stacks[whole];
+        whole.totals.allocations += cut.totals.allocations;
+        whole.totals.allocated_bytes += cut.totals.allocated_bytes;
+        whole.totals.live_allocations += cut.totals.live_allocations;
+        whole.totals.live_bytes += cut.totals.live_bytes;
+        whole.totals.started_ns = whole.totals.started_ns.min(cut.totals.started_ns);
+        whole.leaked_bytes += cut.leaked_bytes;
+        whole.leaked_allocations += cut.leaked_allocations;
+        whole.oldest_age = whole.oldest_age.max(cut.oldest_age);
+    }
 }
 
 /// A stack's sampled totals as the allocations they stand for.
