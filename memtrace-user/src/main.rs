@@ -13,6 +13,7 @@ mod session;
 mod symbolize;
 mod system_wide;
 mod target;
+mod threads;
 // Not wired into tracing yet: the BPF unwinder and its loader come next.
 #[allow(dead_code)]
 mod unwind;

@@ -175,6 +175,7 @@ fn watch_execs(
     deliver: impl Fn(ProcessImage) -> bool,
     wake: OwnedFd,
 ) {
+    crate::threads::set_urgency(crate::threads::Urgency::Racing);
     loop {
         let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, PollTimeout::NONE).is_err() {

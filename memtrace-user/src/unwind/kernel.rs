@@ -272,6 +272,7 @@ fn spawn_worker() -> Worker {
     let (requests, incoming) = channel::<(u32, ObjectFile)>();
     let (done, results) = channel::<Built>();
     std::thread::spawn(move || {
+        crate::threads::set_urgency(crate::threads::Urgency::Background);
         for (slot, object) in incoming {
             if done.send((slot, build(&object))).is_err() {
                 return;
