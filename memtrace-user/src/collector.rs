@@ -66,6 +66,16 @@ impl Collector {
         Ok(())
     }
 
+    /// Reads the mappings of every live process again, between samples (for unwind tables).
+    pub fn read_mappings(&mut self, model: &mut Model) {
+        for process in model.processes.values_mut().filter(|p| !p.exited && !p.released) {
+            if let Ok(mappings) = procfs::mappings(process.pid) {
+                self.index_mappings(process.pid, &mappings);
+                process.mappings = mappings;
+            }
+        }
+    }
+
     /// Indexes the files of a process's mappings that are new since the last sample.
     fn index_mappings(&mut self, pid: u32, mappings: &[Mapping]) {
         let indexed = self.indexed.entry(pid).or_default();

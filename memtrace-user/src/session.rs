@@ -30,7 +30,7 @@ use crate::{
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
     probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Scope},
-    process::{FileCache, ProcessImage},
+    process::{FileCache, ObjectFile, ProcessImage},
     procfs,
     system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
@@ -64,7 +64,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
     let mut model = Model { sampling: cli.sample.map(Sampling::new), ..Model::default() };
-    let Targets { watched: targets, all_processes, held } = if cli.system_wide() {
+    let Targets { watched: targets, all_processes, held, preload } = if cli.system_wide() {
         Targets::all(&mut probes, overrides)?
     } else if cli.command.is_empty() {
         Targets::pids(&pids, &overrides, &mut probes, &mut collector, &mut model)?
@@ -79,9 +79,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         ),
         None => describe(&model),
     };
-    // Unwind tables of the targets known now (--pid); others follow at each interval.
+    // Unwind tables of the targets known now (--pid, a command's files); others follow at each
+    // interval, and a command's mappings within milliseconds of its start (see `trace`).
     let mut unwind = KernelTables::new(!cli.no_stacks, cli.all);
+    unwind.preload(&mut probes, preload)?;
     unwind.update(&mut probes, &model)?;
+    let early_refresh = held.is_some().then_some(FIRST_REFRESH);
     crate::usdt::check_requests_found(&probes)?;
     eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
@@ -103,6 +106,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         lost_reported: 0,
         forwarded_signal: false,
         failed_outputs: 0,
+        early_refresh,
     };
     let ending = run.trace()?;
     let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
@@ -152,6 +156,8 @@ struct Targets {
     all_processes: Option<SystemWide>,
     /// A command waiting to exec until tracing is announced.
     held: Option<HeldCommand>,
+    /// Files whose unwind tables are worth loading before the targets run (a command's image).
+    preload: Vec<ObjectFile>,
 }
 
 impl Targets {
@@ -175,7 +181,7 @@ impl Targets {
         // Read every target's mappings now: a process may exit before the first interval, and its
         // stacks are symbolized through the files it mapped.
         collector.sample(probes, model)?;
-        Ok(Self { watched, all_processes: None, held: None })
+        Ok(Self { watched, all_processes: None, held: None, preload: Vec::new() })
     }
 
     fn command(
@@ -199,12 +205,12 @@ impl Targets {
         crate::usdt::attach_command(probes, &image, held.pid)?;
         let watched = vec![Watched::new(held.pid, true)?];
         add_traced(model, held.pid, command_name(&program), &allocator);
-        Ok(Self { watched, all_processes: None, held: Some(held) })
+        Ok(Self { watched, all_processes: None, held: Some(held), preload: image.objects })
     }
 
     fn all(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
         let all_processes = Some(SystemWide::start(probes, overrides)?);
-        Ok(Self { watched: Vec::new(), all_processes, held: None })
+        Ok(Self { watched: Vec::new(), all_processes, held: None, preload: Vec::new() })
     }
 }
 
@@ -337,14 +343,22 @@ struct Run<'a> {
     forwarded_signal: bool,
     /// Outputs that could not be written (each said when it failed).
     failed_outputs: usize,
+    /// A command's first moments: its mapping tables are refreshed after this delay, doubling
+    /// up to the interval, so that its stacks are unwound long before its first sample.
+    early_refresh: Option<Duration>,
 }
+
+/// The first early refresh of a launched command's mapping tables.
+const FIRST_REFRESH: Duration = Duration::from_millis(1);
 
 impl Run<'_> {
     fn trace(&mut self) -> Result<Ending> {
         let deadline = self.cli.duration.map(|duration| self.started + duration);
         let mut next_sample = self.started + self.cli.interval;
+        let mut next_refresh = self.early_refresh.map(|delay| self.started + delay);
         loop {
             let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
+            let wake = next_refresh.map_or(wake, |refresh| refresh.min(wake));
             let (signal, exited) = self.wait_until(wake)?;
             if let Some(signal) = signal {
                 match self.running_child() {
@@ -361,6 +375,9 @@ impl Run<'_> {
                 }
             }
             let now = Instant::now();
+            if next_refresh.is_some_and(|refresh| now >= refresh) {
+                next_refresh = self.refresh_unwind_tables()?.map(|delay| now + delay);
+            }
             if exited || now >= next_sample {
                 self.sample()?;
                 if self.failed_outputs > 0 {
@@ -421,6 +438,16 @@ impl Run<'_> {
 
     fn running_child(&self) -> Option<u32> {
         self.targets.iter().find(|t| t.is_child && !t.exited).map(|t| t.pid)
+    }
+
+    /// Refreshes the mapping tables of the targets between samples; returns the next delay, or
+    /// None once it would reach the interval.
+    fn refresh_unwind_tables(&mut self) -> Result<Option<Duration>> {
+        self.collector.read_mappings(&mut self.model);
+        self.unwind.update(&mut self.probes, &self.model)?;
+        let next = self.early_refresh.map(|delay| delay * 2).filter(|delay| *delay < self.cli.interval);
+        self.early_refresh = next;
+        Ok(next)
     }
 
     fn sample(&mut self) -> Result<()> {

@@ -101,6 +101,18 @@ impl KernelTables {
         (loaded, self.next_row as usize)
     }
 
+    /// Gives files a slot and their table before any process maps them (a command's image, before
+    /// it runs), so that writing its mapping table later is quick.
+    pub fn preload(&mut self, probes: &mut Probes, objects: Vec<ObjectFile>) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        for object in objects {
+            self.slot_of(probes, object)?;
+        }
+        Ok(())
+    }
+
     /// Loads the tables the worker finished, and writes the mapping table of every process whose
     /// executable mappings changed since the last call (from the model's latest sample).
     pub fn update(&mut self, probes: &mut Probes, model: &Model) -> Result<()> {
