@@ -109,3 +109,27 @@ fn library_loaded_later_gets_its_table_and_whole_stacks() {
     assert_chain(leak, &["lib_fill", "lib_leak", "main"]);
     assert!(leak["frames"][0]["module"].as_str().unwrap().ends_with(&name), "{leak:#}");
 }
+
+/// A stock distribution program launched by memtrace: Debian's /usr/bin/python3 (no frame pointers,
+/// no .symtab) keeping 300 strings of about 5 KB, built by the interpreter itself (no extension
+/// module, which would be dlopen'ed while the program runs). The biggest leak's stack goes through
+/// the interpreter down to its entry, with the CPython functions .dynsym names, and no frame
+/// outside the process's file mappings.
+#[test]
+fn a_stock_python3_leak_has_its_interpreter_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("keep.py");
+    let source = "import os\nkeep = ['x' * 5000 + str(i) for i in range(300)]\nos._exit(0)\n";
+    std::fs::write(&script, source).unwrap();
+    let outcome = Memtrace::new().arg("--").arg("/usr/bin/python3").arg(&script).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let biggest = leaks(process).iter().max_by_key(|leak| leak["bytes"].as_u64()).expect("a leak");
+    let names = stack_names(biggest);
+    // Most of the strings (the list, and a few strings, may come from other call paths).
+    assert!(biggest["bytes"].as_u64().unwrap() >= 250 * 5000, "{biggest:#}");
+    for function in ["_PyEval_EvalFrameDefault", "Py_RunMain", "_start"] {
+        assert!(names.contains(&function), "{function} is not on the stack: {names:?}");
+    }
+    assert!(names.iter().all(|name| !name.contains("[unknown]")), "a frame outside every mapping: {names:?}");
+}
