@@ -343,13 +343,15 @@ struct Run<'a> {
     forwarded_signal: bool,
     /// Outputs that could not be written (each said when it failed).
     failed_outputs: usize,
-    /// A command's first moments: its mapping tables are refreshed after this delay, doubling
-    /// up to the interval, so that its stacks are unwound long before its first sample.
+    /// A launched command's mapping tables are refreshed after this delay, doubling up to
+    /// REFRESH_CEILING, so that its stacks are unwound long before its first sample and a library
+    /// it dlopens is unwound soon after (reading /proc/PID/maps takes about 0.1 ms).
     early_refresh: Option<Duration>,
 }
 
-/// The first early refresh of a launched command's mapping tables.
+/// The first refresh of a launched command's mapping tables, and how far apart they get.
 const FIRST_REFRESH: Duration = Duration::from_millis(1);
+const REFRESH_CEILING: Duration = Duration::from_millis(10);
 
 impl Run<'_> {
     fn trace(&mut self) -> Result<Ending> {
@@ -440,12 +442,16 @@ impl Run<'_> {
         self.targets.iter().find(|t| t.is_child && !t.exited).map(|t| t.pid)
     }
 
-    /// Refreshes the mapping tables of the targets between samples; returns the next delay, or
-    /// None once it would reach the interval.
+    /// Refreshes the mapping tables of the targets between samples (a library the command
+    /// dlopens gets its table within REFRESH_CEILING); returns the next delay, or None where
+    /// samples come as often.
     fn refresh_unwind_tables(&mut self) -> Result<Option<Duration>> {
         self.collector.read_mappings(&mut self.model);
         self.unwind.update(&mut self.probes, &self.model)?;
-        let next = self.early_refresh.map(|delay| delay * 2).filter(|delay| *delay < self.cli.interval);
+        let next = self
+            .early_refresh
+            .map(|delay| (delay * 2).min(REFRESH_CEILING))
+            .filter(|delay| *delay < self.cli.interval);
         self.early_refresh = next;
         Ok(next)
     }
