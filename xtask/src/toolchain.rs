@@ -19,8 +19,10 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
-/// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes.
+/// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
+/// the stock program without frame pointers the unwinder is tested on.
 const FIXTURE_PACKAGES: &[&str] = &[
+    "python3",
     "gcc",
     "libc6-dev",
     "libjemalloc-dev",
