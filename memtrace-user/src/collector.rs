@@ -11,7 +11,7 @@ use anyhow::Result;
 use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
-    model::{Model, Sampling, StackProfile},
+    model::{Model, Process, Sampling, StackProfile},
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
@@ -56,10 +56,7 @@ impl Collector {
             if let Some(comm) = procfs::comm(process.pid) {
                 process.comm = comm;
             }
-            if let Ok(mappings) = procfs::mappings(process.pid) {
-                self.index_mappings(process.pid, &mappings);
-                process.mappings = mappings;
-            }
+            self.read_mappings_of(process);
         }
         model.unattributed_lost_events = probes.unattributed_lost_events()?;
         crate::usdt::collect(probes, model)?;
@@ -69,10 +66,16 @@ impl Collector {
     /// Reads the mappings of every live process again, between samples (for unwind tables).
     pub fn read_mappings(&mut self, model: &mut Model) {
         for process in model.processes.values_mut().filter(|p| !p.exited && !p.released) {
-            if let Ok(mappings) = procfs::mappings(process.pid) {
-                self.index_mappings(process.pid, &mappings);
-                process.mappings = mappings;
-            }
+            self.read_mappings_of(process);
+        }
+    }
+
+    /// A process's mappings as /proc shows them now, their new files indexed for symbols; the
+    /// last ones seen stay when the process has gone.
+    fn read_mappings_of(&mut self, process: &mut Process) {
+        if let Ok(mappings) = procfs::mappings(process.pid) {
+            self.index_mappings(process.pid, &mappings);
+            process.mappings = mappings;
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use memtrace_tests::{fixture_variant, Memtrace, Spawned};
+use memtrace_tests::{fixture_variant, Memtrace, Outcome, Spawned};
 use serde_json::Value;
 
 const NO_FRAME_POINTERS: [&str; 2] = ["-O2", "-fomit-frame-pointer"];
@@ -47,14 +47,20 @@ fn attach(fixture: &std::path::Path, args: &[&str]) -> (Spawned, memtrace_tests:
     (target, memtrace)
 }
 
-#[test]
-fn chain_without_frame_pointers_is_whole_and_one_group() {
+/// unwind_chain.c built with -O2 -fomit-frame-pointer, traced by pid to its end.
+fn run_chain() -> Outcome {
     let program = fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS);
     let (mut target, memtrace) = attach(&program, &[]);
     target.send(b"g");
     assert!(target.wait().success());
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
+    outcome
+}
+
+#[test]
+fn chain_without_frame_pointers_is_whole_and_one_group() {
+    let outcome = run_chain();
     let process = outcome.process();
     let leak = only_leak_from(process, "grow_table");
     assert_eq!(leak["bytes"], 4 * 4096, "{leak:#}");
@@ -69,12 +75,7 @@ fn chain_without_frame_pointers_is_whole_and_one_group() {
 
 #[test]
 fn leak_through_strdup_names_strdup_then_its_caller() {
-    let program = fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS);
-    let (mut target, memtrace) = attach(&program, &[]);
-    target.send(b"g");
-    assert!(target.wait().success());
-    let outcome = memtrace.finish();
-    outcome.assert_exit_code(0);
+    let outcome = run_chain();
     let process = outcome.process();
     let leak = leaks(process)
         .iter()

@@ -71,10 +71,10 @@ pub fn run(memtrace: &Path) -> Result<()> {
             variant.best_ns / floor
         );
     }
-    let exit = time_to_exit(memtrace, &trace)?;
+    let whole_run = whole_run_time(memtrace, &trace)?;
     println!(
         "a whole run of `memtrace -- true` (load, attach, detach, outputs): {:.0} ms",
-        exit.as_secs_f64() * 1e3
+        whole_run.as_secs_f64() * 1e3
     );
     Ok(())
 }
@@ -90,9 +90,9 @@ fn ns_per_pair(command: &mut Command) -> Result<f64> {
     text.trim().parse().with_context(|| format!("{command:?} printed {text:?}, not nanoseconds"))
 }
 
-/// memtrace's whole run on `true`, less the time `true` takes alone: start-up, attach, detach and
-/// the outputs.
-fn time_to_exit(memtrace: &Path, trace: &Path) -> Result<Duration> {
+/// memtrace's whole run on `true` (which itself takes about a millisecond): start-up, attach,
+/// detach and the outputs.
+fn whole_run_time(memtrace: &Path, trace: &Path) -> Result<Duration> {
     let started = Instant::now();
     let status = as_root(memtrace).arg("-o").arg(trace).args(["--", "true"]).output()?.status;
     anyhow::ensure!(status.success(), "memtrace -- true failed");
