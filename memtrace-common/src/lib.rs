@@ -124,6 +124,18 @@ pub struct ExecEvent {
     pub tgid: u32,
 }
 
+/// Which processes the probes' events count for: the loader sets the BPF global `REACH`.
+pub mod reach {
+    /// The named processes only: their links carry their pids, and `TARGETS` names them so that
+    /// their execs are heard of.
+    pub const TARGETS: u8 = 0;
+    /// The named processes and all their descendants: links fire in every process that maps a
+    /// probed file, and `TARGETS` holds the tree, extended at fork and shrunk at exit.
+    pub const TREE: u8 = 1;
+    /// Every process but memtrace itself, those excluded and those outside `--comm`.
+    pub const ALL: u8 = 2;
+}
+
 /// Capacity of the exec event ring buffer in bytes.
 pub const EXEC_EVENTS_BYTES: u32 = 64 * 1024;
 /// Pids excluded from system-wide tracing at once.

@@ -29,7 +29,7 @@ use memtrace_common::{
 };
 
 use counters::{add, add_signed, compare_exchange};
-use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller, FILTER_PROCESSES};
+use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller};
 use stacks::{capture_stack, count_in_stack};
 
 #[map]

@@ -3,7 +3,8 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_get_attach_cookie,
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
@@ -11,7 +12,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS,
+    reach, ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS,
     MAX_PROCESSES,
 };
 
@@ -23,12 +24,16 @@ pub(crate) static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(
 #[map]
 pub(crate) static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Set by the loader for system-wide tracing, where probes fire in every process: memtrace's own
-/// pid, and whether to consult EXCLUDED_PIDS and ALLOWED_COMMS.
+/// Which processes count (`memtrace_common::reach`), set by the loader.
+#[no_mangle]
+pub(crate) static REACH: u8 = reach::TARGETS;
+/// memtrace's own pid, never traced where probes fire in every process.
 #[no_mangle]
 pub(crate) static SELF_TGID: u32 = 0;
+/// Where `struct task_struct` keeps `tgid`, read from the kernel's BTF by the loader: a forked
+/// child's process id, to follow a tree.
 #[no_mangle]
-pub(crate) static FILTER_PROCESSES: u8 = 0;
+pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 /// Set when `--comm` names commands: only processes whose command name is in ALLOWED_COMMS count.
 #[no_mangle]
 pub(crate) static FILTER_COMMS: u8 = 0;
@@ -36,6 +41,11 @@ pub(crate) static FILTER_COMMS: u8 = 0;
 /// The command names of `--comm`, NUL-padded to 16 bytes as bpf_get_current_comm returns them.
 #[map]
 pub(crate) static ALLOWED_COMMS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_COMMS, 0);
+
+/// The traced processes under `reach::TARGETS` and `reach::TREE`: the named ones, and with a tree
+/// every descendant, added at fork and removed at exit.
+#[map]
+pub(crate) static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PROCESSES, 0);
 
 #[map]
 pub(crate) static EXCLUDED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PIDS, 0);
@@ -79,11 +89,32 @@ pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
     }
 }
 
-/// Whether events of this process count; only system-wide tracing ever says no.
+/// Which processes count, as the loader set it.
+pub(crate) fn reach() -> u8 {
+    // SAFETY: a global the loader writes before loading; read as it is, not as compiled.
+    unsafe { core::ptr::read_volatile(&REACH) }
+}
+
+/// Whether events of this process count. Under `reach::TARGETS` the links carry the pids, so
+/// every event that fires counts.
 pub(crate) fn is_traced(tgid: u32) -> bool {
-    if unsafe { core::ptr::read_volatile(&FILTER_PROCESSES) } == 0 {
-        return true;
+    match reach() {
+        reach::TARGETS => true,
+        reach::TREE => TARGETS.get_ptr(&tgid).is_some(),
+        _ => is_traced_system_wide(tgid),
     }
+}
+
+/// Whether a process's exec is worth telling userspace about: it is a target, or any traced
+/// process under `reach::ALL`.
+fn is_exec_watched(tgid: u32) -> bool {
+    match reach() {
+        reach::ALL => is_traced_system_wide(tgid),
+        _ => TARGETS.get_ptr(&tgid).is_some(),
+    }
+}
+
+fn is_traced_system_wide(tgid: u32) -> bool {
     if tgid == unsafe { core::ptr::read_volatile(&SELF_TGID) } || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
         return false;
     }
@@ -118,12 +149,37 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     if tgid != tid {
         return 0;
     }
+    let _ = TARGETS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
         // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
             (*stats).exited = 1;
         }
+    }
+    0
+}
+
+/// A process forked by a traced one joins the tree (`reach::TREE`), before the child runs: its
+/// figures start here, so the blocks it inherits are not its own. Attached only to follow a tree.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn process_fork(ctx: RawTracePointContext) -> u32 {
+    // The parent forks: it is the current task.
+    let Caller { tgid, .. } = caller();
+    if TARGETS.get_ptr(&tgid).is_none() {
+        return 0;
+    }
+    // TP_PROTO(struct task_struct *parent, struct task_struct *child)
+    let child: *const u8 = ctx.arg(1);
+    // SAFETY: the offset was read from this kernel's BTF; the helper checks the address.
+    let offset = unsafe { core::ptr::read_volatile(&TASK_TGID_OFFSET) } as usize;
+    let Ok(child_tgid) = (unsafe { bpf_probe_read_kernel(child.wrapping_add(offset).cast::<u32>()) }) else {
+        count_global_loss();
+        return 0;
+    };
+    // A new thread of the same process is no new process.
+    if child_tgid != tgid && TARGETS.insert(&child_tgid, &1, 0).is_err() {
+        count_global_loss();
     }
     0
 }
@@ -137,7 +193,7 @@ pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     let _ = STATS.remove(tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
-    if !is_traced(tgid) {
+    if !is_exec_watched(tgid) {
         return 0;
     }
     if EXEC_EVENTS.output::<ExecEvent>(ExecEvent { tgid }, 0).is_err() {

@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memtrace_common::{
-    usdt_action, usdt_location, SubsystemKey, UsdtArg, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    reach, usdt_action, usdt_location, SubsystemKey, UsdtArg, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
     MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, MAX_USES_PER_SITE, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
 };
 
@@ -77,7 +77,7 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
     if !processes::is_traced(tgid) {
         return 0;
     }
-    if unsafe { core::ptr::read_volatile(&processes::FILTER_PROCESSES) } != 0 {
+    if processes::reach() != reach::TARGETS {
         // Figures in STATS make the process known to userspace (with its command name) even if
         // it never allocates, and tell it when the process exits, so its entries here are
         // released too. A full STATS table is counted there; the report still counts here.

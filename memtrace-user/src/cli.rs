@@ -24,6 +24,16 @@ pub struct Cli {
           conflicts_with_all = ["command", "system_wide"])]
     pub pids: Vec<u32>,
 
+    /// With --pid: trace every descendant of the targets too, those running now and those they
+    /// start later
+    #[arg(long, requires = "pids")]
+    pub children: bool,
+
+    /// With a command: trace the command alone, not the processes it starts (their probes stay
+    /// per process, so other processes on the machine pay nothing)
+    #[arg(long, requires = "command")]
+    pub no_children: bool,
+
     /// Trace every process on the machine, including those started later
     #[arg(short, long, conflicts_with = "command")]
     pub all: bool,
@@ -118,6 +128,12 @@ impl Cli {
     /// Every process on the machine is a candidate: --all, or --comm, which implies it.
     pub fn system_wide(&self) -> bool {
         self.all || !self.comms.is_empty()
+    }
+
+    /// Whether the targets' descendants are traced: a command's are unless --no-children, named
+    /// processes' only with --children.
+    pub fn follows_children(&self) -> bool {
+        self.children || (!self.command.is_empty() && !self.no_children)
     }
 
     /// What the kernel would refuse, found before anything is loaded: a usage error.

@@ -46,6 +46,10 @@ impl Collector {
             if process.stats.exited != 0 {
                 process.exited = true;
             }
+            // The kernel names the process as it first allocated after its last exec, and at exit.
+            if let Some(comm) = crate::model::kernel_comm(&process.stats) {
+                process.comm = comm;
+            }
             if process.exited {
                 continue;
             }

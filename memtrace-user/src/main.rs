@@ -4,6 +4,7 @@ mod cli;
 mod collector;
 mod elf;
 mod export;
+mod following;
 mod model;
 mod privileges;
 mod probes;
@@ -11,7 +12,6 @@ mod process;
 mod procfs;
 mod session;
 mod symbolize;
-mod system_wide;
 mod target;
 mod threads;
 // Not wired into tracing yet: the BPF unwinder and its loader come next.

@@ -29,6 +29,13 @@ pub struct Process {
     pub usdt: UsdtFigures,
 }
 
+/// The command name the kernel recorded in a process's figures (as it first allocated after its
+/// last exec, and at its exit), if any.
+pub fn kernel_comm(stats: &ProcessStats) -> Option<String> {
+    let name = stats.comm.split(|&b| b == 0).next().filter(|name| !name.is_empty())?;
+    Some(String::from_utf8_lossy(name).into_owned())
+}
+
 /// One call stack of one process: what it allocated, what it still holds, and how old that is.
 #[derive(Debug, Clone)]
 pub struct StackProfile {

@@ -39,6 +39,36 @@ fn parse_stat_state_and_flags(stat: &str) -> Option<(char, u64)> {
     Some((state, flags))
 }
 
+/// Every process descended from `roots` now (not the roots): children, their children, and so on.
+/// /proc/PID/task/TID/children is not in every kernel (CONFIG_PROC_CHILDREN), so each process's
+/// parent is read from /proc/PID/stat.
+pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    let parents: Vec<(u32, u32)> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter_map(|pid: u32| Some((pid, parent(pid)?)))
+        .collect();
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier = roots.to_vec();
+    while let Some(parent_pid) = frontier.pop() {
+        let children: Vec<u32> = parents
+            .iter()
+            .filter(|&&(pid, ppid)| ppid == parent_pid && !found.contains(&pid) && !roots.contains(&pid))
+            .map(|&(pid, _)| pid)
+            .collect();
+        found.extend(&children);
+        frontier.extend(children);
+    }
+    found
+}
+
+/// The parent process id (field 4 of /proc/PID/stat).
+fn parent(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 1..)?.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 /// The kernel's short name of the process (at most 15 bytes).
 pub fn comm(pid: u32) -> Option<String> {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;

@@ -27,12 +27,12 @@ use crate::{
         flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
         trace::TraceFile, Exporter,
     },
+    following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
-    probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Scope},
-    process::{FileCache, ObjectFile, ProcessImage},
+    probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Reach},
+    process::{ObjectFile, ProcessImage},
     procfs,
-    system_wide::SystemWide,
     target::{resolve_program, HeldCommand, Watched},
     unwind::KernelTables,
 };
@@ -43,16 +43,13 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
     let (exporters, trace_path) = open_outputs(&cli)?;
+    let reach = reach_of(&cli);
     let mut probes = Probes::load(&ProbeConfig {
         max_allocations: cli.max_allocations,
         capture_stacks: !cli.no_stacks,
         empty_probes: cli.empty_probes,
         sample_mean: cli.sample.unwrap_or(0),
-        system_wide: cli.system_wide().then(|| ProcessFilter {
-            self_tgid: std::process::id(),
-            excluded_pids: cli.exclude_pids.clone(),
-            only_comms: cli.comms.clone(),
-        }),
+        reach: reach.clone(),
     })?;
     // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
     // uprobe_multi links need only what loading needed.
@@ -64,20 +61,24 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
     let mut model = Model { sampling: cli.sample.map(Sampling::new), ..Model::default() };
-    let Targets { watched: targets, all_processes, held, preload } = if cli.system_wide() {
-        Targets::all(&mut probes, overrides)?
+    let mut following = Following::start(&mut probes, overrides, reach)?;
+    let Targets { watched: targets, held, preload } = if cli.system_wide() {
+        Targets::default()
     } else if cli.command.is_empty() {
-        Targets::pids(&pids, &overrides, &mut probes, &mut collector, &mut model)?
+        Targets::pids(&pids, cli.children, &mut following, &mut probes, &mut collector, &mut model)?
     } else {
-        Targets::command(&cli.command, &overrides, &mut probes, &mut collector, &mut model)?
+        Targets::command(&cli.command, &mut following, &mut probes, &mut collector, &mut model)?
     };
-    let what = match &all_processes {
-        Some(all) => format!(
+    let what = if cli.system_wide() {
+        format!(
             "all processes through {} allocator files and {} USDT probe sites",
-            all.probed_files(),
+            following.probed_files(),
             probes.usdt.attached_sites()
-        ),
-        None => describe(&model),
+        )
+    } else if cli.follows_children() {
+        format!("{} and every process they start", describe(&model))
+    } else {
+        describe(&model)
     };
     // Unwind tables of the targets known now (--pid, a command's files); others follow at each
     // interval, and a command's mappings within milliseconds of its start (see `trace`).
@@ -85,7 +86,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     unwind.preload(&mut probes, preload)?;
     unwind.update(&mut probes, &model)?;
     let early_refresh = held.is_some().then_some(FIRST_REFRESH);
-    crate::usdt::check_requests_found(&probes)?;
+    crate::usdt::check_requests_found(&probes, cli.follows_children())?;
     eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
     if let Some(held) = held {
         held.release()?;
@@ -99,7 +100,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         unwind,
         exporters,
         targets,
-        all_processes,
+        following,
         signals,
         started: Instant::now(),
         samples: 0,
@@ -148,12 +149,26 @@ fn open_outputs(cli: &Cli) -> Result<(Vec<Box<dyn Exporter>>, PathBuf)> {
     Ok((exporters, trace_path))
 }
 
-/// What a run traces, with every probe attached.
+/// Which processes the kernel side counts, from the target options.
+fn reach_of(cli: &Cli) -> Reach {
+    if cli.system_wide() {
+        Reach::AllProcesses(ProcessFilter {
+            self_tgid: std::process::id(),
+            excluded_pids: cli.exclude_pids.clone(),
+            only_comms: cli.comms.clone(),
+        })
+    } else if cli.follows_children() {
+        Reach::Tree
+    } else {
+        Reach::Targets
+    }
+}
+
+/// What a run traces, with every probe attached (none: every process, `--all`).
+#[derive(Default)]
 struct Targets {
     /// Processes whose exit ends the run.
     watched: Vec<Watched>,
-    /// Set with --all.
-    all_processes: Option<SystemWide>,
     /// A command waiting to exec until tracing is announced.
     held: Option<HeldCommand>,
     /// Files whose unwind tables are worth loading before the targets run (a command's image).
@@ -163,54 +178,56 @@ struct Targets {
 impl Targets {
     fn pids(
         pids: &[u32],
-        overrides: &Overrides,
+        children: bool,
+        following: &mut Following,
         probes: &mut Probes,
         collector: &mut Collector,
         model: &mut Model,
     ) -> Result<Self> {
         let mut watched = Vec::new();
-        let cache = FileCache::default();
         for &pid in pids {
-            let image = ProcessImage::of_process(pid, &cache)?;
-            let allocator = Allocator::of_image(&image, overrides, &cache)?;
-            probes.attach(&allocator, Scope::Process(pid))?;
-            crate::usdt::attach_process(probes, &image)?;
+            let image = ProcessImage::of_process(pid, following.cache())?;
+            let allocator = following.add_target(probes, pid, &image)?;
             watched.push(Watched::new(pid, false)?);
             add_traced(model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
+        }
+        // The targets are in the kernel's tree already, so what they fork from now on is followed;
+        // what they forked before is found here.
+        for pid in procfs::descendants(pids).into_iter().filter(|_| children) {
+            let comm = procfs::comm(pid).unwrap_or_default();
+            let added = ProcessImage::of_process(pid, following.cache())
+                .and_then(|image| following.add_target(probes, pid, &image));
+            match added {
+                Ok(allocator) => add_traced(model, pid, comm, &allocator),
+                // It may have exited meanwhile, or use no allocator memtrace knows.
+                Err(err) => eprintln!("memtrace: warning: pid {pid} ({comm}) is not traced: {err:#}"),
+            }
         }
         // Read every target's mappings now: a process may exit before the first interval, and its
         // stacks are symbolized through the files it mapped.
         collector.sample(probes, model)?;
-        Ok(Self { watched, all_processes: None, held: None, preload: Vec::new() })
+        Ok(Self { watched, held: None, preload: Vec::new() })
     }
 
     fn command(
         command: &[std::ffi::OsString],
-        overrides: &Overrides,
+        following: &mut Following,
         probes: &mut Probes,
         collector: &mut Collector,
         model: &mut Model,
     ) -> Result<Self> {
         let program = resolve_program(&command[0])?;
-        let cache = FileCache::default();
-        let image = ProcessImage::of_command(&program, &cache)?;
-        let allocator = Allocator::of_image(&image, overrides, &cache)?;
+        let image = ProcessImage::of_command(&program, following.cache())?;
         // The command may exit before the first sample: know its files for symbols already.
         for object in &image.objects {
             collector.index_object(object);
         }
-        collector.index_object(&allocator.object);
         let held = HeldCommand::spawn(&program, command)?;
-        probes.attach(&allocator, Scope::Process(held.pid))?;
-        crate::usdt::attach_command(probes, &image, held.pid)?;
+        let allocator = following.add_target(probes, held.pid, &image)?;
+        collector.index_object(&allocator.object);
         let watched = vec![Watched::new(held.pid, true)?];
         add_traced(model, held.pid, command_name(&program), &allocator);
-        Ok(Self { watched, all_processes: None, held: Some(held), preload: image.objects })
-    }
-
-    fn all(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
-        let all_processes = Some(SystemWide::start(probes, overrides)?);
-        Ok(Self { watched: Vec::new(), all_processes, held: None, preload: Vec::new() })
+        Ok(Self { watched, held: Some(held), preload: image.objects })
     }
 }
 
@@ -332,8 +349,8 @@ struct Run<'a> {
     unwind: KernelTables,
     exporters: Vec<Box<dyn Exporter>>,
     targets: Vec<Watched>,
-    /// Set with --all.
-    all_processes: Option<SystemWide>,
+    /// Execs, new processes and exits, of the targets or of every process.
+    following: Following,
     signals: SignalFd,
     started: Instant,
     samples: u64,
@@ -389,7 +406,7 @@ impl Run<'_> {
                     next_sample += self.cli.interval;
                 }
             }
-            if self.all_processes.is_none() && self.targets.iter().all(|target| target.exited) {
+            if !self.cli.system_wide() && self.targets.iter().all(|target| target.exited) {
                 return Ok(Ending::TargetsExited);
             }
             if deadline.is_some_and(|deadline| now >= deadline) {
@@ -403,10 +420,10 @@ impl Run<'_> {
         let timeout = wake.saturating_duration_since(Instant::now());
         let timeout_ms = i32::try_from(timeout.as_millis() + 1).unwrap_or(i32::MAX);
         let live: Vec<usize> = (0..self.targets.len()).filter(|&i| !self.targets[i].exited).collect();
-        let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
-        if let Some(all) = &self.all_processes {
-            fds.push(PollFd::new(all.fd(), PollFlags::POLLIN));
-        }
+        let mut fds = vec![
+            PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.following.fd(), PollFlags::POLLIN),
+        ];
         let first_target = fds.len();
         fds.extend(live.iter().map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)));
         match poll(&mut fds, PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)) {
@@ -415,7 +432,7 @@ impl Run<'_> {
         }
         let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
         let signal_ready = ready(&fds[0]);
-        let execs_ready = first_target > 1 && ready(&fds[1]);
+        let execs_ready = ready(&fds[1]);
         let exited: Vec<usize> =
             live.iter().zip(&fds[first_target..]).filter(|(_, fd)| ready(fd)).map(|(&i, _)| i).collect();
         drop(fds);
@@ -424,8 +441,8 @@ impl Run<'_> {
         } else {
             None
         };
-        if let (true, Some(all)) = (execs_ready, &mut self.all_processes) {
-            for object in all.handle_execs(&mut self.probes)? {
+        if execs_ready {
+            for object in self.following.handle_execs(&mut self.probes)? {
                 self.collector.index_object(&object);
             }
         }
@@ -446,6 +463,8 @@ impl Run<'_> {
     /// dlopens gets its table within REFRESH_CEILING); returns the next delay, or None where
     /// samples come as often.
     fn refresh_unwind_tables(&mut self) -> Result<Option<Duration>> {
+        // A process the command just started gets its table too.
+        self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         self.collector.read_mappings(&mut self.model);
         self.unwind.update(&mut self.probes, &self.model)?;
         let next = self
@@ -457,9 +476,7 @@ impl Run<'_> {
     }
 
     fn sample(&mut self) -> Result<()> {
-        if let Some(all) = &self.all_processes {
-            all.adopt_new_processes(&self.probes, &mut self.model)?;
-        }
+        self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         self.collector.sample(&self.probes, &mut self.model)?;
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
@@ -477,9 +494,7 @@ impl Run<'_> {
                 }
             }
         }
-        if self.all_processes.is_some() {
-            self.release_exited()?;
-        }
+        self.release_exited()?;
         Ok(())
     }
 
@@ -497,8 +512,8 @@ impl Run<'_> {
         }
     }
 
-    /// System-wide: processes that exited have had their final sample; keep what the report needs
-    /// and free their kernel state, so the tables stay bounded over a long run.
+    /// Processes that exited have had their final sample; keep what the report needs and free
+    /// their kernel state, so the tables stay bounded over a long run.
     fn release_exited(&mut self) -> Result<()> {
         let maps = self.model.kernel_maps.get_or_insert_with(KernelMaps::default);
         let tracked = self.model.processes.values().filter(|p| !p.released).count();

@@ -47,7 +47,7 @@ pub struct Site {
 }
 
 /// Which processes a probe fires in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// One process (and, through exec, what it becomes).
     Process(u32),

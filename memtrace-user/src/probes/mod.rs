@@ -2,10 +2,11 @@
 //! for one process or for all, and read the kernel's maps. Every attachment is a link owned by a
 //! file descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
 
+mod kernel_btf;
 mod links;
 mod loader;
 
-use std::{collections::HashSet, os::fd::AsFd};
+use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
 use anyhow::{bail, Context, Result};
 use aya::{
@@ -14,8 +15,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    Allocation, AllocationKey, ProbeCookie, ProcessStats, StackFrames, StackKey, StackTotals,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
+    reach, Allocation, AllocationKey, ProbeCookie, ProcessStats, StackFrames, StackKey, StackTotals,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
 use links::Links;
@@ -50,8 +51,39 @@ pub struct ProbeConfig {
     pub empty_probes: bool,
     /// `--sample`: mean bytes between sampled allocations; 0 records every allocation.
     pub sample_mean: u64,
-    /// Set for system-wide tracing, where probes fire in every process.
-    pub system_wide: Option<ProcessFilter>,
+    /// Which processes count.
+    pub reach: Reach,
+}
+
+/// Which processes a run traces, as the kernel side filters them.
+#[derive(Debug, Clone, Default)]
+pub enum Reach {
+    /// The processes named with `add_target`, each through links that carry its pid.
+    #[default]
+    Targets,
+    /// The processes named with `add_target` and all their descendants: links fire in every
+    /// process that maps a probed file, and the kernel keeps the tree from fork and exit.
+    Tree,
+    /// Every process, but these.
+    AllProcesses(ProcessFilter),
+}
+
+impl Reach {
+    /// How probes that serve `pid` are attached.
+    pub fn scope_for(&self, pid: u32) -> Scope {
+        match self {
+            Reach::Targets => Scope::Process(pid),
+            Reach::Tree | Reach::AllProcesses(_) => Scope::AllProcesses,
+        }
+    }
+
+    fn kernel_value(&self) -> u8 {
+        match self {
+            Reach::Targets => reach::TARGETS,
+            Reach::Tree => reach::TREE,
+            Reach::AllProcesses(_) => reach::ALL,
+        }
+    }
 }
 
 /// Which processes system-wide tracing leaves out.
@@ -97,13 +129,24 @@ pub struct Probes {
 impl Probes {
     /// Loads every program into the kernel.
     pub fn load(config: &ProbeConfig) -> Result<Self> {
-        let filter = config.system_wide.clone().unwrap_or_default();
+        let filter = match &config.reach {
+            Reach::AllProcesses(filter) => filter.clone(),
+            _ => ProcessFilter::default(),
+        };
+        // A forked child's process id is read from the kernel's task_struct.
+        let tgid_offset = match config.reach {
+            Reach::Tree => {
+                kernel_btf::member_offset(Path::new(kernel_btf::VMLINUX_BTF), "task_struct", "tgid")?
+            }
+            _ => 0,
+        };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("ALLOCATIONS", config.max_allocations)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
-            .override_global("FILTER_PROCESSES", &u8::from(config.system_wide.is_some()), true)
+            .override_global("REACH", &config.reach.kernel_value(), true)
+            .override_global("TASK_TGID_OFFSET", &tgid_offset, true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
             .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
             .load(BPF_OBJECT)
@@ -142,6 +185,9 @@ impl Probes {
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
+        if let Reach::Tree = config.reach {
+            probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
+        }
         Ok(probes)
     }
 
@@ -221,8 +267,15 @@ impl Probes {
         self.allocators.get(usize::try_from(index).ok()?.checked_sub(1)?)
     }
 
-    /// Follows processes as they exec (system-wide tracing); returns the ring buffer that announces
-    /// execs.
+    /// Names a process to trace (`Reach::Targets`, `Reach::Tree`): its execs are announced, and
+    /// with a tree, the processes it forks from now on are traced too.
+    pub fn add_target(&mut self, pid: u32) -> Result<()> {
+        let mut targets: HashMap<&mut MapData, u32, u8> = HashMap::try_from(self.map_mut("TARGETS")?)?;
+        targets.insert(pid, 1, 0).with_context(|| format!("more than {MAX_PROCESSES} processes to trace"))
+    }
+
+    /// Follows processes as they exec; returns the ring buffer that announces the execs of traced
+    /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
         let events = self.ebpf.take_map("EXEC_EVENTS").context("the BPF object has no map EXEC_EVENTS")?;

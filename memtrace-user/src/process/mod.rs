@@ -2,7 +2,7 @@
 //! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
 //! section, build ID, allocator entry points) cached by identity ([`FileCache`]). Allocator
 //! discovery (crate::allocator), USDT attachment (crate::usdt), symbol indexing
-//! (crate::symbolize) and the exec watcher (crate::system_wide) all read a [`ProcessImage`]
+//! (crate::symbolize) and the exec watcher (crate::following) all read a [`ProcessImage`]
 //! instead of working the objects out again.
 
 pub mod allocator;
@@ -14,9 +14,13 @@ mod objects;
 mod resolve;
 mod sparse;
 
-use std::path::Path;
+use std::{
+    io::Read,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 pub use self::{
     facts::FileCache,
@@ -71,10 +75,12 @@ impl ProcessImage {
         Ok(Self { pid: Some(pid), root, objects })
     }
 
-    /// A command memtrace is about to start, in memtrace's own file system and environment.
+    /// A command memtrace is about to start, in memtrace's own file system and environment: a
+    /// script's image is its interpreter's.
     pub fn of_command(program: &Path, cache: &FileCache) -> Result<Self> {
         let root = Root::host();
-        let program = root.open(program).with_context(|| format!("cannot run {}", program.display()))?;
+        let program = interpreter_of(program)?;
+        let program = root.open(&program).with_context(|| format!("cannot run {}", program.display()))?;
         let objects = objects::link_order_of_program(program, &root, &[], cache);
         Ok(Self { pid: None, root, objects })
     }
@@ -88,4 +94,29 @@ impl ProcessImage {
     pub fn executable(&self) -> Option<&ObjectFile> {
         self.objects.first()
     }
+}
+
+/// How many scripts may name each other as interpreter before the kernel gives up (ELOOP).
+const MAX_SCRIPT_NESTING: usize = 5;
+
+/// The program the kernel runs for `program`: itself, or for a script (`#!INTERPRETER [ARG]`)
+/// its interpreter, which may be a script too.
+pub fn interpreter_of(program: &Path) -> Result<PathBuf> {
+    let mut program = program.to_owned();
+    for _ in 0..MAX_SCRIPT_NESTING {
+        let mut head = Vec::with_capacity(256);
+        let file =
+            std::fs::File::open(&program).with_context(|| format!("cannot run {}", program.display()))?;
+        file.take(256).read_to_end(&mut head).with_context(|| format!("reading {}", program.display()))?;
+        let Some(line) = head.strip_prefix(b"#!") else { return Ok(program) };
+        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let Some(interpreter) = line.split(|&b| b == b' ' || b == b'\t').find(|word| !word.is_empty()) else {
+            bail!("{}: the script's #! line names no interpreter", program.display());
+        };
+        program = PathBuf::from(std::ffi::OsStr::from_bytes(interpreter));
+    }
+    bail!(
+        "{}: scripts name each other as interpreter more than {MAX_SCRIPT_NESTING} times",
+        program.display()
+    )
 }

@@ -57,9 +57,9 @@ pub struct UsdtProbes {
     next_spec: u32,
     /// Set with `--all`: sites fire in every process, and a request not found yet may still be.
     system_wide: bool,
-    /// System-wide: (device, inode) of every object file scanned for probe sites, so that each is
-    /// attached once, whatever path names it.
-    scanned: HashSet<FileId>,
+    /// (device, inode) of every object file scanned for probe sites, with the scope its sites
+    /// were attached for, so that each is attached once per scope, whatever path names it.
+    scanned: HashSet<(FileId, Scope)>,
     /// System-wide: the identities of the files `--usdt PATH:...` names by path.
     named: Vec<FileId>,
 }
@@ -76,10 +76,12 @@ impl UsdtProbes {
 
     /// The objects not scanned yet, each once, now marked scanned. Objects whose file cannot be
     /// found are left out (and not marked).
-    fn take_unscanned(&mut self, objects: Vec<ObjectFile>) -> Vec<ObjectFile> {
+    fn take_unscanned(&mut self, objects: Vec<ObjectFile>, scope: Scope) -> Vec<ObjectFile> {
         objects
             .into_iter()
-            .filter(|object| file_identity(&object.host_path).is_some_and(|id| self.scanned.insert(id)))
+            .filter(|object| {
+                file_identity(&object.host_path).is_some_and(|id| self.scanned.insert((id, scope)))
+            })
             .collect()
     }
 
@@ -90,7 +92,7 @@ impl UsdtProbes {
 
 /// Attaches to the probe sites of every object a process maps (its image), and the objects
 /// `--usdt` names (an absolute path as the process sees it, resolved in its root).
-pub fn attach_process(probes: &mut Probes, image: &ProcessImage) -> Result<()> {
+pub fn attach_process(probes: &mut Probes, image: &ProcessImage, scope: Scope) -> Result<()> {
     let mut objects = image.objects.clone();
     let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| {
         if path.is_absolute() {
@@ -99,9 +101,9 @@ pub fn attach_process(probes: &mut Probes, image: &ProcessImage) -> Result<()> {
             ObjectFile::open_host(path)
         }
     })?;
-    let pid = image.pid.context("attaching USDT probes to a process that has not started")?;
+    let objects = probes.usdt.take_unscanned(objects, scope);
     let objects = with_wanted_sites(&probes.usdt.requests, objects, &named);
-    attach_objects(probes, &objects, &named, Scope::Process(pid), false)
+    attach_objects(probes, &objects, &named, scope, false)
 }
 
 /// System-wide (`--all`): attaches, for every process, to the probe sites of each file `--usdt
@@ -113,9 +115,9 @@ pub fn attach_system_wide(probes: &mut Probes, mapped: Vec<ObjectFile>) -> Resul
     let mut named_objects = Vec::new();
     let named = add_named_objects(&probes.usdt.requests, &mut named_objects, ObjectFile::open_host)?;
     probes.usdt.named.clone_from(&named);
-    let named_objects = probes.usdt.take_unscanned(named_objects);
+    let named_objects = probes.usdt.take_unscanned(named_objects, Scope::AllProcesses);
     attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
-    let mapped = probes.usdt.take_unscanned(mapped);
+    let mapped = probes.usdt.take_unscanned(mapped, Scope::AllProcesses);
     let mapped = with_wanted_sites(&probes.usdt.requests, mapped, &named);
     attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
     for (_, request) in probes.usdt.missing_requests() {
@@ -133,8 +135,8 @@ pub fn attach_system_wide(probes: &mut Probes, mapped: Vec<ObjectFile>) -> Resul
 
 /// System-wide: attaches to the probe sites of the object files a program just exec'd maps, those
 /// no earlier scan saw. Never fails: a file or site memtrace cannot use is named on stderr.
-pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
-    let objects = probes.usdt.take_unscanned(objects);
+pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>, scope: Scope) {
+    let objects = probes.usdt.take_unscanned(objects, scope);
     let objects = with_wanted_sites(&probes.usdt.requests, objects, &probes.usdt.named);
     if objects.is_empty() {
         return;
@@ -143,9 +145,7 @@ pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
     let named = probes.usdt.named.clone();
     for object in &objects {
         let before = probes.usdt.attached_sites();
-        if let Err(err) =
-            attach_objects(probes, std::slice::from_ref(object), &named, Scope::AllProcesses, true)
-        {
+        if let Err(err) = attach_objects(probes, std::slice::from_ref(object), &named, scope, true) {
             eprintln!("memtrace: warning: {err:#}");
         }
         // Said, as the program may report through a site only once it is attached.
@@ -163,15 +163,6 @@ pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>) {
             probes.usdt.requests[index].label
         );
     }
-}
-
-/// Attaches, for the held child `pid`, to the probe sites of the command's executable and of the
-/// libraries it needs (its image); the kernel places them as exec maps the files.
-pub fn attach_command(probes: &mut Probes, image: &ProcessImage, pid: u32) -> Result<()> {
-    let mut objects = image.objects.clone();
-    let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| image.open(path))?;
-    let objects = with_wanted_sites(&probes.usdt.requests, objects, &named);
-    attach_objects(probes, &objects, &named, Scope::Process(pid), false)
 }
 
 /// The objects that may have a probe site memtrace would attach: a memtrace report site, or one a
@@ -335,16 +326,26 @@ fn attach_object(
     Ok(())
 }
 
-/// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target.
-pub fn check_requests_found(probes: &Probes) -> Result<()> {
+/// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target;
+/// where programs the targets start later are traced too (`later_programs`), says so instead.
+pub fn check_requests_found(probes: &Probes, later_programs: bool) -> Result<()> {
     let usdt = &probes.usdt;
     if usdt.system_wide {
         // attach_system_wide has said which are missing; a program started later may bring them.
         return Ok(());
     }
-    if let Some(missing) =
-        usdt.requests.iter().zip(&usdt.found).find(|(_, found)| !**found).map(|(request, _)| request)
-    {
+    let mut missing = usdt.requests.iter().zip(&usdt.found).filter(|(_, found)| !**found).map(|(r, _)| r);
+    if later_programs {
+        for request in missing {
+            eprintln!(
+                "memtrace: --usdt {}: no USDT probe {}:{} in the traced program yet; it is attached when \
+                 a program it starts has it",
+                request.label, request.provider, request.name
+            );
+        }
+        return Ok(());
+    }
+    if let Some(missing) = missing.next() {
         bail!(
             "--usdt {}: no USDT probe {}:{} in the traced program or the libraries it maps{}; \
              list the probes with `memtrace usdt --pid PID` or `memtrace usdt PATH`",

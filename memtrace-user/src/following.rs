@@ -1,7 +1,8 @@
-//! System-wide tracing (`--all`): probes on every allocator any process uses, or may load later,
-//! firing in every process; processes are found as they first allocate (or report through USDT)
-//! and released when they exit. USDT probe sites are attached the same way, file by file, for every
-//! process (crate::usdt).
+//! Following processes as they come and go: the targets of a run (`--pid`, a launched command and,
+//! unless `--no-children`, every process they fork), or every process (`--all`). A process that
+//! execs a new program has that program's allocator and USDT sites probed; processes are found
+//! as they first allocate (or report through USDT) and released when they exit. Uprobes belong to
+//! a file, so one attachment serves every process that maps it, in any mount namespace.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,16 +25,17 @@ use nix::{
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     model::Model,
-    probes::{Probes, Scope},
+    probes::{Probes, Reach, Scope},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
     procfs,
 };
 
-pub struct SystemWide {
+pub struct Following {
     overrides: Overrides,
-    /// Every allocator file probed: uprobes belong to the file, so one attachment serves every
-    /// process that maps it, in any mount namespace.
-    probed: HashSet<FileId>,
+    /// Which processes count, and so how probes are attached: per target, or for every process.
+    reach: Reach,
+    /// Every allocator file probed, for which scope.
+    probed: HashSet<(FileId, Scope)>,
     /// What each file is, read once however many processes map it.
     cache: FileCache,
     /// The images of programs just exec'd, resolved by the watcher thread while the process
@@ -44,9 +46,10 @@ pub struct SystemWide {
     wakeup: std::fs::File,
 }
 
-impl SystemWide {
-    /// Probes the allocators of every running process and every allocator library installed.
-    pub fn start(probes: &mut Probes, overrides: Overrides) -> Result<Self> {
+impl Following {
+    /// Starts following execs; under `Reach::AllProcesses`, probes the allocators of every running
+    /// process and every allocator library installed. Targets are named with `add_target`.
+    pub fn start(probes: &mut Probes, overrides: Overrides, reach: Reach) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
         crate::process::raise_open_file_limit();
         let cache = FileCache::default();
@@ -59,15 +62,33 @@ impl SystemWide {
             .name("exec-watcher".into())
             .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
             .context("starting the exec watcher")?;
-        let mut this = Self { overrides, probed: HashSet::new(), cache, execs, wakeup: wakeup.into() };
-        // Everything is resolved before anything is attached: once libc is probed, every malloc
-        // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
-        let (allocators, mapped) = this.resolve_running();
-        for allocator in allocators.values() {
-            this.probe(probes, allocator)?;
+        let mut this = Self { overrides, reach, probed: HashSet::new(), cache, execs, wakeup: wakeup.into() };
+        if let Reach::AllProcesses(_) = this.reach {
+            // Everything is resolved before anything is attached: once libc is probed, every malloc
+            // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
+            let (allocators, mapped) = this.resolve_running();
+            for allocator in allocators.values() {
+                this.probe(probes, allocator, Scope::AllProcesses)?;
+            }
+            crate::usdt::attach_system_wide(probes, mapped)?;
         }
-        crate::usdt::attach_system_wide(probes, mapped)?;
         Ok(this)
+    }
+
+    /// Traces `pid`, whose image (running, or a command about to exec) is `image`: probes its
+    /// allocator and USDT sites; returns the allocator.
+    pub fn add_target(&mut self, probes: &mut Probes, pid: u32, image: &ProcessImage) -> Result<Allocator> {
+        let allocator = Allocator::of_image(image, &self.overrides, &self.cache)?;
+        let scope = self.reach.scope_for(pid);
+        probes.add_target(pid)?;
+        self.probe(probes, &allocator, scope)?;
+        crate::usdt::attach_process(probes, image, scope)?;
+        Ok(allocator)
+    }
+
+    /// What each file is, as read so far.
+    pub fn cache(&self) -> &FileCache {
+        &self.cache
     }
 
     /// The allocators of every running process and every allocator library installed, each file
@@ -115,11 +136,12 @@ impl SystemWide {
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
         while let Ok(image) = self.execs.try_recv() {
+            let scope = self.reach.scope_for(image.pid.unwrap_or_default());
             // A program may have no allocator memtrace knows; it then needs no probe.
             if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
-                self.probe(probes, &allocator)?;
+                self.probe(probes, &allocator, scope)?;
             }
-            crate::usdt::attach_exec_objects(probes, image.objects.clone());
+            crate::usdt::attach_exec_objects(probes, image.objects.clone(), scope);
             objects.extend(image.objects);
         }
         Ok(objects)
@@ -129,13 +151,13 @@ impl SystemWide {
     /// sample to the model.
     pub fn adopt_new_processes(&self, probes: &Probes, model: &mut Model) -> Result<()> {
         for (pid, stats) in probes.traced_processes()? {
-            if model.processes.contains_key(&pid) {
-                continue;
-            }
-            let comm = String::from_utf8_lossy(stats.comm.split(|&b| b == 0).next().unwrap_or_default());
             let (kind, path) = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
-            model.add_process(pid, comm.into_owned(), path);
-            if let Some(process) = model.processes.get_mut(&pid) {
+            if !model.processes.contains_key(&pid) {
+                model.add_process(pid, crate::model::kernel_comm(&stats).unwrap_or_default(), PathBuf::new());
+            }
+            // A process that exec'd a program allocates through that program's allocator.
+            if let Some(process) = model.processes.get_mut(&pid).filter(|_| stats.allocator != 0) {
+                process.allocator = path;
                 process.allocator_kind = kind;
             }
         }
@@ -159,9 +181,9 @@ impl SystemWide {
         Ok(())
     }
 
-    fn probe(&mut self, probes: &mut Probes, allocator: &Allocator) -> Result<()> {
-        if self.probed.insert(allocator.object.id) {
-            probes.attach(allocator, Scope::AllProcesses)?;
+    fn probe(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
+        if self.probed.insert((allocator.object.id, scope)) {
+            probes.attach(allocator, scope)?;
         }
         Ok(())
     }

@@ -1,0 +1,178 @@
+//! Process trees: a launched command's descendants (fork, exec) are traced, each as its own process
+//! with figures from its fork or exec; `--no-children` keeps to the command; `--pid --children`
+//! follows a running process's descendants, plain `--pid` only the process; scripts run their
+//! interpreter, and a chain of execs (env) ends in the final program, named and exact.
+
+use std::{os::unix::fs::PermissionsExt, process::Command};
+
+use memtrace_tests::{assert_figures_of, fixture, Figures, Memtrace, Outcome, Spawned, LEAKS};
+use serde_json::Value;
+
+fn processes(outcome: &Outcome) -> &Vec<Value> {
+    outcome.summary()["processes"].as_array().expect("a process list")
+}
+
+fn process(outcome: &Outcome, pid: u32) -> &Value {
+    processes(outcome)
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} is not in the summary:\n{}", outcome.stderr))
+}
+
+fn is_traced(outcome: &Outcome, pid: u32) -> bool {
+    processes(outcome).iter().any(|p| p["pid"] == pid)
+}
+
+/// The pid a fixture announced on stdout as `<what> <pid>`.
+fn announced_pid(line: &str) -> u32 {
+    line.split_whitespace().nth(1).and_then(|pid| pid.parse().ok()).unwrap_or_else(|| panic!("{line:?}"))
+}
+
+/// forking.c's children: the early one frees a block of its parent's (untracked) and keeps
+/// 1 x 2000 B; the late one frees another and keeps 2 x 2001 B. Counted from their fork.
+const EARLY_CHILD: Figures = Figures {
+    allocations: 1,
+    frees: 0,
+    allocated_bytes: 2000,
+    freed_bytes: 0,
+    live_allocations: 1,
+    live_bytes: 2000,
+    peak_live_bytes: Some(2000),
+    untracked_frees: 1,
+    failed_allocations: 0,
+};
+const LATE_CHILD: Figures = Figures {
+    allocations: 2,
+    allocated_bytes: 4002,
+    live_allocations: 2,
+    live_bytes: 4002,
+    peak_live_bytes: Some(4002),
+    ..EARLY_CHILD
+};
+
+/// The forking parent from its first instruction: 4 x 1000 B before forking, 500 B after; the
+/// frees its children make of its blocks are theirs, not its.
+const PARENT: Figures = Figures {
+    allocations: 5,
+    frees: 0,
+    allocated_bytes: 4500,
+    freed_bytes: 0,
+    live_allocations: 5,
+    live_bytes: 4500,
+    peak_live_bytes: Some(4500),
+    untracked_frees: 0,
+    failed_allocations: 0,
+};
+
+/// Runs `memtrace [args] -- forking` to its end; returns the outcome and the children's pids.
+fn trace_forking_command(args: &[&str]) -> (Outcome, u32, u32) {
+    let mut memtrace = Memtrace::new().args(args).command(&fixture("forking")).spawn();
+    let early = announced_pid(&memtrace.wait_for_stdout("early "));
+    let late = announced_pid(&memtrace.wait_for_stdout("late "));
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    (outcome, early, late)
+}
+
+#[test]
+fn a_command_is_traced_with_every_child_it_forks() {
+    let (outcome, early, late) = trace_forking_command(&[]);
+    let parent =
+        processes(&outcome).iter().find(|p| p["comm"] == "forking" && p["pid"] != early && p["pid"] != late);
+    assert_figures_of(parent.expect("the parent is in the summary"), PARENT);
+    assert_figures_of(process(&outcome, early), EARLY_CHILD);
+    assert_figures_of(process(&outcome, late), LATE_CHILD);
+    assert_eq!(processes(&outcome).len(), 3, "{:#}", outcome.summary());
+}
+
+#[test]
+fn no_children_keeps_to_the_command() {
+    let (outcome, early, late) = trace_forking_command(&["--no-children"]);
+    assert!(!is_traced(&outcome, early) && !is_traced(&outcome, late), "{:#}", outcome.summary());
+    assert_eq!(processes(&outcome).len(), 1);
+    assert_figures_of(&processes(&outcome)[0], PARENT);
+}
+
+/// Starts `forking hold`, attaches `memtrace --pid PARENT [args]` while its early child waits,
+/// then lets it go on; returns the outcome and the pids of the parent and its children.
+fn trace_forking_by_pid(args: &[&str]) -> (Outcome, u32, u32, u32) {
+    let mut command = Command::new(fixture("forking"));
+    command.arg("hold");
+    let mut forking = Spawned::spawn(command);
+    let early = announced_pid(&forking.wait_for_stdout("early "));
+    let parent = forking.pid();
+    let mut memtrace = Memtrace::new().arg("--pid").arg(parent.to_string()).args(args).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    forking.send(b"g");
+    let late = announced_pid(&forking.wait_for_stdout("late "));
+    assert!(forking.wait().success(), "the fixture failed");
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    (outcome, parent, early, late)
+}
+
+/// Attached after the parent's first 4 blocks: it allocates 500 B under tracing.
+const ATTACHED_PARENT: Figures = Figures {
+    allocations: 1,
+    allocated_bytes: 500,
+    live_allocations: 1,
+    live_bytes: 500,
+    peak_live_bytes: Some(500),
+    ..PARENT
+};
+
+#[test]
+fn pid_children_follows_running_and_later_descendants() {
+    let (outcome, parent, early, late) = trace_forking_by_pid(&["--children"]);
+    assert_figures_of(process(&outcome, parent), ATTACHED_PARENT);
+    // Running before memtrace attached; everything it does happens under tracing.
+    assert_figures_of(process(&outcome, early), EARLY_CHILD);
+    assert_figures_of(process(&outcome, late), LATE_CHILD);
+}
+
+#[test]
+fn plain_pid_keeps_to_the_named_process() {
+    let (outcome, parent, early, late) = trace_forking_by_pid(&[]);
+    assert_figures_of(process(&outcome, parent), ATTACHED_PARENT);
+    assert!(!is_traced(&outcome, early) && !is_traced(&outcome, late), "{:#}", outcome.summary());
+}
+
+#[test]
+fn a_shell_running_two_programs_traces_each_as_its_own_process() {
+    let leaks = fixture("leaks");
+    let script = format!("{0}; {0}", leaks.display());
+    let outcome = Memtrace::new().args(["--", "sh", "-c", &script]).run();
+    outcome.assert_exit_code(0);
+    let runs: Vec<&Value> = processes(&outcome).iter().filter(|p| p["comm"] == "leaks").collect();
+    assert_eq!(runs.len(), 2, "{:#}", outcome.summary());
+    for run in runs {
+        assert_figures_of(run, LEAKS);
+    }
+}
+
+/// The one process of a run whose launcher execs `leaks`: named leaks, with its figures only.
+fn assert_exec_chain_ends_in_leaks(outcome: &Outcome) {
+    outcome.assert_exit_code(0);
+    assert_eq!(processes(outcome).len(), 1, "{:#}", outcome.summary());
+    let process = &processes(outcome)[0];
+    assert_eq!(process["comm"], "leaks", "{process:#}");
+    // Exactly the program's figures: none of the launcher's blocks.
+    assert_figures_of(process, LEAKS);
+}
+
+#[test]
+fn a_shebang_script_runs_traced_through_its_interpreter() {
+    let memtrace = Memtrace::new();
+    let script = memtrace.dir().join("launch.sh");
+    std::fs::write(&script, format!("#!/bin/sh\nexec {}\n", fixture("leaks").display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let outcome = memtrace.command(&script).run();
+    assert_exec_chain_ends_in_leaks(&outcome);
+}
+
+#[test]
+fn an_env_chain_ends_in_the_final_program() {
+    let leaks = fixture("leaks");
+    let outcome = Memtrace::new().args(["--", "/usr/bin/env", "MEMTRACE_TEST=1"]).arg(&leaks).run();
+    assert_exec_chain_ends_in_leaks(&outcome);
+}
