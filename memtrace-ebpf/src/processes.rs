@@ -12,8 +12,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    reach, ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS,
-    MAX_PROCESSES,
+    reach, ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
+    MAX_EXCLUDED_PIDS, MAX_PROCESSES,
 };
 
 use crate::counters::{add, compare_exchange};
@@ -150,6 +150,8 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
         return 0;
     }
     let _ = TARGETS.remove(&tgid);
+    // It takes no more stacks.
+    let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
         // SAFETY: a map value, valid while the program runs.
         unsafe {
@@ -178,8 +180,18 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     // A new thread of the same process is no new process.
-    if child_tgid != tgid && TARGETS.insert(&child_tgid, &1, 0).is_err() {
+    if child_tgid == tgid {
+        return 0;
+    }
+    if TARGETS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
+    }
+    // The child runs its parent's image: its stacks unwind through the parent's mapping table
+    // until userspace writes its own (or it execs).
+    if let Some(table) = crate::stacks::UNWIND_MAPPINGS.get_ptr(&tgid) {
+        // SAFETY: a map value, valid while the program runs; the kernel copies it.
+        let _ =
+            crate::stacks::UNWIND_MAPPINGS.insert(&child_tgid, unsafe { &*table }, u64::from(BPF_NOEXIST));
     }
     0
 }

@@ -3,11 +3,14 @@
 //! tracing (programs that do nothing on the same probe points, `memtrace --empty-probes`); and
 //! under memtrace exact with and without stacks, and sampled. The traced variants are measured in turns, round
 //! after round, and the best round of each is kept, so that a noisy moment does not favour one.
-//! Then how long memtrace takes to let go: from its command's exit to its own.
+//! Then what following a process tree costs everyone else: the same loop, untraced, in a process
+//! outside the tree while memtrace follows one (its probes then fire in every process that maps
+//! libc); and how long a whole run of `memtrace -- true` takes.
 
 use std::{
+    io::{BufRead, BufReader},
     path::Path,
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -38,6 +41,11 @@ pub fn run(memtrace: &Path) -> Result<()> {
         },
         Variant { name: "memtrace", memtrace_args: Some(&[]), best_ns: f64::MAX },
         Variant { name: "memtrace --no-stacks", memtrace_args: Some(&["--no-stacks"]), best_ns: f64::MAX },
+        Variant {
+            name: "memtrace --no-children",
+            memtrace_args: Some(&["--no-children"]),
+            best_ns: f64::MAX,
+        },
         Variant {
             name: "memtrace --sample 512KiB",
             memtrace_args: Some(&["--sample", "512KiB"]),
@@ -71,12 +79,45 @@ pub fn run(memtrace: &Path) -> Result<()> {
             variant.best_ns / floor
         );
     }
+    let outside = ns_outside_a_followed_tree(memtrace, &program, &trace)?;
+    println!(
+        "  {:<24} {:>8.1} ns   x untraced {:>6.1}   (an untraced process while memtrace follows a tree)",
+        "outside a followed tree",
+        outside,
+        outside / untraced
+    );
     let whole_run = whole_run_time(memtrace, &trace)?;
     println!(
         "a whole run of `memtrace -- true` (load, attach, detach, outputs): {:.0} ms",
         whole_run.as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// The loop run outside memtrace's tree while memtrace follows `sleep` and its descendants: the
+/// probes fire in the loop's process too and are filtered out in the kernel. Best of ROUNDS.
+fn ns_outside_a_followed_tree(memtrace: &Path, program: &Path, trace: &Path) -> Result<f64> {
+    let mut follower = as_root(memtrace)
+        .arg("-o")
+        .arg(trace)
+        .args(["--", "sleep", "600"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting memtrace -- sleep 600")?;
+    let stderr = follower.stderr.take().context("memtrace's stderr")?;
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    // Probes are in place once memtrace says it is tracing.
+    let measured = match lines.any(|line| line.starts_with("memtrace: tracing")) {
+        true => {
+            (0..ROUNDS).map(|_| ns_per_pair(Command::new(program).arg(PAIRS))).collect::<Result<Vec<f64>>>()
+        }
+        false => Err(anyhow::anyhow!("memtrace -- sleep 600 never said it was tracing")),
+    };
+    let _ = Command::new("kill").arg("-INT").arg(follower.id().to_string()).status();
+    // Read what it says to the end, so that it never blocks on a full pipe.
+    lines.for_each(drop);
+    let _ = follower.wait();
+    Ok(measured?.into_iter().fold(f64::MAX, f64::min))
 }
 
 fn ns_per_pair(command: &mut Command) -> Result<f64> {
