@@ -1,8 +1,8 @@
 //! Turns captured stacks into function names. The kernel resolves most frames to (build ID, file
 //! offset) while the process is alive, so a process that has exited is still symbolized: its files
 //! are found by build ID among the objects the traced processes mapped. Frames with only an address
-//! are placed through the process's last known mappings. A frame never resolved is kept as
-//! module+offset or as a bare address, never dropped.
+//! are placed through the process's last known mappings. A frame in a known file without a symbol
+//! is kept as module+offset; a frame in no file ends the stack (it would be a guess).
 
 use std::{
     cell::RefCell,
@@ -65,6 +65,8 @@ pub struct StackSymbolizer {
 /// Where an indexed file can be read at the end of the run.
 struct Readable {
     path: PathBuf,
+    /// A frame at an offset beyond the file is not in it.
+    len: u64,
     /// A file memtrace's own file system does not have at that path (a container's, a deleted
     /// one) stays open, and is read through its descriptor.
     _open: Option<ObjectFile>,
@@ -81,38 +83,44 @@ impl StackSymbolizer {
         self.indexed.insert(object.id, build_id);
         let Some(build_id) = build_id else { return };
         self.build_ids.entry(build_id).or_insert_with(|| match object.stable_path() {
-            Some(path) => Readable { path, _open: None },
-            None => Readable { path: object.host_path.clone(), _open: Some(object.clone()) },
+            Some(path) => Readable { path, len: object.len, _open: None },
+            None => Readable { path: object.host_path.clone(), len: object.len, _open: Some(object.clone()) },
         });
     }
 
-    /// Resolves the frames of a stack, innermost first.
+    /// Resolves the frames of a stack, innermost first. A frame that lies in none of the
+    /// process's files (what a frame-pointer walk reads out of a frame without one) ends the
+    /// stack; only the allocator's caller is kept as a bare address (JIT code, say).
     pub fn resolve(&self, stack: &StackFrames, mappings: &[Mapping]) -> Vec<Frame> {
         stack
             .frames
             .iter()
-            .map_while(|frame| match frame.status {
-                FRAME_BUILD_ID => Some(self.resolve_build_id(&frame.build_id, frame.offset_or_ip)),
-                FRAME_IP => Some(self.resolve_address(frame.offset_or_ip, mappings)),
+            .enumerate()
+            .map_while(|(index, frame)| match frame.status {
+                FRAME_BUILD_ID => self.resolve_build_id(&frame.build_id, frame.offset_or_ip),
+                FRAME_IP => self.resolve_address(frame.offset_or_ip, mappings, index == 0),
                 _ => None,
             })
             .collect()
     }
 
-    fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Frame {
+    fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Option<Frame> {
         match self.build_ids.get(build_id) {
-            Some(readable) => self.symbolize(&readable.path, offset),
+            Some(readable) if offset >= readable.len => None,
+            Some(readable) => Some(self.symbolize(&readable.path, offset)),
             None => {
                 let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-                unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset)
+                Some(unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset))
             }
         }
     }
 
-    fn resolve_address(&self, address: u64, mappings: &[Mapping]) -> Frame {
+    fn resolve_address(&self, address: u64, mappings: &[Mapping], innermost: bool) -> Option<Frame> {
         match mappings.iter().find(|m| (m.start..m.end).contains(&address)) {
-            Some(mapping) => self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset),
-            None => unresolved("[unknown]".to_owned(), address),
+            Some(mapping) => {
+                Some(self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset))
+            }
+            None => innermost.then(|| unresolved("[unknown]".to_owned(), address)),
         }
     }
 

@@ -467,7 +467,11 @@ fn bad_usdt_requests_are_clear_errors() {
     outcome.assert_stderr_mentions(&["arg0"]);
 
     let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
-        (vec!["--usdt".into(), "fixture:nonexistent".into()], vec!["fixture:nonexistent", "memtrace usdt"]),
+        // Kept to the command, a probe it does not have can never fire.
+        (
+            vec!["--no-children".into(), "--usdt".into(), "fixture:nonexistent".into()],
+            vec!["fixture:nonexistent", "memtrace usdt"],
+        ),
         (vec!["--usdt".into(), "fixture:tick=arg5".into()], vec!["no arg5", "1 argument"]),
         (
             vec!["--usdt".into(), format!("{}:app:probe", plain.display())],
@@ -487,6 +491,12 @@ fn bad_usdt_requests_are_clear_errors() {
         }
         assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
     }
+
+    // Following the command's children, a program it starts may have it: said, not refused.
+    let outcome =
+        Memtrace::new().args(["--usdt", "fixture:nonexistent"]).command(&program).arg(&written).run();
+    outcome.assert_exit_code(0);
+    outcome.assert_stderr_mentions(&["fixture:nonexistent", "attached when a program it starts has it"]);
 
     let (code, _, stderr) = memtrace_usdt(&["/nonexistent/file"]);
     assert_eq!(code, 1, "{stderr}");
