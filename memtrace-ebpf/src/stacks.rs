@@ -14,11 +14,17 @@
 //! A process whose mapping table is not loaded yet falls back to the frame-pointer walk and
 //! bpf_get_stack's build-ID form, cut at the first frame outside a file.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::{
+    ffi::c_void,
+    ptr::{read_volatile, write_volatile},
+};
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_stack},
+    helpers::{
+        bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::{bpf_get_stack, bpf_loop},
+    },
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::RetProbeContext,
@@ -191,11 +197,32 @@ fn unwind(
     };
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
-    for _ in 0..STACK_DEPTH {
-        if !unwind_frame(mappings, raw, locations, state) {
-            return;
-        }
-    }
+    let mut walk = Walk { mappings, raw, locations, state };
+    // The frame step is verified once, as the callback, rather than once per frame of a loop.
+    // SAFETY: the callback is a function of this program, and its context is `walk`, on this
+    // program's stack for the whole call, as bpf_loop requires.
+    unsafe { bpf_loop(STACK_DEPTH as u32, unwind_step as *mut c_void, (&raw mut walk).cast(), 0) };
+}
+
+/// What each step of the walk works on: the caller's map values, passed to the bpf_loop callback
+/// on the caller's stack.
+#[repr(C)]
+struct Walk {
+    mappings: *const UnwindMappings,
+    raw: *mut RawStack,
+    locations: *mut Locations,
+    state: *mut UnwindState,
+}
+
+/// bpf_loop's callback: one frame; 1 ends the loop.
+extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `Walk` that `unwind` passed, whose pointers are map values
+    // that live as long as the program runs.
+    let (mappings, raw, locations, state) = unsafe {
+        let walk = &*(walk as *const Walk);
+        (&*walk.mappings, &mut *walk.raw, &mut *walk.locations, walk.state)
+    };
+    i64::from(!unwind_frame(mappings, raw, locations, state))
 }
 
 /// Takes one frame and steps to its caller; false when the walk ends (the reason in `state`).
@@ -385,37 +412,61 @@ fn record_locations(
         return NO_STACK;
     };
     // SAFETY: the per-CPU scratch values are ours until the program ends.
-    let depth = unsafe { read_volatile(&(*state).depth) } as usize;
-    // SAFETY: as above; a StackFrame is four u64 words (status and the build ID's first 4 bytes,
-    // then 8 and 8 more bytes of it, then the offset or address).
-    let frames = unsafe { &mut *(scratch as *mut [[u64; 4]; STACK_DEPTH]) };
-    for (index, ((frame, location), address)) in
-        frames.iter_mut().zip(locations.iter()).zip(raw.iter()).enumerate()
-    {
-        let words = if index >= depth {
-            [0; 4]
-        } else {
-            match UNWIND_FILES.get(location.file) {
-                Some(file) if file.has_build_id != 0 => {
-                    let id = &file.build_id;
-                    let head = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
-                    let middle =
-                        u64::from_le_bytes([id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11]]);
-                    let tail =
-                        u64::from_le_bytes([id[12], id[13], id[14], id[15], id[16], id[17], id[18], id[19]]);
-                    [FRAME_BUILD_ID as u32 as u64 | u64::from(head) << 32, middle, tail, location.offset]
-                }
-                _ => [FRAME_IP as u32 as u64, 0, 0, *address],
+    let depth = unsafe { read_volatile(&(*state).depth) };
+    let mut record = Record { raw, locations, frames: scratch.cast(), depth };
+    // SAFETY: the callback is a function of this program; its context lives on this stack for the
+    // whole call.
+    unsafe { bpf_loop(STACK_DEPTH as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
+    store_frames(stats, scratch, depth as usize * 4)
+}
+
+/// What `record_frame` works on, on the caller's stack.
+#[repr(C)]
+struct Record {
+    raw: *const RawStack,
+    locations: *const Locations,
+    /// STACK_SCRATCH, as words: a StackFrame is four u64 words (status and the build ID's first 4
+    /// bytes, then 8 and 8 more bytes of it, then the offset or address).
+    frames: *mut [[u64; 4]; STACK_DEPTH],
+    depth: u64,
+}
+
+/// bpf_loop's callback: writes frame `index` of the stack (zeroes past the depth).
+extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `Record` that `record_locations` passed, whose pointers are
+    // per-CPU scratch values that are ours until the program ends.
+    let (raw, locations, frames, depth) = unsafe {
+        let record = &*(record as *const Record);
+        (&*record.raw, &*record.locations, &mut *record.frames, record.depth)
+    };
+    let slot = index as usize & (STACK_DEPTH - 1);
+    let (Some(frame), Some(location), Some(address)) =
+        (frames.get_mut(slot), locations.get(slot), raw.get(slot))
+    else {
+        return 1;
+    };
+    let words = if index >= depth {
+        [0; 4]
+    } else {
+        match UNWIND_FILES.get(location.file) {
+            Some(file) if file.has_build_id != 0 => {
+                let id = &file.build_id;
+                let head = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+                let middle = u64::from_le_bytes([id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11]]);
+                let tail =
+                    u64::from_le_bytes([id[12], id[13], id[14], id[15], id[16], id[17], id[18], id[19]]);
+                [FRAME_BUILD_ID as u32 as u64 | u64::from(head) << 32, middle, tail, location.offset]
             }
-        };
-        // Word by word: a whole-struct store would be a call to a byte loop (memset, memcpy),
-        // which the verifier walks byte by byte.
-        for (slot, word) in frame.iter_mut().zip(words) {
-            // SAFETY: a word of the scratch value.
-            unsafe { write_volatile(slot, word) };
+            _ => [FRAME_IP as u32 as u64, 0, 0, *address],
         }
+    };
+    // Word by word: a whole-struct store would be a call to a byte loop (memset, memcpy), which
+    // the verifier walks byte by byte.
+    for (slot, word) in frame.iter_mut().zip(words) {
+        // SAFETY: a word of the scratch value.
+        unsafe { write_volatile(slot, word) };
     }
-    store_frames(stats, scratch, depth * 4)
+    0
 }
 
 /// Stores the stack in STACK_SCRATCH (its first `used` words hashed) in STACKS; its key or NO_STACK.
@@ -495,26 +546,49 @@ fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) 
         add(&stats.lost_events, 1);
         return NO_STACK;
     }
-    // SAFETY: the scratch value is ours until the program ends.
-    let frames = unsafe { &mut *scratch };
     // A frame the kernel could not place in a file is what a frame-pointer walk reads out of a
     // frame without one: the stack ends before it (the allocator's caller is always kept).
-    let mut kept = depth;
-    for (index, frame) in frames.frames.iter_mut().enumerate() {
-        if index > 0 && frame.status != FRAME_BUILD_ID && kept > index {
-            kept = index;
-        }
-        if index >= kept {
-            // SAFETY: a frame of the scratch value is four u64 words; see record_locations.
-            let words = unsafe { &mut *(frame as *mut StackFrame as *mut [u64; 4]) };
-            for word in words.iter_mut() {
-                // SAFETY: as above.
-                unsafe { write_volatile(word, 0) };
-            }
+    let mut cut = Cut { frames: scratch, kept: depth as u64 };
+    // SAFETY: the callback is a function of this program; its context lives on this stack for the
+    // whole call.
+    unsafe { bpf_loop(STACK_DEPTH as u32, cut_frame as *mut c_void, (&raw mut cut).cast(), 0) };
+    let used = (copied as usize / 8).min(cut.kept as usize * 4);
+    store_frames(stats, scratch, used)
+}
+
+/// What `cut_frame` works on, on the caller's stack.
+#[repr(C)]
+struct Cut {
+    frames: *mut StackFrames,
+    /// Frames kept so far: the walk's depth, or less where a frame lies in no file.
+    kept: u64,
+}
+
+/// bpf_loop's callback: ends the stack at frame `index` if the kernel placed it in no file, and
+/// zeroes it if the stack has ended.
+extern "C" fn cut_frame(index: u64, cut: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `Cut` that `resolve_build_ids` passed; its frames are the
+    // per-CPU scratch value, ours until the program ends.
+    let (cut, frames) = unsafe {
+        let cut = &mut *(cut as *mut Cut);
+        let frames = &mut *cut.frames;
+        (cut, frames)
+    };
+    let Some(frame) = frames.frames.get_mut(index as usize & (STACK_DEPTH - 1)) else {
+        return 1;
+    };
+    if index > 0 && frame.status != FRAME_BUILD_ID && cut.kept > index {
+        cut.kept = index;
+    }
+    if index >= cut.kept {
+        // SAFETY: a frame of the scratch value is four u64 words; see `Record::frames`.
+        let words = unsafe { &mut *(frame as *mut StackFrame as *mut [u64; 4]) };
+        for word in words.iter_mut() {
+            // SAFETY: as above.
+            unsafe { write_volatile(word, 0) };
         }
     }
-    let used = (copied as usize / 8).min(kept * 4);
-    store_frames(stats, scratch, used)
+    0
 }
 
 /// Adds an allocation (or, with a negative count, a free) to its stack's totals.

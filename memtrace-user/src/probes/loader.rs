@@ -5,8 +5,9 @@
 //! expected attach type BPF_TRACE_UPROBE_MULTI, which aya 0.14's `UProbe::load` never sets. So the
 //! uprobe programs are loaded here: the embedded object is parsed again with aya-obj, relocated
 //! against the maps aya already created (so both loads share every map), and handed to
-//! BPF_PROG_LOAD. The raw tracepoints, and the uprobe programs on kernels without uprobe_multi, are
-//! still loaded by aya.
+//! BPF_PROG_LOAD, with the object's BTF and each program's function and line info (the verifier
+//! needs them for the unwinder's bpf_loop callback). The raw tracepoints, and the uprobe programs
+//! on kernels without uprobe_multi, are still loaded by aya.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -18,11 +19,13 @@ use std::{
 use anyhow::{bail, Context, Result};
 use aya::{maps::Map, Ebpf};
 use aya_obj::{
-    generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_insn, bpf_prog_type::BPF_PROG_TYPE_KPROBE},
-    Object, ProgramSection,
+    btf::BtfFeatures,
+    generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type::BPF_PROG_TYPE_KPROBE},
+    Function, Object, ProgramSection,
 };
 
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_BTF_LOAD: libc::c_long = 18;
 /// bpf(2): BPF_F_SLEEPABLE in prog_flags.
 const BPF_F_SLEEPABLE: u32 = 1 << 4;
 /// Bytes of verifier log kept when a load fails.
@@ -44,17 +47,38 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+}
+
+/// `union bpf_attr` for BPF_BTF_LOAD.
+#[repr(C)]
+#[derive(Default)]
+struct BtfLoadAttr {
+    btf: u64,
+    btf_log_buf: u64,
+    btf_size: u32,
+    btf_log_size: u32,
+    btf_log_level: u32,
 }
 
 /// memtrace's uprobe programs, loaded for uprobe_multi links, by name.
 pub struct MultiPrograms {
     programs: HashMap<String, OwnedFd>,
+    /// The object's type information in the kernel, which the programs refer to.
+    _btf: OwnedFd,
 }
 
 impl MultiPrograms {
     /// Loads the named uprobe programs of `object`, whose maps `ebpf` created from the same bytes.
     pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&str]) -> Result<Self> {
         let mut obj = Object::parse(object).context("parsing the embedded BPF object")?;
+        let btf = load_btf(&mut obj)?;
         let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
         let map_objects = std::mem::take(&mut obj.maps);
         let mut maps = Vec::with_capacity(map_objects.len());
@@ -76,10 +100,10 @@ impl MultiPrograms {
                 .functions
                 .get(&(program.section_index, program.address))
                 .with_context(|| format!("the BPF object has no code for program {name}"))?;
-            let fd = load_program(name, &function.instructions, &obj.license, sleepable)?;
+            let fd = load_program(name, function, btf.as_fd(), &obj.license, sleepable)?;
             programs.insert(name.to_owned(), fd);
         }
-        Ok(Self { programs })
+        Ok(Self { programs, _btf: btf })
     }
 
     pub fn program(&self, name: &str) -> Result<BorrowedFd<'_>> {
@@ -125,14 +149,42 @@ fn map_fd(map: &Map) -> RawFd {
     data.fd().as_fd().as_raw_fd()
 }
 
+/// Loads the object's BTF into the kernel, as this kernel takes it (every BTF feature is there
+/// since 5.16; older kernels fall back to per-site links).
+fn load_btf(obj: &mut Object) -> Result<OwnedFd> {
+    let features = BtfFeatures::new(true, true, true, true, true, true, true, true);
+    let btf = obj
+        .fixup_and_sanitize_btf(&features)
+        .context("preparing the BPF object's BTF")?
+        .context("the BPF object carries no BTF (build memtrace-ebpf with bpf-linker --btf)")?
+        .to_bytes();
+    let mut log = vec![0u8; LOG_SIZE];
+    let attr = BtfLoadAttr {
+        btf: btf.as_ptr() as u64,
+        btf_size: u32::try_from(btf.len()).context("BTF too large")?,
+        btf_log_buf: log.as_mut_ptr() as u64,
+        btf_log_size: LOG_SIZE as u32,
+        btf_log_level: 1,
+    };
+    // SAFETY: the attribute, the BTF and the log it points to outlive the call.
+    unsafe { bpf(BPF_BTF_LOAD, std::ptr::from_ref(&attr).cast(), size_of::<BtfLoadAttr>()) }.map_err(|err| {
+        let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
+        anyhow::anyhow!("the kernel refused the BPF object's BTF: {err}\n{log}")
+    })
+}
+
 /// BPF_PROG_LOAD of one kprobe-type program with expected attach type BPF_TRACE_UPROBE_MULTI; on
 /// failure, loads it again with the verifier's log to say why.
 fn load_program(
     name: &str,
-    instructions: &[bpf_insn],
+    function: &Function,
+    btf: BorrowedFd<'_>,
     license: &CString,
     sleepable: bool,
 ) -> Result<OwnedFd> {
+    let instructions = &function.instructions;
+    // Kept alive until the program is loaded.
+    let (func_info, line_info) = (function.func_info.func_info_bytes(), function.line_info.line_info_bytes());
     let mut prog_name = [0u8; 16];
     for (slot, byte) in prog_name.iter_mut().zip(name.bytes().take(15)) {
         *slot = byte;
@@ -145,6 +197,13 @@ fn load_program(
         prog_flags: if sleepable { BPF_F_SLEEPABLE } else { 0 },
         prog_name,
         expected_attach_type: BPF_TRACE_UPROBE_MULTI as u32,
+        prog_btf_fd: btf.as_raw_fd() as u32,
+        func_info_rec_size: function.func_info_rec_size as u32,
+        func_info: func_info.as_ptr() as u64,
+        func_info_cnt: function.func_info.len() as u32,
+        line_info_rec_size: function.line_info_rec_size as u32,
+        line_info: line_info.as_ptr() as u64,
+        line_info_cnt: function.line_info.len() as u32,
         ..ProgLoadAttr::default()
     };
     if let Ok(fd) = prog_load(&attr) {
@@ -164,16 +223,18 @@ fn load_program(
 }
 
 fn prog_load(attr: &ProgLoadAttr) -> io::Result<OwnedFd> {
-    // SAFETY: the attribute, and the instructions, license and log it points to, outlive the call;
-    // its size is passed along. The result is a new descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            std::ptr::from_ref(attr),
-            size_of::<ProgLoadAttr>() as u32,
-        )
-    };
+    // SAFETY: the attribute, and the instructions, license, BTF records and log it points to,
+    // outlive the call.
+    unsafe { bpf(BPF_PROG_LOAD, std::ptr::from_ref(attr).cast(), size_of::<ProgLoadAttr>()) }
+}
+
+/// bpf(2) for a command that returns a new descriptor.
+///
+/// # Safety
+/// `attr` points to `size` bytes of the command's attribute, whose pointers are valid for the call.
+unsafe fn bpf(command: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
+    // SAFETY: as the caller promises; the result is a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr, size as u32) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -189,5 +250,8 @@ mod tests {
     fn attribute_layout_matches_the_kernel() {
         assert_eq!(std::mem::offset_of!(ProgLoadAttr, prog_name), 48);
         assert_eq!(std::mem::offset_of!(ProgLoadAttr, expected_attach_type), 68);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, func_info), 80);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, line_info_cnt), 104);
+        assert_eq!(std::mem::offset_of!(BtfLoadAttr, btf_log_level), 24);
     }
 }
