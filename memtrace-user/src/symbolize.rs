@@ -218,8 +218,10 @@ mod tests {
         let mappings = crate::procfs::mappings(std::process::id()).unwrap();
         let mapping = mappings.iter().find(|m| (m.start..m.end).contains(&address)).unwrap();
         let offset = address - mapping.start + mapping.file_offset;
-        let frame = symbolizer.resolve_build_id(&build_id, offset + 1);
+        let frame = symbolizer.resolve_build_id(&build_id, offset + 1).expect("the offset is inside the file");
         assert!(frame.name().contains("own_functions_resolve_by_build_id"), "{frame:?}");
+        // An offset beyond the file is no frame of it.
+        assert_eq!(symbolizer.resolve_build_id(&build_id, object.len), None);
     }
 
     #[test]
