@@ -196,14 +196,20 @@ mod tests {
     const EMPTY: StackFrame = StackFrame { status: FRAME_EMPTY, build_id: [0; 20], offset_or_ip: 0 };
 
     #[test]
-    fn unknown_frames_are_kept_as_module_and_offset() {
+    fn frames_in_no_file_end_the_stack_but_the_allocators_caller() {
         let mut stack = StackFrames { frames: [EMPTY; STACK_DEPTH] };
-        stack.frames[0] = StackFrame { status: FRAME_BUILD_ID, build_id: [0xab; 20], offset_or_ip: 0x1234 };
-        stack.frames[1] = StackFrame { status: FRAME_IP, build_id: [0; 20], offset_or_ip: 0x7fff_0000 };
+        let address = |ip| StackFrame { status: FRAME_IP, build_id: [0; 20], offset_or_ip: ip };
+        // JIT code, say: the allocator's caller is kept whatever maps it.
+        stack.frames[0] = address(0x7fff_0000);
+        // A file memtrace never found: kept as build ID and offset, for later symbolization.
+        stack.frames[1] = StackFrame { status: FRAME_BUILD_ID, build_id: [0xab; 20], offset_or_ip: 0x1234 };
+        // In no mapping: a guess, which ends the stack.
+        stack.frames[2] = address(0x7fff_1000);
+        stack.frames[3] = address(0x7fff_2000);
         let frames = StackSymbolizer::default().resolve(&stack, &[]);
-        assert_eq!(frames.len(), 2, "frames stop at the first empty one");
-        assert_eq!(frames[0].name(), format!("[build-id {}]+0x1234", "ab".repeat(20)));
-        assert_eq!(frames[1].name(), "[unknown]+0x7fff0000");
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(frames[0].name(), "[unknown]+0x7fff0000");
+        assert_eq!(frames[1].name(), format!("[build-id {}]+0x1234", "ab".repeat(20)));
     }
 
     #[test]
@@ -218,7 +224,8 @@ mod tests {
         let mappings = crate::procfs::mappings(std::process::id()).unwrap();
         let mapping = mappings.iter().find(|m| (m.start..m.end).contains(&address)).unwrap();
         let offset = address - mapping.start + mapping.file_offset;
-        let frame = symbolizer.resolve_build_id(&build_id, offset + 1).expect("the offset is inside the file");
+        let frame =
+            symbolizer.resolve_build_id(&build_id, offset + 1).expect("the offset is inside the file");
         assert!(frame.name().contains("own_functions_resolve_by_build_id"), "{frame:?}");
         // An offset beyond the file is no frame of it.
         assert_eq!(symbolizer.resolve_build_id(&build_id, object.len), None);
