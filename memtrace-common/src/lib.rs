@@ -11,11 +11,11 @@ pub const DEFAULT_MAX_LIVE_ALLOCATIONS: u32 = 1 << 20;
 pub const MAX_THREADS: u32 = 65_536;
 
 /// Distinct call stacks remembered at once (per machine).
-pub const MAX_STACKS: u32 = 16_384;
+pub const MAX_STACKS: u32 = 131_072;
 /// Raw stacks (return addresses of one process) whose build-ID form is remembered; a cache.
 pub const MAX_RAW_STACKS: u32 = 65_536;
 /// (process, stack) pairs with totals at once.
-pub const MAX_STACK_TOTALS: u32 = 65_536;
+pub const MAX_STACK_TOTALS: u32 = 131_072;
 /// Frames kept per stack, innermost first; deeper stacks are cut at the outer end.
 pub const STACK_DEPTH: usize = 32;
 /// `Allocation::stack` when no stack was taken (--no-stacks, or the stack could not be recorded).

@@ -47,7 +47,7 @@ pub(crate) static STACKS: HashMap<u64, StackFrames> =
 
 #[map]
 pub(crate) static STACK_TOTALS: HashMap<StackKey, StackTotals> =
-    HashMap::with_max_entries(MAX_STACK_TOTALS, 0);
+    HashMap::with_max_entries(MAX_STACK_TOTALS, BPF_F_NO_PREALLOC);
 
 /// A stack is 1 KiB, more than the BPF stack holds: it is captured here first.
 #[map]

@@ -69,6 +69,13 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
     pub max_allocations: u32,
 
+    /// Capacity of the kernel's stack tables (distinct stacks, and (process, stack) totals):
+    /// memtrace empties them at every sample, so they must hold what one interval brings. Stacks
+    /// beyond it are counted as lost. Each stack takes about 1 KiB of kernel memory while held
+    #[arg(long, value_name = "N", default_value_t = memtrace_common::MAX_STACKS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
+    pub max_stacks: u32,
+
     /// The allocator's symbol prefix or name: glibc, jemalloc, tcmalloc, mimalloc, je_, tc_, mi_,
     /// _rjem_ (Rust's jemallocator), or any prefix [default: found per process]
     #[arg(long, value_name = "NAME")]

@@ -15,6 +15,7 @@ use crate::{
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
+    stack_table::StackTable,
     symbolize::StackSymbolizer,
 };
 
@@ -24,6 +25,8 @@ pub struct Collector {
     /// The mapped paths of each live process already indexed for symbols, so that a file is
     /// opened once per process, not at every sample.
     indexed: HashMap<u32, HashSet<PathBuf>>,
+    /// What the kernel's stack tables held, taken out at every sample.
+    stacks: StackTable,
 }
 
 impl Collector {
@@ -62,6 +65,7 @@ impl Collector {
             }
             self.read_mappings_of(process);
         }
+        self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         model.unattributed_lost_events = probes.unattributed_lost_events()?;
         crate::usdt::collect(probes, model)?;
         Ok(())
@@ -106,6 +110,11 @@ impl Collector {
         self.symbolizer.index(object);
     }
 
+    /// Forgets the stacks of processes reported and released.
+    pub fn forget(&mut self, probes: &Probes, tgids: &HashSet<u32>) -> Result<()> {
+        self.stacks.forget(probes, tgids)
+    }
+
     /// Fills in every process's stacks; live blocks younger than `older` do not count as leaked.
     pub fn collect_stacks(
         &mut self,
@@ -134,11 +143,7 @@ impl Collector {
             }
         }
         let sampling = model.sampling;
-        let mut totals: HashMap<StackKey, StackTotals> = probes
-            .stack_totals()?
-            .into_iter()
-            .filter(|(key, totals)| current(key.tgid, totals.started_ns))
-            .collect();
+        let mut totals = self.stacks.totals(probes, image_start)?;
         for key in leaked.keys() {
             totals.entry(*key).or_default();
         }
@@ -149,7 +154,7 @@ impl Collector {
             let Some(process) = model.processes.get_mut(&key.tgid) else {
                 continue;
             };
-            let Some(stack) = probes.stack(key.stack)? else {
+            let Some(stack) = self.stacks.frames(probes, key.stack)? else {
                 continue;
             };
             let leak = leaked.get(&key).copied().unwrap_or_default();
@@ -254,17 +259,22 @@ struct Leaked {
 /// first frame it cannot place in a file. A whole stack always reaches the program's entry, so a
 /// real call site is never the beginning of another; without this, one leak site would be two.
 fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
-    stacks.sort_by_key(|stack| std::cmp::Reverse(stack.frames.len()));
-    let mut index = stacks.len();
-    while index > 0 {
-        index -= 1;
+    // In frame order, the stacks a stack begins follow it at once.
+    stacks.sort_by(|a, b| a.frames.cmp(&b.frames));
+    let mut whole_of: Vec<Option<usize>> = vec![None; stacks.len()];
+    for (index, whole_of) in whole_of.iter_mut().enumerate() {
         let cut = &stacks[index].frames;
-        let mut longer = (0..index)
-            .filter(|&other| stacks[other].frames.len() > cut.len() && stacks[other].frames.starts_with(cut));
-        let (Some(whole), None) = (longer.next(), longer.next()) else {
-            continue;
-        };
-        let cut = stacks.remove(index);
+        let mut longer = (index + 1..stacks.len())
+            .take_while(|&other| stacks[other].frames.starts_with(cut))
+            .filter(|&other| stacks[other].frames.len() > cut.len());
+        if let (Some(whole), None) = (longer.next(), longer.next()) {
+            *whole_of = Some(whole);
+        }
+    }
+    // A whole stack is never cut from another: what begins it begins the other too, so it would
+    // have two longer stacks.
+    for (cut, whole) in whole_of.iter().enumerate().filter_map(|(cut, whole)| Some((cut, (*whole)?))) {
+        let cut = stacks[cut].clone();
         let whole = &mut stacks[whole];
         whole.totals.allocations += cut.totals.allocations;
         whole.totals.allocated_bytes += cut.totals.allocated_bytes;
@@ -275,6 +285,11 @@ fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
         whole.leaked_allocations += cut.leaked_allocations;
         whole.oldest_age = whole.oldest_age.max(cut.oldest_age);
     }
+    let mut index = 0;
+    stacks.retain(|_| {
+        index += 1;
+        whole_of[index - 1].is_none()
+    });
 }
 
 /// A stack's sampled totals as the allocations they stand for.

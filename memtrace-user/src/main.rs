@@ -11,6 +11,7 @@ mod probes;
 mod process;
 mod procfs;
 mod session;
+mod stack_table;
 mod symbolize;
 mod target;
 mod threads;
@@ -24,6 +25,13 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 // Allocator discovery reads a process image; it keeps its short path.
 use process::allocator;
+
+/// Following a tree or every process, memtrace probes libc's malloc for every process, itself
+/// included: a trap into the kernel per call, filtered out there, would slow memtrace's own work
+/// (symbolizing a run's stacks makes millions of allocations). Its own allocator is linked in,
+/// where no probe is.
+#[global_allocator]
+static OWN_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.

@@ -46,6 +46,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let reach = reach_of(&cli);
     let mut probes = Probes::load(&ProbeConfig {
         max_allocations: cli.max_allocations,
+        max_stacks: cli.max_stacks,
         capture_stacks: !cli.no_stacks,
         empty_probes: cli.empty_probes,
         sample_mean: cli.sample.unwrap_or(0),
@@ -528,6 +529,7 @@ impl Run<'_> {
                 .collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| exited.contains(&pid))?;
         }
         self.probes.release(&exited)?;
+        self.collector.forget(&self.probes, &exited)?;
         for pid in &exited {
             if let Some(process) = self.model.processes.get_mut(pid) {
                 process.released = true;

@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// One resolved stack frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frame {
     /// Demangled function name, when the object has symbols for the address.
     pub function: Option<String>,
@@ -60,6 +60,9 @@ pub struct StackSymbolizer {
     facts: FileCache,
     /// Per file, the public name of each exported function address (see `public_name`).
     public_names: RefCell<HashMap<PathBuf, HashMap<u64, String>>>,
+    /// Every frame symbolized so far, by file and offset: stacks share most of their frames, and
+    /// a run may have hundreds of thousands of stacks.
+    resolved: RefCell<HashMap<PathBuf, HashMap<u64, Frame>>>,
 }
 
 /// Where an indexed file can be read at the end of the run.
@@ -125,6 +128,15 @@ impl StackSymbolizer {
     }
 
     fn symbolize(&self, path: &Path, offset: u64) -> Frame {
+        if let Some(frame) = self.resolved.borrow().get(path).and_then(|frames| frames.get(&offset)) {
+            return frame.clone();
+        }
+        let frame = self.symbolize_once(path, offset);
+        self.resolved.borrow_mut().entry(path.to_owned()).or_default().insert(offset, frame.clone());
+        frame
+    }
+
+    fn symbolize_once(&self, path: &Path, offset: u64) -> Frame {
         // Frames are return addresses; the call instruction ends just before.
         let lookup = offset.saturating_sub(1);
         let mut frame = unresolved(path.display().to_string(), offset);

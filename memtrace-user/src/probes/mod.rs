@@ -5,6 +5,7 @@
 mod kernel_btf;
 mod links;
 mod loader;
+mod take;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
@@ -46,6 +47,8 @@ pub const LINK_KIND_VARIABLE: &str = "MEMTRACE_LINKS";
 pub struct ProbeConfig {
     /// Capacity of the live-allocation table.
     pub max_allocations: u32,
+    /// Capacity of the stack tables (STACKS, STACK_TOTALS).
+    pub max_stacks: u32,
     pub capture_stacks: bool,
     /// Attach the empty programs instead of the allocator programs (`--empty-probes`).
     pub empty_probes: bool,
@@ -143,6 +146,8 @@ impl Probes {
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("ALLOCATIONS", config.max_allocations)
+            .map_max_entries("STACKS", config.max_stacks)
+            .map_max_entries("STACK_TOTALS", config.max_stacks)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("REACH", &config.reach.kernel_value(), true)
@@ -366,6 +371,22 @@ impl Probes {
     pub fn stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
         let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
         collect_entries(totals.iter(), "the per-stack totals map")
+    }
+
+    /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
+    /// again is written again, and found here again.
+    pub fn take_stacks(&self) -> Result<Vec<(u64, StackFrames)>> {
+        take::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)
+    }
+
+    /// Takes out the totals of every (process, stack) with nothing live: an allocation from it
+    /// later starts a new entry, whose figures add to these.
+    pub fn take_idle_stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
+        take::take_entries(
+            self.map("STACK_TOTALS")?,
+            "the per-stack totals map",
+            |_, totals: &StackTotals| totals.live_allocations == 0,
+        )
     }
 
     pub fn stack(&self, stack: u64) -> Result<Option<StackFrames>> {

@@ -1,0 +1,83 @@
+//! Taking entries out of a kernel hash map at once: BPF_MAP_LOOKUP_AND_DELETE_ELEM returns an
+//! entry's value as it is removed, so an update the BPF side makes up to that moment is in the
+//! value memtrace gets, never lost between a read and a delete. aya 0.14 offers it only for
+//! queues and stacks.
+
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{HashMap, Map, MapData};
+
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+
+/// `union bpf_attr` for the map element commands.
+#[repr(C)]
+struct ElementAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// Removes the entries of the hash map `map` for which `wanted` holds (judged on a read of the
+/// entry) and returns each with its value as it was removed.
+pub fn take_entries<K: aya::Pod, V: aya::Pod>(
+    map: &Map,
+    what: &str,
+    wanted: impl Fn(&K, &V) -> bool,
+) -> Result<Vec<(K, V)>> {
+    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
+        anyhow::bail!("{what} is not a hash map");
+    };
+    let view: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
+    let keys: Vec<K> = view
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(key, value)| wanted(key, value))
+        .map(|(key, _)| key)
+        .collect();
+    let fd = data.fd().as_fd().as_raw_fd();
+    let mut taken = Vec::with_capacity(keys.len());
+    for key in keys {
+        // Gone meanwhile (the BPF side never removes these, but a release may have).
+        if let Some(value) = take(fd, &key).with_context(|| format!("taking an entry out of {what}"))? {
+            taken.push((key, value));
+        }
+    }
+    Ok(taken)
+}
+
+/// The value of `key`, removed from the map; None if it has no such key.
+fn take<K: aya::Pod, V: aya::Pod>(fd: i32, key: &K) -> io::Result<Option<V>> {
+    let mut value = std::mem::MaybeUninit::<V>::uninit();
+    let attr = ElementAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: std::ptr::from_ref(key) as u64,
+        value: value.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: the attribute points to a key and to room for a value of the map's sizes (aya
+    // checked them when it made the HashMap view), both live for the call.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            std::ptr::from_ref(&attr),
+            size_of::<ElementAttr>() as u32,
+        )
+    };
+    if result < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: the kernel wrote the value.
+    Ok(Some(unsafe { value.assume_init() }))
+}
