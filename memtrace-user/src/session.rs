@@ -505,9 +505,11 @@ impl Run<'_> {
         if lost > self.lost_reported {
             eprintln!(
                 "memtrace: warning: {} events lost in the last interval ({lost} in all); a kernel table \
-                 is full (the live-allocation table holds --max-allocations {} entries)",
+                 is full: live allocations (--max-allocations {}) or stacks made within one interval \
+                 (--max-stacks {}; or sample more often with -i)",
                 lost - self.lost_reported,
-                self.cli.max_allocations
+                self.cli.max_allocations,
+                self.cli.max_stacks
             );
             self.lost_reported = lost;
         }
