@@ -357,6 +357,32 @@ mod tests {
     }
 
     #[test]
+    fn serve_takes_the_target_options_of_a_run() {
+        let cli = Cli::try_parse_from(["memtrace", "serve", "--pid", "7", "-i", "250ms"]).unwrap();
+        let Some(Subcommand::Serve(args)) = &cli.subcommand else {
+            panic!("no serve subcommand");
+        };
+        assert_eq!(args.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(args.max_series_processes, 100);
+        let tracing = args.tracing();
+        assert_eq!((tracing.pids.as_slice(), tracing.interval), ([7].as_slice(), Duration::from_millis(250)));
+        assert!(!tracing.all && tracing.output.is_none() && tracing.summary.is_none());
+        let cli = Cli::try_parse_from(["memtrace", "serve", "--comm", "nginx", "--listen", "0.0.0.0:9100"])
+            .unwrap();
+        let Some(Subcommand::Serve(args)) = &cli.subcommand else {
+            panic!("no serve subcommand");
+        };
+        assert!(args.tracing().system_wide());
+        assert_eq!(args.options().listen.to_string(), "0.0.0.0:9100");
+        let missing = Cli::try_parse_from(["memtrace", "serve"]).unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
+        let both = Cli::try_parse_from(["memtrace", "serve", "--pid", "1", "--all"]).unwrap_err();
+        assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_from(["memtrace", "serve", "--all", "--max-series-processes", "0"]).is_err());
+        assert!(Cli::try_parse_from(["memtrace", "serve", "--all", "--listen", ":9464"]).is_err());
+    }
+
+    #[test]
     fn max_allocations_stops_at_the_kernel_limit() {
         let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
         let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();

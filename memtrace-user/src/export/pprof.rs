@@ -311,5 +311,7 @@ mod tests {
         assert_eq!(decoded.sample[0].value, [4, 400, 1, 100]);
         assert_eq!(decoded.location.len(), 3, "one location per distinct frame");
         assert_eq!(decoded.function.len(), 2, "main is one function at two offsets");
+        assert_eq!(build_profile(&model, Duration::ZERO, Processes::One(9)).sample.len(), 2);
+        assert!(build_profile(&model, Duration::ZERO, Processes::One(8)).sample.is_empty());
     }
 }
