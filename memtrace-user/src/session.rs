@@ -495,11 +495,15 @@ impl Run<'_> {
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
         self.report_new_losses();
         // Every exporter is asked (no short cut): each learns that its request is being served.
-        let wanted =
+        let stacks =
             self.exporters.iter_mut().fold(false, |wanted, exporter| exporter.wants_stacks() | wanted);
-        if wanted {
+        let occupancy =
+            self.exporters.iter_mut().fold(stacks, |wanted, exporter| exporter.wants_occupancy() | wanted);
+        if stacks {
             let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
             self.read_stacks(&unreleased)?;
+        }
+        if occupancy {
             self.record_occupancy()?;
         }
         let mut index = 0;
@@ -590,9 +594,12 @@ impl Run<'_> {
         // once, before the reports are worked out.
         self.probes.detach();
         self.sample()?;
-        let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
-        self.read_stacks(&unreleased)?;
-        self.record_occupancy()?;
+        // The agent has nothing left to show them to.
+        if !self.serving {
+            let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
+            self.read_stacks(&unreleased)?;
+            self.record_occupancy()?;
+        }
         // Every output that can still be written is: one failure does not stop the others.
         for exporter in &mut self.exporters {
             match exporter.finish(&self.model, RunEnd { duration }) {

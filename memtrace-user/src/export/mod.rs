@@ -24,6 +24,12 @@ pub trait Exporter {
         false
     }
 
+    /// Asked before each sample: whether the occupancy of the kernel's tables should be read for
+    /// it (it takes a pass over every table; reading the stacks reads it too).
+    fn wants_occupancy(&mut self) -> bool {
+        false
+    }
+
     /// Called once when the run ends, after the last sample.
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()>;
 

@@ -243,6 +243,7 @@ mod tests {
         }
         Snapshot {
             model,
+            profile: std::sync::Arc::new(Model::default()),
             traced_for: Duration::ZERO,
             profile_ticket: 0,
             lost_events: 3,

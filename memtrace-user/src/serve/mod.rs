@@ -41,8 +41,9 @@ pub struct ServeOptions {
 /// The port `--listen` takes when none is given.
 pub const DEFAULT_PORT: u16 = 9464;
 
-/// The table occupancy is read at least this often, even when no profile is asked for.
-const REFRESH_PERIOD: Duration = Duration::from_secs(60);
+/// The table occupancy is read at least this often (a pass over every kernel table), and at each
+/// heap profile request.
+const OCCUPANCY_PERIOD: Duration = Duration::from_secs(60);
 
 /// Parses `--listen`: IP:PORT, or a port alone for loopback. An address that reaches other hosts
 /// must be written out in full: `:9464` (every interface, in Go's shorthand) is refused.
@@ -64,8 +65,12 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
 
 /// The model as of one sample, as the server answers from it.
 pub struct Snapshot {
-    /// The processes to show, without their mappings; exited ones until a scrape has shown them.
+    /// The processes to show, with neither mappings nor stacks; exited ones until a scrape has
+    /// shown them.
     pub model: Model,
+    /// The processes with their stacks, as read for the latest heap profile request (shared by
+    /// every snapshot until the next one).
+    pub profile: Arc<Model>,
     /// How long tracing had run at this sample.
     pub traced_for: Duration,
     /// The heap profile requests whose stacks `model` holds: every one up to this number.
@@ -97,8 +102,9 @@ pub struct Agent {
     /// The profile request number read before this sample's stacks were.
     stacks_for: Option<u64>,
     profile_ticket: u64,
-    /// When the stacks and the table occupancy were last read (never: at the first sample).
-    last_refresh: Option<Instant>,
+    profile: Arc<Model>,
+    /// When the table occupancy was last read for the agent (never: at the first sample).
+    occupancy_read: Option<Instant>,
     /// Exited processes already shown, left out of every snapshot.
     gone: HashSet<u32>,
     /// Each process's lost events as last seen, and the sum of those that left the model.
@@ -111,6 +117,7 @@ impl Agent {
     pub fn start(options: &ServeOptions) -> Result<Self> {
         let empty = Snapshot {
             model: Model::default(),
+            profile: Arc::new(Model::default()),
             traced_for: Duration::ZERO,
             profile_ticket: 0,
             lost_events: 0,
@@ -139,7 +146,8 @@ impl Agent {
             server: Some(server),
             stacks_for: None,
             profile_ticket: 0,
-            last_refresh: None,
+            profile: Arc::new(Model::default()),
+            occupancy_read: None,
             gone: HashSet::new(),
             lost_by_process: HashMap::new(),
             departed_lost: 0,
@@ -163,25 +171,33 @@ impl Agent {
 impl Exporter for Agent {
     fn wants_stacks(&mut self) -> bool {
         let requested = self.shared.profile_requests.load(Ordering::Acquire);
-        let stale = self.last_refresh.is_none_or(|at| at.elapsed() >= REFRESH_PERIOD);
-        if requested > self.profile_ticket || stale {
+        if requested > self.profile_ticket {
             self.stacks_for = Some(requested);
             return true;
         }
         false
     }
 
+    fn wants_occupancy(&mut self) -> bool {
+        let due = self.occupancy_read.is_none_or(|at| at.elapsed() >= OCCUPANCY_PERIOD);
+        if due {
+            self.occupancy_read = Some(Instant::now());
+        }
+        due
+    }
+
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
         if let Some(ticket) = self.stacks_for.take() {
             self.profile_ticket = ticket;
-            self.last_refresh = Some(Instant::now());
+            self.profile = Arc::new(visible_model(model, &self.gone, Stacks::Kept));
         }
         let shown = std::mem::take(&mut *self.shared.shown_exits.lock().unwrap_or_else(|e| e.into_inner()));
         self.gone.extend(shown);
         self.gone.retain(|pid| model.processes.get(pid).is_some_and(|process| process.exited));
         let lost_events = self.lost_events(model);
         let snapshot = Snapshot {
-            model: visible_model(model, &self.gone),
+            model: visible_model(model, &self.gone, Stacks::Left),
+            profile: Arc::clone(&self.profile),
             traced_for: Duration::from_micros(sample.ts_us),
             profile_ticket: self.profile_ticket,
             lost_events,
@@ -208,15 +224,36 @@ impl Drop for Agent {
     }
 }
 
-/// The processes the server shows, without what it never reads (their mappings).
-fn visible_model(model: &Model, gone: &HashSet<u32>) -> Model {
+/// Whether a copy of the model keeps the call stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stacks {
+    Kept,
+    Left,
+}
+
+/// The processes the server shows, without what it never reads (their mappings), and with their
+/// stacks only for a heap profile.
+fn visible_model(model: &Model, gone: &HashSet<u32>, stacks: Stacks) -> Model {
     let visible = |process: &&Process| !(process.exited && gone.contains(&process.pid));
+    let copy = |process: &Process| Process {
+        pid: process.pid,
+        comm: process.comm.clone(),
+        allocator: process.allocator.clone(),
+        allocator_kind: process.allocator_kind.clone(),
+        stats: process.stats,
+        rss_bytes: process.rss_bytes,
+        exited: process.exited,
+        released: process.released,
+        mappings: Vec::new(),
+        stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },
+        usdt: process.usdt.clone(),
+    };
     Model {
         processes: model
             .processes
             .values()
             .filter(visible)
-            .map(|process| (process.pid, Process { mappings: Vec::new(), ..process.clone() }))
+            .map(|process| (process.pid, copy(process)))
             .collect(),
         unattributed_lost_events: model.unattributed_lost_events,
         usdt_lost_events: model.usdt_lost_events,
@@ -245,9 +282,9 @@ mod tests {
         model.add_process(1, "a".into(), "/libc".into());
         model.add_process(2, "b".into(), "/libc".into());
         model.processes.get_mut(&2).unwrap().exited = true;
-        let visible = visible_model(&model, &HashSet::from([2]));
+        let visible = visible_model(&model, &HashSet::from([2]), Stacks::Left);
         assert_eq!(visible.processes.keys().collect::<Vec<_>>(), [&1]);
-        let visible = visible_model(&model, &HashSet::new());
+        let visible = visible_model(&model, &HashSet::new(), Stacks::Left);
         assert_eq!(visible.processes.len(), 2);
     }
 }

@@ -38,13 +38,13 @@ pub async fn respond(shared: &Shared, query: Option<&str>, endpoint: Endpoint) -
         }
     };
     let processes = match pid {
-        Some(pid) if !snapshot.model.processes.contains_key(&pid) => {
+        Some(pid) if !snapshot.profile.processes.contains_key(&pid) => {
             return text(StatusCode::NOT_FOUND, format!("pid {pid} is not traced (or has exited)\n"));
         }
         Some(pid) => Processes::One(pid),
         None => Processes::All,
     };
-    let mut profile = build_profile(&snapshot.model, snapshot.traced_for, processes);
+    let mut profile = build_profile(&snapshot.profile, snapshot.traced_for, processes);
     if endpoint == Endpoint::Allocs {
         if let Some(index) = profile.string_table.iter().position(|s| s == "alloc_space") {
             profile.default_sample_type = index as i64;
