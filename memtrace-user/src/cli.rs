@@ -149,7 +149,7 @@ pub enum Subcommand {
     Usdt(UsdtListArgs),
     /// Run as an agent: trace until SIGINT/SIGTERM and serve Prometheus metrics (/metrics) and
     /// the live heap profile (/debug/pprof/heap) over HTTP
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -168,6 +168,15 @@ pub struct ServeArgs {
     /// summed under comm="other"
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_series_processes: u32,
+
+    /// Push the heap profile of each process (the largest --max-series-processes) to this
+    /// Pyroscope-compatible server at every --push-interval, e.g. http://127.0.0.1:4040
+    #[arg(long, value_name = "URL", value_parser = crate::serve::push::parse_push_url)]
+    pub push: Option<hyper::Uri>,
+
+    /// How often to push with --push
+    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
+    pub push_interval: Duration,
 
     /// Trace a running process (repeatable)
     #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
@@ -241,6 +250,10 @@ impl ServeArgs {
             max_series_processes: self.max_series_processes as usize,
             interval: self.interval,
             max_allocations: self.max_allocations,
+            push: self
+                .push
+                .clone()
+                .map(|base| crate::serve::push::PushTarget { base, interval: self.push_interval }),
         }
     }
 }

@@ -33,10 +33,10 @@ struct Agent {
 
 impl Agent {
     fn start() -> Self {
-        Self::start_in(Memtrace::new())
+        Self::start_in(Memtrace::new(), &[])
     }
 
-    fn start_in(memtrace: Memtrace) -> Self {
+    fn start_in(memtrace: Memtrace, extra_args: &[&str]) -> Self {
         let mut target = Spawned::spawn({
             let mut command = Command::new(fixture("leaks"));
             command.arg("linger");
@@ -47,6 +47,7 @@ impl Agent {
         let mut memtrace = memtrace
             .without_default_outputs()
             .args(["serve", "--listen", "127.0.0.1:0", "-i", INTERVAL, "--pid", &pid])
+            .args(extra_args)
             .spawn();
         let serving = memtrace.wait_for_stderr("memtrace: serving http://");
         let port = serving
@@ -326,7 +327,7 @@ fn sigint_ends_the_agent_with_status_0_and_no_trace_file() {
     // Run in its own directory, where a default trace file would appear.
     let dir = memtrace.dir().to_owned();
     let mut agent =
-        Agent::start_in(memtrace.wrapped_in([OsStr::new("env"), OsStr::new("-C"), dir.as_os_str()]));
+        Agent::start_in(memtrace.wrapped_in([OsStr::new("env"), OsStr::new("-C"), dir.as_os_str()]), &[]);
     agent.wait_for_leaks();
     agent.memtrace.interrupt();
     let stopped = Instant::now();
@@ -354,4 +355,97 @@ fn listening_beyond_loopback_needs_the_address_in_full() {
         "{}",
         outcome.stderr
     );
+}
+
+/// One request an ingest receiver got: its request line and the multipart field `profile`.
+struct Pushed {
+    request_line: String,
+    profile: Vec<u8>,
+}
+
+/// Accepts one connection and answers its request with `status`, returning what it got.
+fn receive_push(listener: &TcpListener, status: &str) -> Pushed {
+    listener.set_nonblocking(true).unwrap();
+    let mut stream = poll("a push", || listener.accept().ok()).0;
+    stream.set_nonblocking(false).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 65536];
+    let (head_end, length) = loop {
+        let read = stream.read(&mut buffer).expect("reading a push");
+        assert!(read > 0, "the push ended early: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buffer[..read]);
+        if let Some(end) = find(&raw, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse::<usize>().ok())
+                .expect("a Content-Length");
+            break (end + 4, length);
+        }
+    };
+    while raw.len() < head_end + length {
+        let read = stream.read(&mut buffer).expect("reading a push body");
+        assert!(read > 0, "the push body ended early");
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
+    let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    stream.write_all(answer.as_bytes()).unwrap();
+    let boundary = head
+        .lines()
+        .find(|line| line.to_ascii_lowercase().starts_with("content-type: multipart/form-data"))
+        .and_then(|line| line.split("boundary=").nth(1))
+        .unwrap_or_else(|| panic!("no multipart boundary in {head}"))
+        .trim()
+        .to_owned();
+    let body = &raw[head_end..];
+    let part = find(body, b"name=\"profile\"").expect("a field named profile");
+    let start = part + find(&body[part..], b"\r\n\r\n").unwrap() + 4;
+    let end = start + find(&body[start..], format!("\r\n--{boundary}").as_bytes()).unwrap();
+    Pushed { request_line: head.lines().next().unwrap().to_owned(), profile: body[start..end].to_vec() }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|window| window == needle)
+}
+
+#[test]
+fn pushes_reach_a_pyroscope_ingest_endpoint_and_failures_are_counted() {
+    let receiver = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", receiver.local_addr().unwrap());
+    let agent = Agent::start_in(Memtrace::new(), &["--push", &url, "--push-interval", "1s"]);
+    let home = tempfile::tempdir().unwrap();
+    let process = format!("%2Cpid%3D{}%2Ccomm%3Dleaks%7D", agent.pid());
+    // The first pushes may come before the fixture's leaks; a later one has them all.
+    let top = poll("a pushed profile with the fixture's leaks", || {
+        let pushed = receive_push(&receiver, "200 OK");
+        let line = &pushed.request_line;
+        assert!(line.starts_with("POST /ingest?name=memtrace.heap%7Bhost%3D"), "{line}");
+        assert!(line.contains(&process), "{line}");
+        assert!(
+            line.contains("&from=") && line.contains("&until=") && line.contains("&format=pprof"),
+            "{line}"
+        );
+        assert_eq!(pushed.profile[..2], [0x1f, 0x8b], "a gzipped profile");
+        let file = home.path().join("pushed.pb.gz");
+        std::fs::write(&file, &pushed.profile).unwrap();
+        let top = pprof_top(file.to_str().unwrap(), home.path());
+        top.contains(&format!("of {LIVE_BYTES}B total")).then_some(top)
+    });
+    assert_eq!(flat_bytes(&top, "leak_textures").as_deref(), Some("5000B"), "{top}");
+    // A server that refuses: the push is tried three times, then counted and said.
+    for _ in 0..3 {
+        receive_push(&receiver, "500 Internal Server Error");
+    }
+    let port = agent.port;
+    let mut memtrace = agent.memtrace;
+    memtrace.wait_for_stderr_containing("heap profile push(es) to");
+    let failures = poll("memtrace_push_failures_total", || {
+        let metrics = get(port, "/metrics").text();
+        let value = metrics.lines().find_map(|line| line.strip_prefix("memtrace_push_failures_total "))?;
+        (value != "0").then(|| value.to_owned())
+    });
+    assert_eq!(failures, "1");
 }

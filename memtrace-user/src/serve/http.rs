@@ -8,7 +8,7 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    sync::{Arc, PoisonError},
+    sync::{atomic::Ordering, Arc, PoisonError},
     thread::JoinHandle,
     time::Duration,
 };
@@ -31,6 +31,7 @@ use tokio::{
 use super::{
     metrics,
     profile::{self, Endpoint},
+    push::{self, PushTarget},
     Shared,
 };
 
@@ -60,7 +61,7 @@ pub struct Server {
 
 impl Server {
     /// Binds `address` at once (an error names it) and serves on a new thread.
-    pub fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<Self> {
+    pub fn start(address: SocketAddr, shared: Arc<Shared>, push: Option<PushTarget>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -76,7 +77,14 @@ impl Server {
         // Spawned after SIGINT and SIGTERM are blocked: they reach the run's signalfd, never here.
         let thread = std::thread::Builder::new()
             .name("memtrace-serve".to_owned())
-            .spawn(move || runtime.block_on(accept(listener, shared, stopped)))
+            .spawn(move || {
+                runtime.block_on(async {
+                    if let Some(target) = push {
+                        tokio::spawn(push::run(Arc::clone(&shared), target));
+                    }
+                    accept(listener, shared, stopped).await;
+                });
+            })
             .context("starting the HTTP server's thread")?;
         Ok(Self { address, stop, thread })
     }
@@ -167,8 +175,13 @@ fn metrics(shared: &Shared) -> Reply {
     let snapshot = Arc::clone(&shared.snapshot.borrow());
     // Worked on a copy: the lock is never held while the text is written.
     let mut shown = shared.shown_exits.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    let body =
-        metrics::exposition(&snapshot, &mut shown, shared.max_series_processes, shared.max_allocations);
+    let push_failures = shared.push_failures.as_ref().map(|count| count.load(Ordering::Relaxed));
+    let limits = metrics::Limits {
+        max_series: shared.max_series_processes,
+        max_allocations: shared.max_allocations,
+        push_failures,
+    };
+    let body = metrics::exposition(&snapshot, &mut shown, &limits);
     shared.shown_exits.lock().unwrap_or_else(PoisonError::into_inner).extend(shown);
     Response::builder()
         .header(header::CONTENT_TYPE, metrics::CONTENT_TYPE)

@@ -110,14 +110,19 @@ impl ProcessFamilies {
     }
 }
 
-/// The exposition of `snapshot`: at most `max_series` processes with series of their own. Exited
-/// processes in `shown_exits` are left out, and those shown now are added to it.
-pub fn exposition(
-    snapshot: &Snapshot,
-    shown_exits: &mut HashSet<u32>,
-    max_series: usize,
-    max_allocations: u32,
-) -> String {
+/// What the exposition needs besides the snapshot.
+pub struct Limits {
+    /// Processes with series of their own.
+    pub max_series: usize,
+    /// Capacity of the live-allocation table.
+    pub max_allocations: u32,
+    /// `--push`: pushes that failed so far.
+    pub push_failures: Option<u64>,
+}
+
+/// The exposition of `snapshot`. Exited processes in `shown_exits` are left out, and those shown
+/// now are added to it.
+pub fn exposition(snapshot: &Snapshot, shown_exits: &mut HashSet<u32>, limits: &Limits) -> String {
     let mut registry = Registry::default();
     let families = ProcessFamilies::default();
     families.register(&mut registry);
@@ -129,15 +134,16 @@ pub fn exposition(
         .collect();
     processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.pid));
     for (rank, process) in processes.iter().enumerate() {
-        let labels = if rank < max_series { ProcessLabels::of(process) } else { ProcessLabels::other() };
+        let labels =
+            if rank < limits.max_series { ProcessLabels::of(process) } else { ProcessLabels::other() };
         families.add(&labels, process);
         if process.exited {
             shown_exits.insert(process.pid);
         }
     }
     let traced = processes.iter().filter(|process| !process.exited).count();
-    let summed = processes.len().saturating_sub(max_series);
-    register_own(&mut registry, snapshot, traced, summed, max_allocations);
+    let summed = processes.len().saturating_sub(limits.max_series);
+    register_own(&mut registry, snapshot, traced, summed, limits);
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_text::encode(&mut text, &registry);
@@ -145,7 +151,7 @@ pub fn exposition(
 }
 
 /// memtrace's own figures: what it traces, what it lost, its tables and its own footprint.
-fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, summed: usize, capacity: u32) {
+fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, summed: usize, limits: &Limits) {
     let gauge = |value: i64| {
         let gauge: Gauge = Gauge::default();
         gauge.set(value);
@@ -182,7 +188,9 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         tables,
     );
     let capacity_family: Family<TableLabels, Gauge> = Family::default();
-    capacity_family.get_or_create(&TableLabels { table: "live_allocations" }).set(i64::from(capacity));
+    capacity_family
+        .get_or_create(&TableLabels { table: "live_allocations" })
+        .set(i64::from(limits.max_allocations));
     registry.register(
         "memtrace_kernel_table_capacity",
         "Capacity of memtrace's kernel tables (--max-allocations)",
@@ -193,6 +201,13 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         "Resident memory size of memtrace itself in bytes",
         gauge(gauge_value(snapshot.agent_rss_bytes)),
     );
+    if let Some(failures) = limits.push_failures {
+        registry.register(
+            "memtrace_push_failures",
+            "Heap profile pushes (--push) that failed after their retries",
+            counter(failures),
+        );
+    }
     let cpu: Counter<f64, std::sync::atomic::AtomicU64> = Counter::default();
     cpu.inc_by(snapshot.agent_cpu_seconds);
     registry.register("process_cpu_seconds", "User and system CPU time of memtrace itself in seconds", cpu);
@@ -255,7 +270,8 @@ mod tests {
     #[test]
     fn the_largest_processes_have_series_and_the_rest_are_summed() {
         let snapshot = snapshot(&[(10, "small", 5), (11, "big", 500), (12, "mid", 50), (13, "tiny", 1)]);
-        let text = exposition(&snapshot, &mut HashSet::new(), 2, 1000);
+        let limits = Limits { max_series: 2, max_allocations: 1000, push_failures: Some(1) };
+        let text = exposition(&snapshot, &mut HashSet::new(), &limits);
         assert!(
             text.contains("memtrace_heap_live_bytes{pid=\"11\",comm=\"big\",allocator=\"glibc\"} 500\n"),
             "{text}"
@@ -279,6 +295,7 @@ mod tests {
         assert!(text.contains("memtrace_other_processes 2\n"), "{text}");
         assert!(text.contains("process_resident_memory_bytes 4096\n"), "{text}");
         assert!(text.contains("memtrace_kernel_table_capacity{table=\"live_allocations\"} 1000\n"), "{text}");
+        assert!(text.contains("memtrace_push_failures_total 1\n"), "{text}");
     }
 
     #[test]
@@ -286,11 +303,13 @@ mod tests {
         let mut snapshot = snapshot(&[(10, "done", 5), (11, "alive", 7)]);
         snapshot.model.processes.get_mut(&10).unwrap().exited = true;
         let mut shown = HashSet::new();
-        let first = exposition(&snapshot, &mut shown, 100, 1);
+        let limits = Limits { max_series: 100, max_allocations: 1, push_failures: None };
+        let first = exposition(&snapshot, &mut shown, &limits);
         assert!(first.contains("comm=\"done\""), "{first}");
         assert!(first.contains("memtrace_traced_processes 1\n"), "{first}");
         assert_eq!(shown, HashSet::from([10]));
-        let second = exposition(&snapshot, &mut shown, 100, 1);
+        let second = exposition(&snapshot, &mut shown, &limits);
+        assert!(!second.contains("memtrace_push_failures"), "{second}");
         assert!(!second.contains("comm=\"done\""), "{second}");
         assert!(second.contains("comm=\"alive\""), "{second}");
     }

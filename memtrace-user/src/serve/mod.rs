@@ -6,6 +6,7 @@
 mod http;
 mod metrics;
 mod profile;
+pub mod push;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -36,6 +37,8 @@ pub struct ServeOptions {
     pub interval: Duration,
     /// Capacity of the kernel's live-allocation table, shown beside its occupancy.
     pub max_allocations: u32,
+    /// `--push`: where heap profiles go, and how often.
+    pub push: Option<push::PushTarget>,
 }
 
 /// The port `--listen` takes when none is given.
@@ -93,6 +96,8 @@ pub struct Shared {
     max_allocations: u32,
     /// How long a heap profile request waits for a sample to read the stacks.
     profile_wait: Duration,
+    /// `--push`: pushes that failed (None without --push).
+    push_failures: Option<AtomicU64>,
 }
 
 /// The exporter of `memtrace serve`.
@@ -131,8 +136,9 @@ impl Agent {
             max_series_processes: options.max_series_processes,
             max_allocations: options.max_allocations,
             profile_wait: options.interval * 2 + Duration::from_secs(20),
+            push_failures: options.push.as_ref().map(|_| AtomicU64::new(0)),
         });
-        let server = http::Server::start(options.listen, Arc::clone(&shared))?;
+        let server = http::Server::start(options.listen, Arc::clone(&shared), options.push.clone())?;
         let address = server.address();
         eprintln!("memtrace: serving http://{address}/metrics, /debug/pprof/heap and /healthz");
         if !address.ip().is_loopback() {

@@ -9,7 +9,7 @@ use hyper::{body::Bytes, header, StatusCode};
 
 use super::{
     http::{text, Reply},
-    Shared,
+    Shared, Snapshot,
 };
 use crate::export::pprof::{build_profile, write_gzipped, Processes};
 
@@ -25,17 +25,11 @@ pub async fn respond(shared: &Shared, query: Option<&str>, endpoint: Endpoint) -
         Ok(pid) => pid,
         Err(problem) => return text(StatusCode::BAD_REQUEST, problem),
     };
-    let ticket = shared.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;
-    let mut snapshots = shared.snapshot.subscribe();
-    let answered = async { snapshots.wait_for(|s| s.profile_ticket >= ticket).await.map(|s| Arc::clone(&s)) };
-    let snapshot = match tokio::time::timeout(shared.profile_wait, answered).await {
-        Ok(Ok(snapshot)) => snapshot,
-        _ => {
-            return text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "memtrace took no sample to read the stacks in time; try again\n".to_owned(),
-            )
-        }
+    let Some(snapshot) = fresh_snapshot(shared).await else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "memtrace took no sample to read the stacks in time; try again\n".to_owned(),
+        );
     };
     let processes = match pid {
         Some(pid) if !snapshot.profile.processes.contains_key(&pid) => {
@@ -63,6 +57,14 @@ pub async fn respond(shared: &Shared, query: Option<&str>, endpoint: Endpoint) -
         .header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\""))
         .body(Full::new(Bytes::from(body)))
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building the response\n".to_owned()))
+}
+
+/// The first snapshot whose stacks were read after this call, or None if none comes in time.
+pub async fn fresh_snapshot(shared: &Shared) -> Option<Arc<Snapshot>> {
+    let ticket = shared.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;
+    let mut snapshots = shared.snapshot.subscribe();
+    let answered = async { snapshots.wait_for(|s| s.profile_ticket >= ticket).await.map(|s| Arc::clone(&s)) };
+    tokio::time::timeout(shared.profile_wait, answered).await.ok()?.ok()
 }
 
 /// `pid=N` from the query; `debug=N` asks for Go's text form, which memtrace does not write.
