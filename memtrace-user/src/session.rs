@@ -549,7 +549,10 @@ impl Run<'_> {
         if exited.is_empty() {
             return Ok(());
         }
-        self.read_stacks(&exited)?;
+        // Kept for the reports at the end; the agent has none.
+        if !self.serving {
+            self.read_stacks(&exited)?;
+        }
         self.probes.release(&exited)?;
         for pid in &exited {
             if let Some(process) = self.model.processes.get_mut(pid) {
