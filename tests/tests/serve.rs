@@ -449,3 +449,23 @@ fn pushes_reach_a_pyroscope_ingest_endpoint_and_failures_are_counted() {
     });
     assert_eq!(failures, "1");
 }
+
+#[test]
+fn an_exited_target_is_in_one_more_scrape_then_leaves() {
+    let mut agent = Agent::start();
+    agent.wait_for_leaks();
+    agent.target.close_stdin();
+    assert!(agent.target.wait().success());
+    let series =
+        format!("memtrace_heap_live_bytes{{pid=\"{}\",comm=\"leaks\",allocator=\"glibc\"}} ", agent.pid());
+    // The first scrape that counts no traced process is the first to see the exit.
+    let last = poll("a scrape after the target's exit", || {
+        let metrics = agent.get("/metrics").text();
+        metrics.lines().any(|line| line == "memtrace_traced_processes 0").then_some(metrics)
+    });
+    let live = last.lines().find_map(|line| line.strip_prefix(&series));
+    assert_eq!(live, Some(LIVE_BYTES.to_string().as_str()), "the final figures, once:\n{last}");
+    let after = agent.get("/metrics").text();
+    assert!(!after.contains(&series), "the exited target is still exposed:\n{after}");
+    assert!(after.contains("memtrace_traced_processes 0\n"), "{after}");
+}

@@ -9,7 +9,7 @@ mod profile;
 pub mod push;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -110,8 +110,7 @@ pub struct Agent {
     profile: Arc<Model>,
     /// When the table occupancy was last read for the agent (never: at the first sample).
     occupancy_read: Option<Instant>,
-    /// Exited processes already shown, left out of every snapshot.
-    gone: HashSet<u32>,
+    departures: Departures,
     /// Each process's lost events as last seen, and the sum of those that left the model.
     lost_by_process: HashMap<u32, u64>,
     departed_lost: u64,
@@ -154,7 +153,7 @@ impl Agent {
             profile_ticket: 0,
             profile: Arc::new(Model::default()),
             occupancy_read: None,
-            gone: HashSet::new(),
+            departures: Departures::default(),
             lost_by_process: HashMap::new(),
             departed_lost: 0,
         })
@@ -193,16 +192,15 @@ impl Exporter for Agent {
     }
 
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
+        let shown = std::mem::take(&mut *self.shared.shown_exits.lock().unwrap_or_else(|e| e.into_inner()));
+        self.departures.update(model, shown);
         if let Some(ticket) = self.stacks_for.take() {
             self.profile_ticket = ticket;
-            self.profile = Arc::new(visible_model(model, &self.gone, Stacks::Kept));
+            self.profile = Arc::new(self.departures.visible(model, Stacks::Kept));
         }
-        let shown = std::mem::take(&mut *self.shared.shown_exits.lock().unwrap_or_else(|e| e.into_inner()));
-        self.gone.extend(shown);
-        self.gone.retain(|pid| model.processes.get(pid).is_some_and(|process| process.exited));
         let lost_events = self.lost_events(model);
         let snapshot = Snapshot {
-            model: visible_model(model, &self.gone, Stacks::Left),
+            model: self.departures.visible(model, Stacks::Left),
             profile: Arc::clone(&self.profile),
             traced_for: Duration::from_micros(sample.ts_us),
             profile_ticket: self.profile_ticket,
@@ -237,11 +235,10 @@ enum Stacks {
     Left,
 }
 
-/// The processes the server shows, without what it never reads (their mappings), and with their
-/// stacks only for a heap profile.
-fn visible_model(model: &Model, gone: &HashSet<u32>, stacks: Stacks) -> Model {
-    let visible = |process: &&Process| !(process.exited && gone.contains(&process.pid));
-    let copy = |process: &Process| Process {
+/// A process as the server reads it: without its mappings, and with its stacks only for a heap
+/// profile.
+fn copy(process: &Process, stacks: Stacks) -> Process {
+    Process {
         pid: process.pid,
         comm: process.comm.clone(),
         allocator: process.allocator.clone(),
@@ -253,18 +250,55 @@ fn visible_model(model: &Model, gone: &HashSet<u32>, stacks: Stacks) -> Model {
         mappings: Vec::new(),
         stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },
         usdt: process.usdt.clone(),
-    };
-    Model {
-        processes: model
+    }
+}
+
+/// At most this many exited processes wait to be shown (a long time without a scrape under --all).
+const MAX_DEPARTING: usize = 10_000;
+
+/// Exited processes on their way out of the exposition: each stays until a /metrics response has
+/// shown it, also after it has left the model (released system-wide at the next sample).
+#[derive(Default)]
+struct Departures {
+    /// Exited and not yet shown, as last seen.
+    departing: BTreeMap<u32, Process>,
+    /// Shown already, and left out while the model still holds them.
+    gone: HashSet<u32>,
+}
+
+impl Departures {
+    fn update(&mut self, model: &Model, shown: HashSet<u32>) {
+        self.gone.extend(shown);
+        let gone = &self.gone;
+        self.departing.retain(|pid, _| !gone.contains(pid));
+        self.gone.retain(|pid| model.processes.get(pid).is_some_and(|process| process.exited));
+        for process in model.processes.values().filter(|p| p.exited && !self.gone.contains(&p.pid)) {
+            self.departing.insert(process.pid, copy(process, Stacks::Left));
+        }
+        while self.departing.len() > MAX_DEPARTING {
+            self.departing.pop_first();
+        }
+    }
+
+    /// The processes to show: the model's, less those shown after their exit, and those that
+    /// left the model before a scrape showed them.
+    fn visible(&self, model: &Model, stacks: Stacks) -> Model {
+        let mut processes: BTreeMap<u32, Process> = model
             .processes
             .values()
-            .filter(visible)
-            .map(|process| (process.pid, copy(process)))
-            .collect(),
-        unattributed_lost_events: model.unattributed_lost_events,
-        usdt_lost_events: model.usdt_lost_events,
-        kernel_maps: model.kernel_maps,
-        sampling: model.sampling,
+            .filter(|process| !(process.exited && self.gone.contains(&process.pid)))
+            .map(|process| (process.pid, copy(process, stacks)))
+            .collect();
+        for (pid, process) in &self.departing {
+            processes.entry(*pid).or_insert_with(|| process.clone());
+        }
+        Model {
+            processes,
+            unattributed_lost_events: model.unattributed_lost_events,
+            usdt_lost_events: model.usdt_lost_events,
+            kernel_maps: model.kernel_maps,
+            sampling: model.sampling,
+        }
     }
 }
 
@@ -283,14 +317,26 @@ mod tests {
     }
 
     #[test]
-    fn exited_processes_leave_once_shown() {
+    fn exited_processes_stay_until_shown_once() {
         let mut model = Model::default();
         model.add_process(1, "a".into(), "/libc".into());
         model.add_process(2, "b".into(), "/libc".into());
         model.processes.get_mut(&2).unwrap().exited = true;
-        let visible = visible_model(&model, &HashSet::from([2]), Stacks::Left);
-        assert_eq!(visible.processes.keys().collect::<Vec<_>>(), [&1]);
-        let visible = visible_model(&model, &HashSet::new(), Stacks::Left);
-        assert_eq!(visible.processes.len(), 2);
+        let mut departures = Departures::default();
+        departures.update(&model, HashSet::new());
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.len(), 2);
+        // Released system-wide: gone from the model, still shown until a scrape has.
+        model.processes.remove(&2);
+        departures.update(&model, HashSet::new());
+        let visible = departures.visible(&model, Stacks::Left);
+        assert!(visible.processes[&2].exited, "{visible:?}");
+        departures.update(&model, HashSet::from([2]));
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.keys().collect::<Vec<_>>(), [&1]);
+        // A --pid target stays in the model once exited: shown once, then left out.
+        model.processes.get_mut(&1).unwrap().exited = true;
+        departures.update(&model, HashSet::new());
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.len(), 1);
+        departures.update(&model, HashSet::from([1]));
+        assert!(departures.visible(&model, Stacks::Left).processes.is_empty());
     }
 }
