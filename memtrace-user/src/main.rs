@@ -10,6 +10,7 @@ mod privileges;
 mod probes;
 mod process;
 mod procfs;
+mod serve;
 mod session;
 mod stack_table;
 mod symbolize;
@@ -35,7 +36,18 @@ static OWN_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors.
-    let cli = cli::Cli::parse();
+    let mut cli = cli::Cli::parse();
+    // `memtrace serve` is a tracing run with the agent as its output.
+    let serve = match cli.subcommand.take() {
+        Some(cli::Subcommand::Serve(args)) => {
+            cli = args.tracing();
+            Some(args.options())
+        }
+        other => {
+            cli.subcommand = other;
+            None
+        }
+    };
     // What cannot work is refused before anything is traced, as a usage error.
     let checked =
         cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&cli.output_files()));
@@ -46,7 +58,7 @@ fn main() -> ExitCode {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
-        None => session::run(cli),
+        Some(cli::Subcommand::Serve(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
         Ok(code) => code,

@@ -33,16 +33,19 @@ use crate::{
     probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Reach},
     process::{ObjectFile, ProcessImage},
     procfs,
+    serve::{Agent, ServeOptions},
     target::{resolve_program, HeldCommand, Watched},
     unwind::KernelTables,
 };
 
-pub fn run(cli: Cli) -> Result<ExitCode> {
+/// Traces as the command line says; with `serve`, as the agent of `memtrace serve`: no trace file
+/// unless -o names one, no report at the end, and tracing goes on until a signal ends it.
+pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     privileges::check(&cli)?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
-    let (exporters, trace_path) = open_outputs(&cli)?;
+    let (exporters, trace_path) = open_outputs(&cli, serve)?;
     let reach = reach_of(&cli);
     let mut probes = Probes::load(&ProbeConfig {
         max_allocations: cli.max_allocations,
@@ -61,7 +64,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let overrides =
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
-    let mut model = Model { sampling: cli.sample.map(Sampling::new), ..Model::default() };
+    let mut model = Model {
+        sampling: cli.sample.map(Sampling::new),
+        // The agent shows how full the kernel's tables are while it runs.
+        kernel_maps: serve.map(|_| KernelMaps::default()),
+        ..Model::default()
+    };
     let mut following = Following::start(&mut probes, overrides, reach)?;
     let Targets { watched: targets, held, preload } = if cli.system_wide() {
         Targets::default()
@@ -88,7 +96,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     unwind.update(&mut probes, &model)?;
     let early_refresh = held.is_some().then_some(FIRST_REFRESH);
     crate::usdt::check_requests_found(&probes, cli.follows_children())?;
-    eprintln!("memtrace: tracing {what}; writing {}", trace_path.display());
+    let writing = trace_path.map(|path| format!("; writing {}", path.display())).unwrap_or_default();
+    eprintln!("memtrace: tracing {what}{writing}");
     if let Some(held) = held {
         held.release()?;
     }
@@ -109,6 +118,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         forwarded_signal: false,
         failed_outputs: 0,
         early_refresh,
+        serving: serve.is_some(),
     };
     let ending = run.trace()?;
     let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
@@ -132,11 +142,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     Ok(status.map_or(ExitCode::SUCCESS, |status| ExitCode::from(u8::try_from(status).unwrap_or(1))))
 }
 
-/// Every output of the run, opened; and where the trace goes.
-fn open_outputs(cli: &Cli) -> Result<(Vec<Box<dyn Exporter>>, PathBuf)> {
-    let trace = TraceFile::create(&cli.output.clone().unwrap_or_else(default_output_path))?;
-    let trace_path = trace.path().to_owned();
-    let mut exporters: Vec<Box<dyn Exporter>> = vec![Box::new(trace)];
+type Exporters = Vec<Box<dyn Exporter>>;
+
+/// Every output of the run, opened; and where the trace goes (the agent writes one only with -o).
+fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, Option<PathBuf>)> {
+    let mut exporters: Exporters = Vec::new();
+    let mut trace_path = None;
+    if let Some(path) = cli.output.clone().or_else(|| serve.is_none().then(default_output_path)) {
+        let trace = TraceFile::create(&path)?;
+        trace_path = Some(trace.path().to_owned());
+        exporters.push(Box::new(trace));
+    }
     if let Some(path) = &cli.summary {
         exporters.push(Box::new(SummaryFile::create(path, cli.top)?));
     }
@@ -146,7 +162,10 @@ fn open_outputs(cli: &Cli) -> Result<(Vec<Box<dyn Exporter>>, PathBuf)> {
     if let Some(path) = &cli.flamegraph {
         exporters.push(Box::new(FlamegraphFile::create(path)?));
     }
-    exporters.push(Box::new(TextReport { top: cli.top }));
+    match serve {
+        Some(options) => exporters.push(Box::new(Agent::start(options)?)),
+        None => exporters.push(Box::new(TextReport { top: cli.top })),
+    }
     Ok((exporters, trace_path))
 }
 
@@ -365,6 +384,9 @@ struct Run<'a> {
     /// REFRESH_CEILING, so that its stacks are unwound long before its first sample and a library
     /// it dlopens is unwound soon after (reading /proc/PID/maps takes about 0.1 ms).
     early_refresh: Option<Duration>,
+    /// `memtrace serve`: tracing goes on after the targets exit, and processes released
+    /// system-wide leave the model, so that its memory stays bounded over days.
+    serving: bool,
 }
 
 /// The first refresh of a launched command's mapping tables, and how far apart they get.
@@ -407,7 +429,7 @@ impl Run<'_> {
                     next_sample += self.cli.interval;
                 }
             }
-            if !self.cli.system_wide() && self.targets.iter().all(|target| target.exited) {
+            if !self.serving && !self.cli.system_wide() && self.targets.iter().all(|target| target.exited) {
                 return Ok(Ending::TargetsExited);
             }
             if deadline.is_some_and(|deadline| now >= deadline) {
@@ -477,12 +499,28 @@ impl Run<'_> {
     }
 
     fn sample(&mut self) -> Result<()> {
+        if self.serving {
+            // Their final figures went to the exporters at the sample that released them.
+            self.model.processes.retain(|_, process| !process.released);
+        }
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         self.collector.sample(&self.probes, &mut self.model)?;
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
         self.report_new_losses();
+        // Every exporter is asked (no short cut): each learns that its request is being served.
+        let stacks =
+            self.exporters.iter_mut().fold(false, |wanted, exporter| exporter.wants_stacks() | wanted);
+        let occupancy =
+            self.exporters.iter_mut().fold(stacks, |wanted, exporter| exporter.wants_occupancy() | wanted);
+        if stacks {
+            let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
+            self.read_stacks(&unreleased)?;
+        }
+        if occupancy {
+            self.record_occupancy()?;
+        }
         let mut index = 0;
         while index < self.exporters.len() {
             match self.exporters[index].sample(&self.model, sample) {
@@ -526,9 +564,9 @@ impl Run<'_> {
         if exited.is_empty() {
             return Ok(());
         }
-        if !self.cli.no_stacks {
-            self.collector
-                .collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| exited.contains(&pid))?;
+        // Kept for the reports at the end; the agent has none.
+        if !self.serving {
+            self.read_stacks(&exited)?;
         }
         self.probes.release(&exited)?;
         self.collector.forget(&self.probes, &exited)?;
@@ -543,18 +581,22 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn finish(&mut self, duration: Duration) -> Result<()> {
-        // Probes stop firing first: the final figures hold still, and the machine is let go at
-        // once, before the reports are worked out.
-        self.probes.detach();
-        self.sample()?;
-        if !self.cli.no_stacks {
-            let unreleased: HashSet<u32> =
-                self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
-            self.collector.collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| {
-                unreleased.contains(&pid)
-            })?;
+    /// Reads the call stacks of `pids` from the kernel, in place of any read before.
+    fn read_stacks(&mut self, pids: &HashSet<u32>) -> Result<()> {
+        if self.cli.no_stacks {
+            return Ok(());
         }
+        for pid in pids {
+            if let Some(process) = self.model.processes.get_mut(pid) {
+                process.stacks.clear();
+            }
+        }
+        self.collector
+            .collect_stacks(&self.probes, &mut self.model, self.cli.older, |pid| pids.contains(&pid))
+    }
+
+    /// How full the kernel's tables are now, where the model keeps that (system-wide, and serving).
+    fn record_occupancy(&mut self) -> Result<()> {
         if let Some(maps) = &mut self.model.kernel_maps {
             let occupancy = self.probes.occupancy()?;
             maps.processes = occupancy.processes;
@@ -562,6 +604,20 @@ impl Run<'_> {
             maps.stack_totals = occupancy.stack_totals;
             maps.usdt_entries = occupancy.usdt_entries;
             (maps.unwind_files, maps.unwind_rows) = self.unwind.occupancy();
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, duration: Duration) -> Result<()> {
+        // Probes stop firing first: the final figures hold still, and the machine is let go at
+        // once, before the reports are worked out.
+        self.probes.detach();
+        self.sample()?;
+        // The agent has nothing left to show them to.
+        if !self.serving {
+            let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
+            self.read_stacks(&unreleased)?;
+            self.record_occupancy()?;
         }
         // Every output that can still be written is: one failure does not stop the others.
         for exporter in &mut self.exporters {

@@ -259,7 +259,8 @@ impl Spawned {
         }
     }
 
-    fn try_wait(&mut self) -> Option<ExitStatus> {
+    /// The child's exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             self.status =
                 self.child.try_wait().unwrap_or_else(|err| panic!("waiting for {}: {err}", self.what));

@@ -20,9 +20,12 @@ const BPF_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
-/// the stock program without frame pointers the unwinder is tested on.
+/// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
+/// which the tests of `memtrace serve` point at the agent.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
+    "prometheus",
+    "golang-go",
     "gcc",
     "libc6-dev",
     "libjemalloc-dev",

@@ -17,6 +17,19 @@ pub trait Exporter {
         Ok(())
     }
 
+    /// Asked before each sample: whether the model's call stacks should be read again for it
+    /// (they are otherwise filled in at the end of the run, or when a process exits system-wide).
+    /// `memtrace serve` asks when a heap profile has been requested since the last sample.
+    fn wants_stacks(&mut self) -> bool {
+        false
+    }
+
+    /// Asked before each sample: whether the occupancy of the kernel's tables should be read for
+    /// it (it takes a pass over every table; reading the stacks reads it too).
+    fn wants_occupancy(&mut self) -> bool {
+        false
+    }
+
     /// Called once when the run ends, after the last sample.
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()>;
 

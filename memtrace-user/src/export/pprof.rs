@@ -2,7 +2,7 @@
 //! with the sample types alloc_objects, alloc_space, inuse_objects and inuse_space, one sample per
 //! (process, call stack), labelled with the pid and command name.
 
-use std::{collections::HashMap, io::Write, path::Path};
+use std::{collections::HashMap, io::Write, path::Path, time::Duration};
 
 use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
@@ -30,16 +30,28 @@ impl Exporter for PprofFile {
     }
 
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        let profile = build_profile(model, end);
-        self.file.commit(|file| {
-            let mut gzip = GzEncoder::new(file, Compression::default());
-            gzip.write_all(&profile.encode_to_vec())?;
-            gzip.finish().map(drop)
-        })
+        let profile = build_profile(model, end.duration, Processes::All);
+        self.file.commit(|file| write_gzipped(&profile, file))
     }
 }
 
-fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
+/// Which processes a profile covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processes {
+    All,
+    /// One process, by pid (`/debug/pprof/heap?pid=N` of `memtrace serve`).
+    One(u32),
+}
+
+/// Writes the profile as pprof files are kept and as Go's net/http/pprof serves them: gzipped.
+pub fn write_gzipped(profile: &proto::Profile, out: impl Write) -> std::io::Result<()> {
+    let mut gzip = GzEncoder::new(out, Compression::default());
+    gzip.write_all(&profile.encode_to_vec())?;
+    gzip.finish().map(drop)
+}
+
+/// The heap profile of the processes chosen, from the stacks the model holds, over `duration`.
+pub fn build_profile(model: &Model, duration: Duration, processes: Processes) -> proto::Profile {
     let mut builder = ProfileBuilder::default();
     builder.string(""); // string_table[0] must be empty
     let sample_type = [
@@ -53,7 +65,11 @@ fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
     let pid_key = builder.string("pid");
     let comm_key = builder.string("comm");
     let mut samples = Vec::new();
-    for process in model.processes.values() {
+    let chosen = model
+        .processes
+        .values()
+        .filter(|p| processes == Processes::All || processes == Processes::One(p.pid));
+    for process in chosen {
         let comm = builder.string(&process.comm);
         for stack in &process.stacks {
             samples.push(proto::Sample {
@@ -87,7 +103,7 @@ fn build_profile(model: &Model, end: RunEnd) -> proto::Profile {
         location: builder.locations,
         function: builder.functions,
         string_table: builder.strings,
-        duration_nanos: end.duration.as_nanos() as i64,
+        duration_nanos: duration.as_nanos() as i64,
         period_type,
         period: model.sampling.map_or(1, |sampling| sampling.mean_bytes as i64),
         comment,
@@ -284,7 +300,7 @@ mod tests {
         };
         model.processes.get_mut(&9).unwrap().stacks =
             vec![stack(vec![frame("leak", 0x10), frame("main", 0x20)]), stack(vec![frame("main", 0x30)])];
-        let profile = build_profile(&model, RunEnd { duration: Duration::from_secs(1) });
+        let profile = build_profile(&model, Duration::from_secs(1), Processes::All);
         let decoded = proto::Profile::decode(&*profile.encode_to_vec()).unwrap();
         assert_eq!(decoded, profile);
         assert_eq!(decoded.string_table[0], "");
@@ -295,5 +311,7 @@ mod tests {
         assert_eq!(decoded.sample[0].value, [4, 400, 1, 100]);
         assert_eq!(decoded.location.len(), 3, "one location per distinct frame");
         assert_eq!(decoded.function.len(), 2, "main is one function at two offsets");
+        assert_eq!(build_profile(&model, Duration::ZERO, Processes::One(9)).sample.len(), 2);
+        assert!(build_profile(&model, Duration::ZERO, Processes::One(8)).sample.is_empty());
     }
 }

@@ -1,0 +1,342 @@
+//! `memtrace serve`, the fleet agent: an exporter that publishes the model at every sample to an
+//! HTTP server on a thread of its own, which answers `/metrics` (Prometheus), `/debug/pprof/heap`
+//! (the live heap profile, as Go's net/http/pprof serves it) and `/healthz`. The server only reads
+//! the latest published snapshot, so a slow client never delays a sample.
+
+mod http;
+mod metrics;
+mod profile;
+pub mod push;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use tokio::sync::watch;
+
+use crate::{
+    export::Exporter,
+    model::{Model, Process, RunEnd, Sample},
+    procfs,
+};
+
+/// What `memtrace serve` adds to a tracing run.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    /// Processes with series of their own in /metrics; the rest are summed under comm="other".
+    pub max_series_processes: usize,
+    /// The sampling interval: a heap profile request waits for the next sample.
+    pub interval: Duration,
+    /// Capacity of the kernel's live-allocation table, shown beside its occupancy.
+    pub max_allocations: u32,
+    /// `--push`: where heap profiles go, and how often.
+    pub push: Option<push::PushTarget>,
+}
+
+/// The port `--listen` takes when none is given.
+pub const DEFAULT_PORT: u16 = 9464;
+
+/// The table occupancy is read at least this often (a pass over every kernel table), and at each
+/// heap profile request.
+const OCCUPANCY_PERIOD: Duration = Duration::from_secs(60);
+
+/// Parses `--listen`: IP:PORT, or a port alone for loopback. An address that reaches other hosts
+/// must be written out in full: `:9464` (every interface, in Go's shorthand) is refused.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if text.starts_with(':') {
+        return Err(format!(
+            "`{text}` leaves the address out; memtrace listens beyond loopback only on an address written \
+             in full, e.g. 0.0.0.0{text} for every interface, or 127.0.0.1{text}"
+        ));
+    }
+    text.parse().map_err(|_| {
+        format!("`{text}` is not IP:PORT; write e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT}")
+    })
+}
+
+/// The model as of one sample, as the server answers from it.
+pub struct Snapshot {
+    /// The processes to show, with neither mappings nor stacks; exited ones until a scrape has
+    /// shown them.
+    pub model: Model,
+    /// The processes with their stacks, as read for the latest heap profile request (shared by
+    /// every snapshot until the next one).
+    pub profile: Arc<Model>,
+    /// How long tracing had run at this sample.
+    pub traced_for: Duration,
+    /// The heap profile requests whose stacks `model` holds: every one up to this number.
+    pub profile_ticket: u64,
+    /// Events lost over the whole run, including those of processes that have left the model.
+    pub lost_events: u64,
+    /// memtrace's own resident set size and CPU time.
+    pub agent_rss_bytes: u64,
+    pub agent_cpu_seconds: f64,
+}
+
+/// What the exporter and the server share.
+pub struct Shared {
+    snapshot: watch::Sender<Arc<Snapshot>>,
+    /// Heap profile requests so far: each takes the next number and waits for stacks that answer it.
+    profile_requests: AtomicU64,
+    /// Exited processes that a /metrics response has shown: they leave the exposition.
+    shown_exits: Mutex<HashSet<u32>>,
+    max_series_processes: usize,
+    max_allocations: u32,
+    /// How long a heap profile request waits for a sample to read the stacks.
+    profile_wait: Duration,
+    /// `--push`: pushes that failed (None without --push).
+    push_failures: Option<AtomicU64>,
+}
+
+/// The exporter of `memtrace serve`.
+pub struct Agent {
+    shared: Arc<Shared>,
+    server: Option<http::Server>,
+    /// The profile request number read before this sample's stacks were.
+    stacks_for: Option<u64>,
+    profile_ticket: u64,
+    profile: Arc<Model>,
+    /// When the table occupancy was last read for the agent (never: at the first sample).
+    occupancy_read: Option<Instant>,
+    departures: Departures,
+    /// Each process's lost events as last seen, and the sum of those that left the model.
+    lost_by_process: HashMap<u32, u64>,
+    departed_lost: u64,
+}
+
+impl Agent {
+    /// Binds the address and starts serving (with nothing to show until the first sample).
+    pub fn start(options: &ServeOptions) -> Result<Self> {
+        let empty = Snapshot {
+            model: Model::default(),
+            profile: Arc::new(Model::default()),
+            traced_for: Duration::ZERO,
+            profile_ticket: 0,
+            lost_events: 0,
+            agent_rss_bytes: 0,
+            agent_cpu_seconds: 0.0,
+        };
+        let shared = Arc::new(Shared {
+            snapshot: watch::Sender::new(Arc::new(empty)),
+            profile_requests: AtomicU64::new(0),
+            shown_exits: Mutex::new(HashSet::new()),
+            max_series_processes: options.max_series_processes,
+            max_allocations: options.max_allocations,
+            profile_wait: options.interval * 2 + Duration::from_secs(20),
+            push_failures: options.push.as_ref().map(|_| AtomicU64::new(0)),
+        });
+        let server = http::Server::start(options.listen, Arc::clone(&shared), options.push.clone())?;
+        let address = server.address();
+        eprintln!("memtrace: serving http://{address}/metrics, /debug/pprof/heap and /healthz");
+        if !address.ip().is_loopback() {
+            eprintln!(
+                "memtrace: warning: {address} is reachable from other hosts and the endpoints have no \
+                 authentication; put them behind a firewall or an authenticating proxy"
+            );
+        }
+        Ok(Self {
+            shared,
+            server: Some(server),
+            stacks_for: None,
+            profile_ticket: 0,
+            profile: Arc::new(Model::default()),
+            occupancy_read: None,
+            departures: Departures::default(),
+            lost_by_process: HashMap::new(),
+            departed_lost: 0,
+        })
+    }
+
+    /// Lost events over the run: processes released system-wide leave the model, not the count.
+    fn lost_events(&mut self, model: &Model) -> u64 {
+        let departed: Vec<u32> =
+            self.lost_by_process.keys().filter(|pid| !model.processes.contains_key(pid)).copied().collect();
+        for pid in departed {
+            self.departed_lost += self.lost_by_process.remove(&pid).unwrap_or(0);
+        }
+        for process in model.processes.values() {
+            self.lost_by_process.insert(process.pid, process.stats.lost_events);
+        }
+        self.departed_lost + model.lost_events()
+    }
+}
+
+impl Exporter for Agent {
+    fn wants_stacks(&mut self) -> bool {
+        let requested = self.shared.profile_requests.load(Ordering::Acquire);
+        if requested > self.profile_ticket {
+            self.stacks_for = Some(requested);
+            return true;
+        }
+        false
+    }
+
+    fn wants_occupancy(&mut self) -> bool {
+        let due = self.occupancy_read.is_none_or(|at| at.elapsed() >= OCCUPANCY_PERIOD);
+        if due {
+            self.occupancy_read = Some(Instant::now());
+        }
+        due
+    }
+
+    fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
+        let shown = std::mem::take(&mut *self.shared.shown_exits.lock().unwrap_or_else(|e| e.into_inner()));
+        self.departures.update(model, shown);
+        if let Some(ticket) = self.stacks_for.take() {
+            self.profile_ticket = ticket;
+            self.profile = Arc::new(self.departures.visible(model, Stacks::Kept));
+        }
+        let lost_events = self.lost_events(model);
+        let snapshot = Snapshot {
+            model: self.departures.visible(model, Stacks::Left),
+            profile: Arc::clone(&self.profile),
+            traced_for: Duration::from_micros(sample.ts_us),
+            profile_ticket: self.profile_ticket,
+            lost_events,
+            agent_rss_bytes: procfs::rss_bytes(std::process::id()).unwrap_or(0),
+            agent_cpu_seconds: metrics::own_cpu_seconds(),
+        };
+        self.shared.snapshot.send_replace(Arc::new(snapshot));
+        Ok(())
+    }
+
+    fn finish(&mut self, _model: &Model, _end: RunEnd) -> Result<()> {
+        if let Some(server) = self.server.take() {
+            server.stop();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop();
+        }
+    }
+}
+
+/// Whether a copy of the model keeps the call stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stacks {
+    Kept,
+    Left,
+}
+
+/// A process as the server reads it: without its mappings, and with its stacks only for a heap
+/// profile.
+fn copy(process: &Process, stacks: Stacks) -> Process {
+    Process {
+        pid: process.pid,
+        comm: process.comm.clone(),
+        allocator: process.allocator.clone(),
+        allocator_kind: process.allocator_kind.clone(),
+        stats: process.stats,
+        rss_bytes: process.rss_bytes,
+        exited: process.exited,
+        released: process.released,
+        mappings: Vec::new(),
+        stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },
+        usdt: process.usdt.clone(),
+    }
+}
+
+/// At most this many exited processes wait to be shown (a long time without a scrape under --all).
+const MAX_DEPARTING: usize = 10_000;
+
+/// Exited processes on their way out of the exposition: each stays until a /metrics response has
+/// shown it, also after it has left the model (released system-wide at the next sample).
+#[derive(Default)]
+struct Departures {
+    /// Exited and not yet shown, as last seen.
+    departing: BTreeMap<u32, Process>,
+    /// Shown already, and left out while the model still holds them.
+    gone: HashSet<u32>,
+}
+
+impl Departures {
+    fn update(&mut self, model: &Model, shown: HashSet<u32>) {
+        self.gone.extend(shown);
+        let gone = &self.gone;
+        self.departing.retain(|pid, _| !gone.contains(pid));
+        self.gone.retain(|pid| model.processes.get(pid).is_some_and(|process| process.exited));
+        for process in model.processes.values().filter(|p| p.exited && !self.gone.contains(&p.pid)) {
+            self.departing.insert(process.pid, copy(process, Stacks::Left));
+        }
+        while self.departing.len() > MAX_DEPARTING {
+            self.departing.pop_first();
+        }
+    }
+
+    /// The processes to show: the model's, less those shown after their exit, and those that
+    /// left the model before a scrape showed them.
+    fn visible(&self, model: &Model, stacks: Stacks) -> Model {
+        let mut processes: BTreeMap<u32, Process> = model
+            .processes
+            .values()
+            .filter(|process| !(process.exited && self.gone.contains(&process.pid)))
+            .map(|process| (process.pid, copy(process, stacks)))
+            .collect();
+        for (pid, process) in &self.departing {
+            processes.entry(*pid).or_insert_with(|| process.clone());
+        }
+        Model {
+            processes,
+            unattributed_lost_events: model.unattributed_lost_events,
+            usdt_lost_events: model.usdt_lost_events,
+            kernel_maps: model.kernel_maps,
+            sampling: model.sampling,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_beyond_loopback_are_written_in_full() {
+        assert_eq!(parse_listen("9464"), Ok("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(parse_listen("0.0.0.0:9464"), Ok("0.0.0.0:9464".parse().unwrap()));
+        assert_eq!(parse_listen("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
+        assert!(parse_listen(":9464").unwrap_err().contains("0.0.0.0:9464"));
+        assert!(parse_listen("localhost:9464").unwrap_err().contains("127.0.0.1:9464"));
+        assert!(parse_listen("9464x").is_err());
+    }
+
+    #[test]
+    fn exited_processes_stay_until_shown_once() {
+        let mut model = Model::default();
+        model.add_process(1, "a".into(), "/libc".into());
+        model.add_process(2, "b".into(), "/libc".into());
+        model.processes.get_mut(&2).unwrap().exited = true;
+        let mut departures = Departures::default();
+        departures.update(&model, HashSet::new());
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.len(), 2);
+        // Released system-wide: gone from the model, still shown until a scrape has.
+        model.processes.remove(&2);
+        departures.update(&model, HashSet::new());
+        let visible = departures.visible(&model, Stacks::Left);
+        assert!(visible.processes[&2].exited, "{visible:?}");
+        departures.update(&model, HashSet::from([2]));
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.keys().collect::<Vec<_>>(), [&1]);
+        // A --pid target stays in the model once exited: shown once, then left out.
+        model.processes.get_mut(&1).unwrap().exited = true;
+        departures.update(&model, HashSet::new());
+        assert_eq!(departures.visible(&model, Stacks::Left).processes.len(), 1);
+        departures.update(&model, HashSet::from([1]));
+        assert!(departures.visible(&model, Stacks::Left).processes.is_empty());
+    }
+}
