@@ -705,6 +705,46 @@ mod tests {
         assert_eq!(hold.stats().served, 2);
     }
 
+    /// Drops CAP_SYS_ADMIN from the calling thread's effective set (capabilities are per thread
+    /// for the kernel: the test's other threads keep theirs).
+    fn drop_sys_admin_in_this_thread() {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Sets {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        const CAP_SYS_ADMIN: u32 = 21;
+        let mut header = Header { version: VERSION_3, pid: 0 };
+        let mut sets = [Sets::default(); 2];
+        // SAFETY: capget and capset (version 3) read a header and two sets, and capget writes the
+        // two sets; both point at live values of the kernel's layout.
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_capget, &mut header, sets.as_mut_ptr()), 0);
+            sets[0].effective &= !(1 << CAP_SYS_ADMIN);
+            assert_eq!(libc::syscall(libc::SYS_capset, &header, sets.as_ptr()), 0);
+        }
+    }
+
+    #[test]
+    fn without_cap_sys_admin_start_says_what_is_missed() {
+        let refused = thread::spawn(|| {
+            drop_sys_admin_in_this_thread();
+            ExecHold::start(&["/"], |_| true, |_: HeldExec| {}, DEFAULT_BOUND).err()
+        });
+        let refused = refused.join().unwrap().expect("a hold without CAP_SYS_ADMIN");
+        assert!(matches!(refused, Unavailable::NotPermitted), "{refused:?}");
+        let message = refused.to_string();
+        assert!(message.contains("CAP_SYS_ADMIN") && message.ends_with(MISSED_WITHOUT_HOLD), "{message}");
+    }
+
     /// Not a check: what a held exec of /bin/true costs, as a ratio to an exec not held.
     /// `cargo test --release -p memtrace-user exec_hold -- --ignored --nocapture`
     #[test]
