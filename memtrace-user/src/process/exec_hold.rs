@@ -41,7 +41,10 @@ use std::{
     fmt,
     fs::File,
     io::{self, PipeReader, PipeWriter, Read, Write},
-    os::fd::{AsFd, AsRawFd},
+    os::{
+        fd::{AsFd, AsRawFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -83,10 +86,7 @@ impl HeldExec {
     /// The file's identity (the same file whatever path names it, as uprobes see it).
     pub fn file_id(&self) -> io::Result<FileId> {
         let metadata = self.file.metadata()?;
-        Ok(FileId {
-            dev: std::os::unix::fs::MetadataExt::dev(&metadata),
-            ino: std::os::unix::fs::MetadataExt::ino(&metadata),
-        })
+        Ok(FileId { dev: metadata.dev(), ino: metadata.ino() })
     }
 
     /// The file's path as memtrace's file system names it, for messages (the descriptor's path
@@ -173,24 +173,22 @@ impl ExecHold {
         S: FnMut(HeldExec) + Send + 'static,
     {
         super::raise_open_file_limit();
+        let (stop_rx, stop) = io::pipe().map_err(Unavailable::Resources)?;
+        let (wake_rx, wake) = io::pipe().map_err(Unavailable::Resources)?;
+        let (jobs, jobs_rx) = mpsc::channel();
+        let (done, done_rx) = mpsc::channel();
+        thread::Builder::new()
+            .name("exec-hold-serve".into())
+            .spawn(move || serve_jobs(jobs_rx, done, wake, serve))
+            .map_err(Unavailable::Resources)?;
         let init = InitFlags::FAN_CLASS_CONTENT | InitFlags::FAN_CLOEXEC | InitFlags::FAN_NONBLOCK;
         let files = EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC | EventFFlags::O_LARGEFILE;
         let fanotify = Fanotify::init(init, files).map_err(|errno| match errno {
             Errno::EPERM => Unavailable::NotPermitted,
             errno => Unavailable::Unsupported(errno),
         })?;
-        for path in paths {
-            mark(&fanotify, path.as_ref())?;
-        }
-        let (stop_rx, stop) = io::pipe().map_err(Unavailable::Resources)?;
-        let (wake_rx, wake) = io::pipe().map_err(Unavailable::Resources)?;
-        let (jobs, jobs_rx) = mpsc::channel();
-        let (done, done_rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
-        thread::Builder::new()
-            .name("exec-hold-serve".into())
-            .spawn(move || serve_jobs(jobs_rx, done, wake, serve))
-            .map_err(Unavailable::Resources)?;
+        // From here on, dropping the listener (on an error, too) lets go of the marks.
         let listener = Listener {
             fanotify,
             stop: stop_rx,
@@ -204,6 +202,9 @@ impl ExecHold {
             bound,
             counters: Arc::clone(&counters),
         };
+        for path in paths {
+            mark(&listener.fanotify, path.as_ref())?;
+        }
         let listener = thread::Builder::new()
             .name("exec-hold".into())
             .spawn(move || listener.run())
@@ -743,6 +744,23 @@ mod tests {
         assert!(matches!(refused, Unavailable::NotPermitted), "{refused:?}");
         let message = refused.to_string();
         assert!(message.contains("CAP_SYS_ADMIN") && message.ends_with(MISSED_WITHOUT_HOLD), "{message}");
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_marked_is_named_and_nothing_stays_held() {
+        let missing = Path::new("/nonexistent-memtrace-exec-hold");
+        let refused = ExecHold::start(&[Path::new("/"), missing], |_| true, |_: HeldExec| {}, LONG).err();
+        let refused = refused.expect("a hold on a path that does not exist");
+        assert!(
+            matches!(&refused, Unavailable::Mark { path, errno: Errno::ENOENT } if path == missing),
+            "{refused:?}"
+        );
+        assert!(refused
+            .to_string()
+            .starts_with("cannot watch execs on /nonexistent-memtrace-exec-hold: ENOENT"));
+        let child = Child::fork();
+        child.exec();
+        assert_eq!(child.first_change(), WaitStatus::Exited(child.nix_pid(), 0));
     }
 
     /// Not a check: what a held exec of /bin/true costs, as a ratio to an exec not held.
