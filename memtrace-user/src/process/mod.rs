@@ -6,6 +6,7 @@
 //! instead of working the objects out again.
 
 pub mod allocator;
+pub mod exec_hold;
 mod facts;
 mod file;
 #[cfg(test)]
