@@ -10,7 +10,10 @@ use std::{
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
-    sync::mpsc::{self, Receiver},
+    sync::{
+        mpsc::{self, Receiver},
+        Arc,
+    },
 };
 
 use anyhow::{Context, Result};
@@ -24,6 +27,7 @@ use nix::{
 
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
+    held_execs::{HeldExecs, Holding, ProbeRequest, ProbedFiles},
     model::Model,
     probes::{Probes, Reach, Scope},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
@@ -36,14 +40,19 @@ pub struct Following {
     reach: Reach,
     /// Every allocator file probed, for which scope.
     probed: HashSet<(FileId, Scope)>,
+    /// The files probed for every process, as the exec hold sees them.
+    probed_for_all: ProbedFiles,
     /// What each file is, read once however many processes map it.
     cache: FileCache,
     /// The images of programs just exec'd, resolved by the watcher thread while the process
     /// existed, with their files open: a short-lived program is gone, and its /proc/PID/exe with
     /// it, by the time the main loop scans them for USDT probes.
     execs: Receiver<ProcessImage>,
-    /// Readable when the watcher has seen execs.
+    /// Readable when the watcher has seen execs, or a held exec waits for its probes.
     wakeup: std::fs::File,
+    /// Execs of followed processes, held until their program's allocator is probed; None where
+    /// no tree is followed, or without CAP_SYS_ADMIN.
+    held: Option<HeldExecs>,
 }
 
 impl Following {
@@ -55,6 +64,7 @@ impl Following {
         let cache = FileCache::default();
         let (sender, execs) = mpsc::channel();
         let (wakeup, wake) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).context("creating a pipe")?;
+        let hold_wake = wake.try_clone().context("duplicating a pipe")?;
         // A thread of its own reads exec events at once: a short-lived process is gone by the next
         // sample, and with it the /proc entries that name its files.
         let watcher_cache = cache.clone();
@@ -62,7 +72,18 @@ impl Following {
             .name("exec-watcher".into())
             .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
             .context("starting the exec watcher")?;
-        let mut this = Self { overrides, reach, probed: HashSet::new(), cache, execs, wakeup: wakeup.into() };
+        let probed_for_all = ProbedFiles::default();
+        let held = hold_execs(probes, &reach, Arc::clone(&probed_for_all), &cache, &overrides, hold_wake)?;
+        let mut this = Self {
+            overrides,
+            reach,
+            probed: HashSet::new(),
+            probed_for_all,
+            cache,
+            execs,
+            wakeup: wakeup.into(),
+            held,
+        };
         if let Reach::AllProcesses(_) = this.reach {
             // Everything is resolved before anything is attached: once libc is probed, every malloc
             // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
@@ -134,6 +155,13 @@ impl Following {
     pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<ObjectFile>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
+        // Held execs first: their processes wait inside execve(2).
+        let requests: Vec<ProbeRequest> = self.held.iter().flat_map(HeldExecs::requests).collect();
+        for request in requests {
+            let probed = self.probe(probes, &request.allocator, Scope::AllProcesses);
+            request.done();
+            probed?;
+        }
         let mut objects = Vec::new();
         while let Ok(image) = self.execs.try_recv() {
             let scope = self.reach.scope_for(image.pid.unwrap_or_default());
@@ -181,11 +209,57 @@ impl Following {
         Ok(())
     }
 
+    /// Lets go of held execs (memtrace is about to stop, or to end).
+    pub fn release_held_execs(&mut self) {
+        if let Some(held) = &mut self.held {
+            held.release();
+        }
+    }
+
+    /// Holds execs again, after memtrace was continued.
+    pub fn resume_held_execs(&mut self) {
+        if let Some(Err(err)) = self.held.as_mut().map(HeldExecs::resume) {
+            eprintln!("memtrace: warning: cannot hold execs again: {err}");
+        }
+    }
+
+    /// Execs let go before their program's allocator was probed (held past the bound).
+    pub fn missed_execs(&self) -> u64 {
+        self.held.as_ref().map_or(0, |held| held.stats().missed)
+    }
+
     fn probe(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
         if self.probed.insert((allocator.object.id, scope)) {
             probes.attach(allocator, scope)?;
+            if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
+                probed.insert(allocator.object.id);
+            }
         }
         Ok(())
+    }
+}
+
+/// Starts holding the execs of followed processes (a tree, or every process); says so when it
+/// cannot, and what that misses.
+fn hold_execs(
+    probes: &Probes,
+    reach: &Reach,
+    probed: ProbedFiles,
+    cache: &FileCache,
+    overrides: &Overrides,
+    wake: OwnedFd,
+) -> Result<Option<HeldExecs>> {
+    let holding = match reach {
+        Reach::Targets => return Ok(None),
+        Reach::Tree => Holding::Tree(Arc::new(probes.tree_lookup()?)),
+        Reach::AllProcesses(_) => Holding::Everyone,
+    };
+    match HeldExecs::start(holding, probed, cache.clone(), overrides.clone(), wake) {
+        Ok(held) => Ok(Some(held)),
+        Err(why) => {
+            eprintln!("memtrace: warning: cannot hold execs: {why}");
+            Ok(None)
+        }
     }
 }
 

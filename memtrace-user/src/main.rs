@@ -5,6 +5,7 @@ mod collector;
 mod elf;
 mod export;
 mod following;
+mod held_execs;
 mod model;
 mod privileges;
 mod probes;

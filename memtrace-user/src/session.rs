@@ -342,6 +342,10 @@ impl RunningCommand {
                 false => None,
             };
             match signal {
+                // Ctrl-Z stops memtrace as it would any program.
+                Some(Signal::SIGTSTP) => {
+                    let _ = kill(Pid::this(), Signal::SIGSTOP);
+                }
                 // Sent before it is said: what stderr reports has happened.
                 Some(signal) if !forwarded => {
                     let _ = kill(Pid::from_raw(self.pid as i32), signal);
@@ -402,7 +406,9 @@ impl Run<'_> {
             let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
             let wake = next_refresh.map_or(wake, |refresh| refresh.min(wake));
             let (signal, exited) = self.wait_until(wake)?;
-            if let Some(signal) = signal {
+            if signal == Some(Signal::SIGTSTP) {
+                self.stop_until_continued();
+            } else if let Some(signal) = signal {
                 match self.running_child() {
                     // The command decides how to end; its exit ends the trace.
                     Some(child) if !self.forwarded_signal => {
@@ -608,9 +614,19 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Ctrl-Z: memtrace stops, after letting go of the execs it holds (stopped, it could not
+    /// answer them, and every exec on the machine would wait); it holds them again when continued.
+    fn stop_until_continued(&mut self) {
+        self.following.release_held_execs();
+        eprintln!("memtrace: stopped (execs are not held while stopped; continue with fg or SIGCONT)");
+        let _ = kill(Pid::this(), Signal::SIGSTOP);
+        self.following.resume_held_execs();
+    }
+
     fn finish(&mut self, duration: Duration) -> Result<()> {
         // Probes stop firing first: the final figures hold still, and the machine is let go at
         // once, before the reports are worked out.
+        self.following.release_held_execs();
         self.probes.detach();
         self.sample()?;
         // The agent has nothing left to show them to.
@@ -633,6 +649,13 @@ impl Run<'_> {
                 }
             }
         }
+        let missed = self.following.missed_execs();
+        if missed > 0 {
+            eprintln!(
+                "memtrace: warning: {missed} execs were let go before their program's allocator was probed \
+                 (held past 500 ms): those programs' first allocations may be missing"
+            );
+        }
         Ok(())
     }
 }
@@ -642,6 +665,8 @@ fn block_termination_signals() -> Result<SignalFd> {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGINT);
     mask.add(Signal::SIGTERM);
+    // Read too, so that memtrace lets go of held execs before it stops.
+    mask.add(Signal::SIGTSTP);
     mask.thread_block().context("blocking SIGINT and SIGTERM")?;
     SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).context("creating a signalfd")
 }

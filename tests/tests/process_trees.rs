@@ -190,3 +190,38 @@ fn an_env_chain_ends_in_the_final_program() {
     let outcome = Memtrace::new().args(["--", "/usr/bin/env", "MEMTRACE_TEST=1"]).arg(&leaks).run();
     assert_exec_chain_ends_in_leaks(&outcome);
 }
+
+/// The figures of `process` as the accounting semantics define them, with the peak.
+fn figures(process: &Value) -> Vec<&Value> {
+    [
+        "allocations",
+        "frees",
+        "allocated_bytes",
+        "freed_bytes",
+        "live_allocations",
+        "live_bytes",
+        "peak_live_bytes",
+        "untracked_frees",
+    ]
+    .iter()
+    .map(|name| &process[name])
+    .collect()
+}
+
+/// A static program has its own malloc, which nothing has probed when a traced shell execs it:
+/// memtrace holds the exec (fanotify) until it is, so its figures are those of `memtrace --
+/// static-program`, which probes it before it starts, glibc's start-up allocations included.
+#[test]
+fn a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction() {
+    let program = memtrace_tests::fixture_variant("leaks", "static", &["-static"]);
+    let alone = Memtrace::new().command(&program).run();
+    alone.assert_exit_code(0);
+    let script = format!("{}; true", program.display());
+    let shell = Memtrace::new().args(["--", "sh", "-c", &script]).run();
+    shell.assert_exit_code(0);
+    let from_shell =
+        processes(&shell).iter().find(|p| p["comm"] == "leaks-static").expect("the static program");
+    assert_eq!(figures(from_shell), figures(&processes(&alone)[0]), "{from_shell:#}");
+    assert_eq!(from_shell["allocator_kind"], processes(&alone)[0]["allocator_kind"]);
+    assert!(!shell.stderr.contains("execs were let go"), "{}", shell.stderr);
+}

@@ -5,7 +5,8 @@
 mod kernel_btf;
 mod links;
 mod loader;
-mod take;
+mod map_ops;
+pub use map_ops::KeyLookup;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
@@ -279,6 +280,11 @@ impl Probes {
         targets.insert(pid, 1, 0).with_context(|| format!("more than {MAX_PROCESSES} processes to trace"))
     }
 
+    /// Whether a process is traced under `Reach::Tree`, from any thread.
+    pub fn tree_lookup(&self) -> Result<map_ops::KeyLookup> {
+        map_ops::KeyLookup::of(self.map("TARGETS")?, "the map of traced processes")
+    }
+
     /// Follows processes as they exec; returns the ring buffer that announces the execs of traced
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
@@ -376,13 +382,13 @@ impl Probes {
     /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
     /// again is written again, and found here again.
     pub fn take_stacks(&self) -> Result<Vec<(u64, StackFrames)>> {
-        take::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)
+        map_ops::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)
     }
 
     /// Takes out the totals of every (process, stack) with nothing live: an allocation from it
     /// later starts a new entry, whose figures add to these.
     pub fn take_idle_stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
-        take::take_entries(
+        map_ops::take_entries(
             self.map("STACK_TOTALS")?,
             "the per-stack totals map",
             |_, totals: &StackTotals| totals.live_allocations == 0,

@@ -65,11 +65,21 @@ pub fn open_mapping(pid: u32, root: &Root, mapping: &Mapping) -> Result<ObjectFi
 
 /// The objects of a program process `pid` has just exec'd, resolved in its root before it maps them.
 pub fn link_order_of_exec(pid: u32, cache: &FileCache) -> Result<(Root, Vec<ObjectFile>)> {
-    let root = Root::of_process(pid)?;
     // Where the process sees its program: the path that outlives the process.
     let seen_as =
         std::fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("pid {pid} has exited"))?;
     let program = ObjectFile::open_proc_link(Path::new(&format!("/proc/{pid}/exe")), seen_as)?;
+    link_order_of_program_in(pid, program, cache)
+}
+
+/// The objects `program` will load when process `pid` runs it, resolved in the process's root
+/// with its environment (for a process inside execve(2), the environment it had before).
+pub fn link_order_of_program_in(
+    pid: u32,
+    program: ObjectFile,
+    cache: &FileCache,
+) -> Result<(Root, Vec<ObjectFile>)> {
+    let root = Root::of_process(pid)?;
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     let environ: Vec<String> =
         environ.split(|&b| b == 0).map(|var| String::from_utf8_lossy(var).into_owned()).collect();

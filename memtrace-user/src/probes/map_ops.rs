@@ -1,16 +1,18 @@
-//! Taking entries out of a kernel hash map at once: BPF_MAP_LOOKUP_AND_DELETE_ELEM returns an
-//! entry's value as it is removed, so an update the BPF side makes up to that moment is in the
-//! value memtrace gets, never lost between a read and a delete. aya 0.14 offers it only for
-//! queues and stacks.
+//! Map operations aya 0.14 lacks. Taking entries out of a hash map at once:
+//! BPF_MAP_LOOKUP_AND_DELETE_ELEM returns an entry's value as it is removed, so an update the BPF
+//! side makes up to that moment is in the value memtrace gets, never lost between a read and a
+//! delete (aya offers it only for queues and stacks). And a lookup that another thread can own
+//! ([`KeyLookup`], its own descriptor of the map).
 
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd},
+    os::fd::{AsFd, AsRawFd, OwnedFd},
 };
 
 use anyhow::{Context, Result};
 use aya::maps::{HashMap, Map, MapData};
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 
 /// `union bpf_attr` for the map element commands.
@@ -80,4 +82,42 @@ fn take<K: aya::Pod, V: aya::Pod>(fd: i32, key: &K) -> io::Result<Option<V>> {
     }
     // SAFETY: the kernel wrote the value.
     Ok(Some(unsafe { value.assume_init() }))
+}
+
+/// Whether a hash map with u32 keys and u8 values has a key, from any thread.
+pub struct KeyLookup {
+    fd: OwnedFd,
+}
+
+impl KeyLookup {
+    pub fn of(map: &Map, what: &str) -> Result<Self> {
+        let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
+            anyhow::bail!("{what} is not a hash map");
+        };
+        let _: HashMap<&MapData, u32, u8> = HashMap::try_from(map)?;
+        let fd = data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating {what}"))?;
+        Ok(Self { fd })
+    }
+
+    pub fn contains(&self, key: u32) -> bool {
+        let mut value = 0u8;
+        let attr = ElementAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: std::ptr::from_ref(&key) as u64,
+            value: std::ptr::from_mut(&mut value) as u64,
+            flags: 0,
+        };
+        // SAFETY: the attribute points to a u32 key and a u8 value, the map's sizes (checked in
+        // `of`), both live for the call.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_ELEM,
+                std::ptr::from_ref(&attr),
+                size_of::<ElementAttr>() as u32,
+            )
+        };
+        result == 0
+    }
 }
