@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: memtrace's developer tasks. Each task installs what it needs when missing.
 
 mod bench;
+mod soak;
 mod toolchain;
 
 use std::{
@@ -30,6 +31,8 @@ enum Task {
     Test,
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
+    /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
+    Soak { minutes: Option<u64> },
 }
 
 fn main() -> Result<()> {
@@ -39,6 +42,7 @@ fn main() -> Result<()> {
         Task::Demo => demo(),
         Task::Test => test(),
         Task::Bench => bench::run(&build()?),
+        Task::Soak { minutes } => soak::run(&build()?, minutes.unwrap_or(10)),
     }
 }
 

@@ -1,0 +1,118 @@
+//! `cargo xtask soak [MINUTES]`: memtrace --all for a while (10 minutes by default) under a mixed
+//! load: a C compiler in a loop, short Python scripts, and a small HTTP server answering a client
+//! loop. Then: memtrace's own memory at the start and the end (from its /proc status), the
+//! kernel tables' occupancy (the summary's `kernel_maps`), events lost, how many processes were
+//! reported (each pid once), and whether every output parses. Not part of `cargo xtask test`.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{as_root, workspace_root};
+
+pub fn run(memtrace: &Path, minutes: u64) -> Result<()> {
+    let dir = workspace_root().join("target/soak");
+    fs::create_dir_all(&dir)?;
+    let (trace, summary) = (dir.join("trace.json"), dir.join("summary.json"));
+    let mut tracer = as_root(memtrace)
+        .args(["--all", "-o"])
+        .arg(&trace)
+        .arg("--summary")
+        .arg(&summary)
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting memtrace --all")?;
+    let stderr = tracer.stderr.take().context("memtrace's stderr")?;
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    if !lines.any(|line| line.starts_with("memtrace: tracing")) {
+        bail!("memtrace --all never said it was tracing");
+    }
+    let rss_start = rss_kib(tracer.id());
+    let load = start_load(&dir)?;
+    let end = Instant::now() + Duration::from_secs(minutes * 60);
+    let mut rss_peak = rss_start;
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_secs(5));
+        rss_peak = rss_peak.max(rss_kib(tracer.id()));
+    }
+    let rss_end = rss_kib(tracer.id());
+    for mut child in load {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = Command::new("kill").arg("-INT").arg(tracer.id().to_string()).status();
+    let said: Vec<String> = lines.collect();
+    let status = tracer.wait()?;
+    report(&summary, &trace, (rss_start, rss_peak, rss_end), &said)?;
+    if !status.success() {
+        bail!("memtrace exited with {status}");
+    }
+    Ok(())
+}
+
+/// The load, as shell loops that run until killed: a compiler, short Python scripts, an HTTP
+/// server and a client.
+fn start_load(dir: &Path) -> Result<Vec<Child>> {
+    let source = dir.join("unit.c");
+    fs::write(&source, "#include <stdio.h>\nint main(void) { puts(\"soak\"); return 0; }\n")?;
+    let loops = [
+        format!("while true; do cc -O2 -o {0}/unit {0}/unit.c; done", dir.display()),
+        "while true; do python3 -c 'import json; json.dumps([str(i) for i in range(20000)])'; done".to_owned(),
+        format!("cd {} && exec python3 -m http.server 18080 --bind 127.0.0.1", dir.display()),
+        "while true; do python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:18080/\").read()' \
+         2>/dev/null; done"
+            .to_owned(),
+    ];
+    loops
+        .iter()
+        .map(|script| {
+            Command::new("sh")
+                .args(["-c", script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {script}"))
+        })
+        .collect()
+}
+
+fn report(summary: &Path, trace: &Path, (start, peak, end): (u64, u64, u64), said: &[String]) -> Result<()> {
+    let text = fs::read_to_string(summary).with_context(|| format!("reading {}", summary.display()))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", summary.display()))?;
+    let trace_text = fs::read_to_string(trace).with_context(|| format!("reading {}", trace.display()))?;
+    serde_json::from_str::<serde_json::Value>(&trace_text)
+        .with_context(|| format!("{} is not valid JSON", trace.display()))?;
+    let processes = summary["processes"].as_array().context("no processes in the summary")?;
+    let mut pids: Vec<u64> = processes.iter().filter_map(|p| p["pid"].as_u64()).collect();
+    let reported = pids.len();
+    pids.sort_unstable();
+    pids.dedup();
+    println!("soak: memtrace RSS {start} KiB at the start, {peak} KiB at its peak, {end} KiB at the end");
+    println!("soak: kernel tables at the end: {}", summary["kernel_maps"]);
+    println!(
+        "soak: {reported} processes reported ({} distinct pids); {} events lost",
+        pids.len(),
+        summary["lost_events"]
+    );
+    println!("soak: the summary and the trace parse as JSON");
+    for line in said.iter().filter(|line| line.contains("warning")) {
+        println!("soak: memtrace said: {line}");
+    }
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
