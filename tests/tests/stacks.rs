@@ -279,12 +279,25 @@ fn sampled_leaks_are_estimated_within_five_percent() {
     assert!(leak_from(process, "scratch").is_none(), "temporaries are not leaks: {process:#}");
 }
 
-/// 65,536 distinct stacks made and freed in well under a second, then a leak: memtrace empties the
-/// kernel's stack tables at every sample (every 100 ms here), so a table of 16,384 never fills,
-/// although the run makes four times as many stacks. Nothing is lost, and the leak has its stack.
+/// 65,536 distinct stacks, then a leak, with stack tables of 16,384: memtrace empties them at every
+/// sample, so they never fill although the run makes four times as many stacks. The fixture makes
+/// them in batches of 8,192 and goes on once memtrace has sampled twice since (one whole sample
+/// after the batch). Nothing is lost, and the leak has its stack.
 #[test]
 fn the_stack_table_never_fills() {
-    let outcome = Memtrace::new().args(["--max-stacks", "16384"]).command(&fixture("many_stacks")).run();
+    let mut memtrace = Memtrace::new()
+        .args(["--max-stacks", "16384", "--", &fixture("many_stacks").to_string_lossy(), "batches"])
+        .spawn();
+    for _ in 0..8 {
+        memtrace.wait_for_stdout("batch");
+        let seen = memtrace
+            .wait_for_trace("a heap counter", |trace| trace.counters("heap").count() >= 1)
+            .counters("heap")
+            .count();
+        memtrace.wait_for_trace("two more samples", |trace| trace.counters("heap").count() >= seen + 2);
+        memtrace.send(b"g");
+    }
+    let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
     let process = &outcome.summary()["processes"][0];
     assert_eq!(outcome.summary()["lost_events"], 0, "{process:#}");
