@@ -180,6 +180,10 @@ impl Following {
     pub fn adopt_new_processes(&self, probes: &Probes, model: &mut Model) -> Result<()> {
         for (pid, stats) in probes.traced_processes()? {
             let (kind, path) = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
+            // The kernel forgot a released process: figures under its pid are a new process's.
+            if model.processes.get(&pid).is_some_and(|process| process.released) {
+                model.retire(pid);
+            }
             if !model.processes.contains_key(&pid) {
                 model.add_process(pid, crate::model::kernel_comm(&stats).unwrap_or_default(), PathBuf::new());
             }

@@ -60,7 +60,10 @@ pub struct Sample {
 
 #[derive(Debug, Default)]
 pub struct Model {
+    /// The processes traced, by pid: those running, and those exited whose pid is not in use again.
     pub processes: BTreeMap<u32, Process>,
+    /// Exited processes whose pid a later process took: reported as they ended.
+    pub retired: Vec<Process>,
     /// Losses the kernel could not charge to a process.
     pub unattributed_lost_events: u64,
     /// USDT reports the kernel could not record (a full map, an unreadable argument).
@@ -159,7 +162,20 @@ impl Model {
     pub fn lost_events(&self) -> u64 {
         self.unattributed_lost_events
             + self.usdt_lost_events
-            + self.processes.values().map(|p| p.stats.lost_events).sum::<u64>()
+            + self.every_process().map(|p| p.stats.lost_events).sum::<u64>()
+    }
+
+    /// Every process traced, each once, in the order they were seen (pids may repeat: a pid used
+    /// again is another process).
+    pub fn every_process(&self) -> impl Iterator<Item = &Process> {
+        self.retired.iter().chain(self.processes.values())
+    }
+
+    /// A new process has the pid of an exited, released one: the old one is kept as it ended.
+    pub fn retire(&mut self, pid: u32) {
+        if let Some(process) = self.processes.remove(&pid) {
+            self.retired.push(process);
+        }
     }
 }
 

@@ -508,6 +508,7 @@ impl Run<'_> {
         if self.serving {
             // Their final figures went to the exporters at the sample that released them.
             self.model.processes.retain(|_, process| !process.released);
+            self.model.retired.clear();
         }
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         self.collector.sample(&self.probes, &mut self.model)?;

@@ -631,6 +631,11 @@ pub fn assert_figures(outcome: &Outcome, expected: Figures) {
 }
 
 /// Compares one process entry of a summary with the fixture's figures, exactly.
+/// A process's figures in the summary, its peak included.
+pub fn figures_of(process: &Value) -> Figures {
+    Figures::of(process, true)
+}
+
 pub fn assert_figures_of(process: &Value, expected: Figures) {
     let actual = Figures::of(process, expected.peak_live_bytes.is_some());
     assert_eq!(

@@ -5,7 +5,7 @@
 
 use std::{os::unix::fs::PermissionsExt, process::Command};
 
-use memtrace_tests::{assert_figures_of, fixture, Figures, Memtrace, Outcome, Spawned, LEAKS};
+use memtrace_tests::{assert_figures_of, figures_of, fixture, Figures, Memtrace, Outcome, Spawned, LEAKS};
 use serde_json::Value;
 
 fn processes(outcome: &Outcome) -> &Vec<Value> {
@@ -191,23 +191,6 @@ fn an_env_chain_ends_in_the_final_program() {
     assert_exec_chain_ends_in_leaks(&outcome);
 }
 
-/// The figures of `process` as the accounting semantics define them, with the peak.
-fn figures(process: &Value) -> Vec<&Value> {
-    [
-        "allocations",
-        "frees",
-        "allocated_bytes",
-        "freed_bytes",
-        "live_allocations",
-        "live_bytes",
-        "peak_live_bytes",
-        "untracked_frees",
-    ]
-    .iter()
-    .map(|name| &process[name])
-    .collect()
-}
-
 /// A static program has its own malloc, which nothing has probed when a traced shell execs it:
 /// memtrace holds the exec (fanotify) until it is, so its figures are those of `memtrace --
 /// static-program`, which probes it before it starts, glibc's start-up allocations included.
@@ -221,7 +204,7 @@ fn a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction(
     shell.assert_exit_code(0);
     let from_shell =
         processes(&shell).iter().find(|p| p["comm"] == "leaks-static").expect("the static program");
-    assert_eq!(figures(from_shell), figures(&processes(&alone)[0]), "{from_shell:#}");
+    assert_eq!(figures_of(from_shell), figures_of(&processes(&alone)[0]), "{from_shell:#}");
     assert_eq!(from_shell["allocator_kind"], processes(&alone)[0]["allocator_kind"]);
     assert!(!shell.stderr.contains("execs were let go"), "{}", shell.stderr);
 }

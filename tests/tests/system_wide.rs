@@ -3,7 +3,9 @@
 
 use std::{process::Command, sync::Mutex, time::Instant};
 
-use memtrace_tests::{assert_figures_of, fixture, fixture_variant, Memtrace, Outcome, DEADLINE, LEAKS};
+use memtrace_tests::{
+    assert_figures_of, figures_of, fixture, fixture_variant, Memtrace, Outcome, DEADLINE, LEAKS,
+};
 use serde_json::Value;
 
 fn run_to_exit(program: &std::path::Path) -> u32 {
@@ -30,10 +32,12 @@ fn leak_bytes(process: &Value, function: &str) -> Option<(u64, u64)> {
     Some((leak["bytes"].as_u64()?, leak["allocations"].as_u64()?))
 }
 
+/// One system-wide run at a time: each would see the other's fixtures.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// Runs memtrace --all with `args`, runs `work` once it is tracing, then ends it with SIGINT.
 /// One system-wide run at a time: each would see the other's fixtures.
 fn trace_all_while(args: &[&str], work: impl FnOnce()) -> (Outcome, u32) {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut memtrace = Memtrace::new().arg("--all").args(args).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
@@ -99,4 +103,58 @@ fn kernel_state_of_exited_processes_is_released() {
     assert_eq!(maps["processes"], 0, "{maps:#}");
     assert_eq!(maps["live_allocations"], 0, "{maps:#}");
     assert_eq!(maps["stack_totals"], 0, "{maps:#}");
+}
+
+/// The number of samples in the trace so far (one heap counter per process per sample, at least
+/// one process being traced).
+fn heap_counters(memtrace: &mut memtrace_tests::Running) -> usize {
+    memtrace
+        .wait_for_trace("a heap counter", |trace| trace.counters("heap").count() >= 1)
+        .counters("heap")
+        .count()
+}
+
+/// A pid used again is another process: each is reported once, with its own figures. The reuse is
+/// forced: writing a pid to /proc/sys/kernel/ns_last_pid makes the kernel give the next process the
+/// pid after it, if it is free.
+#[test]
+fn a_reused_pid_is_another_process() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut memtrace = Memtrace::new().arg("--all").spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let first = run_to_exit(&fixture("leaks"));
+    // Its final sample, and one more, after which its kernel state is released.
+    memtrace.wait_for_trace("the first process's final figures", |trace| {
+        trace.counters("heap").any(|event| event["pid"] == first && event["args"]["live_bytes"] == 5768)
+    });
+    let seen = heap_counters(&mut memtrace);
+    memtrace.wait_for_trace("one more sample", |trace| trace.counters("heap").count() > seen);
+    // Another process may take the pid first; try again a few times.
+    let reused = (0..20).any(|_| {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (first - 1).to_string()).expect("writing ns_last_pid");
+        run_to_exit(&fixture("leaks")) == first
+    });
+    assert!(reused, "pid {first} was never given out again");
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let twice: Vec<&Value> =
+        outcome.summary()["processes"].as_array().unwrap().iter().filter(|p| p["pid"] == first).collect();
+    assert_eq!(twice.len(), 2, "{:#}", outcome.summary());
+    for process in twice {
+        assert_figures_of(process, LEAKS);
+    }
+}
+
+/// A static program started under --all has its own malloc, probed by no one: memtrace holds its
+/// exec (fanotify) until it is, so its figures are those `memtrace -- static-program` gives.
+#[test]
+fn a_static_program_started_later_is_exact_from_its_first_instruction() {
+    let program = fixture_variant("leaks", "static", &["-static"]);
+    let alone = Memtrace::new().command(&program).run();
+    alone.assert_exit_code(0);
+    let mut pid = 0;
+    let (outcome, _) = trace_all_while(&[], || pid = run_to_exit(&program));
+    assert_eq!(figures_of(process(&outcome, pid)), figures_of(&alone.summary()["processes"][0]));
+    assert!(!outcome.stderr.contains("execs were let go"), "{}", outcome.stderr);
 }

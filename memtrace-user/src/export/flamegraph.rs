@@ -47,7 +47,7 @@ const EMPTY_FLAMEGRAPH: &str = r#"<svg xmlns="http://www.w3.org/2000/svg" width=
 /// "comm (pid);outermost;...;innermost bytes" per stack that still holds bytes.
 fn folded_stacks(model: &Model) -> Vec<String> {
     let mut lines = Vec::new();
-    for process in model.processes.values() {
+    for process in model.every_process() {
         for stack in process.stacks.iter().filter(|s| s.totals.live_bytes > 0) {
             let mut names = vec![format!("{} ({})", process.comm, process.pid)];
             names.extend(stack.frames.iter().rev().map(|f| f.name().replace(';', ":")));

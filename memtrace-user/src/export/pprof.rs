@@ -65,10 +65,8 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
     let pid_key = builder.string("pid");
     let comm_key = builder.string("comm");
     let mut samples = Vec::new();
-    let chosen = model
-        .processes
-        .values()
-        .filter(|p| processes == Processes::All || processes == Processes::One(p.pid));
+    let chosen =
+        model.every_process().filter(|p| processes == Processes::All || processes == Processes::One(p.pid));
     for process in chosen {
         let comm = builder.string(&process.comm);
         for stack in &process.stacks {

@@ -24,14 +24,14 @@ impl Exporter for TextReport {
 
 pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
     let mut text = String::new();
-    let processes = model.processes.len();
+    let processes = model.every_process().count();
     let _ = writeln!(
         text,
         "memtrace: traced {processes} process{} for {:.2} s",
         if processes == 1 { "" } else { "es" },
         end.duration.as_secs_f64()
     );
-    for process in model.processes.values() {
+    for process in model.every_process() {
         let stats = &process.stats;
         let _ = writeln!(
             text,

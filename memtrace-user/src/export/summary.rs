@@ -105,7 +105,7 @@ impl Summary {
             version: SUMMARY_VERSION,
             duration_s: seconds(end.duration),
             lost_events: model.lost_events(),
-            processes: model.processes.values().map(|p| ProcessSummary::of(p, top)).collect(),
+            processes: model.every_process().map(|p| ProcessSummary::of(p, top)).collect(),
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
         }

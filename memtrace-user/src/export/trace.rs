@@ -116,7 +116,7 @@ impl Drop for TraceFile {
 impl Exporter for TraceFile {
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
         let mut events = Vec::new();
-        for process in model.processes.values() {
+        for process in model.every_process() {
             if self.closed.contains(&process.pid) {
                 continue;
             }

@@ -298,6 +298,8 @@ impl Departures {
             usdt_lost_events: model.usdt_lost_events,
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
+            // Exited processes leave the exposition after one scrape (`departing`).
+            retired: Vec::new(),
         }
     }
 }
