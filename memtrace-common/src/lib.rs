@@ -148,7 +148,7 @@ pub const MAX_LIVE_ALLOCATIONS_LIMIT: u32 = 1 << 27;
 
 /// Key of the live-allocation map: addresses are only unique within one address space.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AllocationKey {
     pub tgid: u32,
     pub _pad: u32,
@@ -169,7 +169,7 @@ pub struct Allocation {
 /// One user stack frame as the kernel resolves it at capture time (struct bpf_stack_build_id): the
 /// file's build ID and offset while the process is alive, so it can be symbolized after it exits.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackFrame {
     /// FRAME_EMPTY, FRAME_BUILD_ID or FRAME_IP.
     pub status: i32,
@@ -192,14 +192,14 @@ pub const FRAME_IP: i32 = 2;
 
 /// A user call stack, innermost frame (the allocator's caller) first.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackFrames {
     pub frames: [StackFrame; STACK_DEPTH],
 }
 
 /// Key of the per-(process, stack) totals.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
     pub tgid: u32,
     pub _pad: u32,

@@ -29,6 +29,19 @@ pub struct Process {
     pub usdt: UsdtFigures,
 }
 
+impl Process {
+    /// Keeps only what the report and the summary show of a process that has ended: its `top`
+    /// stacks (by leaked, then allocated bytes) and no mappings (its stacks are symbolized).
+    pub fn keep_only_reported(&mut self, top: usize) {
+        self.stacks.sort_by(|a, b| {
+            (b.leaked_bytes, b.totals.allocated_bytes).cmp(&(a.leaked_bytes, a.totals.allocated_bytes))
+        });
+        self.stacks.truncate(top);
+        self.stacks.shrink_to_fit();
+        self.mappings = Vec::new();
+    }
+}
+
 /// The command name the kernel recorded in a process's figures (as it first allocated after its
 /// last exec, and at its exit), if any.
 pub fn kernel_comm(stats: &ProcessStats) -> Option<String> {

@@ -580,6 +580,11 @@ impl Run<'_> {
         for pid in &exited {
             if let Some(process) = self.model.processes.get_mut(pid) {
                 process.released = true;
+                // Over a long system-wide run, thousands of processes come and go: each keeps
+                // what its report shows, so memtrace's memory stays bounded.
+                if self.cli.system_wide() {
+                    process.keep_only_reported(self.cli.top);
+                }
             }
         }
         if let Some(maps) = &mut self.model.kernel_maps {

@@ -1,8 +1,10 @@
 //! Map operations aya 0.14 lacks. Taking entries out of a hash map at once:
 //! BPF_MAP_LOOKUP_AND_DELETE_ELEM returns an entry's value as it is removed, so an update the BPF
 //! side makes up to that moment is in the value memtrace gets, never lost between a read and a
-//! delete (aya offers it only for queues and stacks). And a lookup that another thread can own
-//! ([`KeyLookup`], its own descriptor of the map).
+//! delete (aya offers it only for queues and stacks). Reading and deleting many entries in one
+//! call each (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH): a table of a million live allocations
+//! is read in a few hundred calls rather than two million. And a lookup that another thread can
+//! own ([`KeyLookup`], its own descriptor of the map).
 
 use std::{
     io,
@@ -14,6 +16,10 @@ use aya::maps::{HashMap, Map, MapData};
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+/// Entries per batch call: a hash bucket never holds more.
+const BATCH: usize = 8192;
 
 /// `union bpf_attr` for the map element commands.
 #[repr(C)]
@@ -27,22 +33,17 @@ struct ElementAttr {
 
 /// Removes the entries of the hash map `map` for which `wanted` holds (judged on a read of the
 /// entry) and returns each with its value as it was removed.
-pub fn take_entries<K: aya::Pod, V: aya::Pod>(
+pub fn take_entries<K: aya::Pod + Default, V: aya::Pod + Default>(
     map: &Map,
     what: &str,
     wanted: impl Fn(&K, &V) -> bool,
 ) -> Result<Vec<(K, V)>> {
-    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
-        anyhow::bail!("{what} is not a hash map");
-    };
-    let view: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
-    let keys: Vec<K> = view
-        .iter()
-        .filter_map(Result::ok)
+    let fd = hash_map_fd::<K, V>(map, what)?;
+    let keys: Vec<K> = dump::<K, V>(map, what)?
+        .into_iter()
         .filter(|(key, value)| wanted(key, value))
         .map(|(key, _)| key)
         .collect();
-    let fd = data.fd().as_fd().as_raw_fd();
     let mut taken = Vec::with_capacity(keys.len());
     for key in keys {
         // Gone meanwhile (the BPF side never removes these, but a release may have).
@@ -120,4 +121,92 @@ impl KeyLookup {
         };
         result == 0
     }
+}
+
+/// `union bpf_attr` for the batch commands.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+fn hash_map_fd<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<i32> {
+    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
+        anyhow::bail!("{what} is not a hash map");
+    };
+    // Checks the key and value sizes against the map's.
+    let _: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
+    Ok(data.fd().as_fd().as_raw_fd())
+}
+
+fn bpf_batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: the attribute's pointers lead to buffers of `count` keys and values of the map's
+    // sizes (checked in hash_map_fd) and to an 8-byte batch token, all live for the call.
+    let result = unsafe {
+        libc::syscall(libc::SYS_bpf, command, std::ptr::from_mut(attr), size_of::<BatchAttr>() as u32)
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every entry of a hash map, read a batch at a time.
+pub fn dump<K: aya::Pod + Default, V: aya::Pod + Default>(map: &Map, what: &str) -> Result<Vec<(K, V)>> {
+    let fd = hash_map_fd::<K, V>(map, what)?;
+    let (mut keys, mut values) = (vec![K::default(); BATCH], vec![V::default(); BATCH]);
+    let (mut token, mut next) = (0u64, 0u64);
+    let mut entries = Vec::new();
+    for first in std::iter::once(true).chain(std::iter::repeat(false)) {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { std::ptr::from_ref(&token) as u64 },
+            out_batch: std::ptr::from_mut(&mut next) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        let result = bpf_batch(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let read = attr.count as usize;
+        entries.extend(keys[..read].iter().copied().zip(values[..read].iter().copied()));
+        match result {
+            Ok(()) => token = next,
+            // The end of the map.
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
+            Err(err) => return Err(err).with_context(|| format!("reading {what}")),
+        }
+    }
+    unreachable!("the loop above ends only by returning")
+}
+
+/// Deletes `keys` from a hash map, a batch at a time; keys already gone are skipped.
+pub fn delete<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str, keys: &[K]) -> Result<()> {
+    let fd = hash_map_fd::<K, V>(map, what)?;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let chunk = &rest[..rest.len().min(BATCH)];
+        let mut attr = BatchAttr {
+            keys: chunk.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        match bpf_batch(BPF_MAP_DELETE_BATCH, &mut attr) {
+            Ok(()) => rest = &rest[chunk.len()..],
+            // A key is gone already: the ones before it were deleted; go on after it.
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
+                rest = &rest[(attr.count as usize + 1).min(rest.len())..]
+            }
+            Err(err) => return Err(err).with_context(|| format!("deleting entries of {what}")),
+        }
+    }
+    Ok(())
 }

@@ -320,20 +320,28 @@ impl Probes {
         for tgid in tgids {
             let _ = stats.remove(tgid);
         }
-        let mut allocations: HashMap<&mut MapData, AllocationKey, Allocation> =
-            HashMap::try_from(self.ebpf.map_mut("ALLOCATIONS").context("no map ALLOCATIONS")?)?;
-        let doomed: Vec<AllocationKey> =
-            allocations.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-        for key in &doomed {
-            let _ = allocations.remove(key);
-        }
-        let mut totals: HashMap<&mut MapData, StackKey, StackTotals> =
-            HashMap::try_from(self.ebpf.map_mut("STACK_TOTALS").context("no map STACK_TOTALS")?)?;
-        let doomed: Vec<StackKey> =
-            totals.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-        for key in &doomed {
-            let _ = totals.remove(key);
-        }
+        let doomed: Vec<AllocationKey> = self
+            .live_allocations()?
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| tgids.contains(&key.tgid))
+            .collect();
+        map_ops::delete::<AllocationKey, Allocation>(
+            self.map("ALLOCATIONS")?,
+            "the live-allocation map",
+            &doomed,
+        )?;
+        let doomed: Vec<StackKey> = self
+            .stack_totals()?
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| tgids.contains(&key.tgid))
+            .collect();
+        map_ops::delete::<StackKey, StackTotals>(
+            self.map("STACK_TOTALS")?,
+            "the per-stack totals map",
+            &doomed,
+        )?;
         crate::usdt::release(self, tgids)
     }
 
@@ -368,15 +376,12 @@ impl Probes {
 
     /// Every live allocation the kernel knows, of every traced process.
     pub fn live_allocations(&self) -> Result<Vec<(AllocationKey, Allocation)>> {
-        let allocations: HashMap<&MapData, AllocationKey, Allocation> =
-            HashMap::try_from(self.map("ALLOCATIONS")?)?;
-        collect_entries(allocations.iter(), "the live-allocation map")
+        map_ops::dump(self.map("ALLOCATIONS")?, "the live-allocation map")
     }
 
     /// What each (process, call stack) allocated and still holds.
     pub fn stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
-        let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
-        collect_entries(totals.iter(), "the per-stack totals map")
+        map_ops::dump(self.map("STACK_TOTALS")?, "the per-stack totals map")
     }
 
     /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
