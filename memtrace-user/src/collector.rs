@@ -212,12 +212,14 @@ mod tests {
     use crate::symbolize::Frame;
 
     fn stack(names: &[&str], live: i64) -> StackProfile {
-        let frame = |name: &&str| Frame {
-            function: Some((*name).into()),
-            file: None,
-            line: None,
-            module: "m".into(),
-            offset: 0,
+        let frame = |name: &&str| {
+            std::sync::Arc::new(Frame {
+                function: Some((*name).into()),
+                file: None,
+                line: None,
+                module: "m".into(),
+                offset: 0,
+            })
         };
         StackProfile {
             frames: names.iter().map(frame).collect(),

@@ -1,6 +1,6 @@
 //! What memtrace knows about each traced process, as of the latest sample.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use memtrace_common::{ProcessStats, StackTotals};
 
@@ -53,7 +53,9 @@ pub fn kernel_comm(stats: &ProcessStats) -> Option<String> {
 #[derive(Debug, Clone)]
 pub struct StackProfile {
     /// Innermost first, starting at the allocator's caller.
-    pub frames: Vec<Frame>,
+    /// Shared with every other stack that has the same frame (a run holds many stacks and few
+    /// distinct frames).
+    pub frames: Vec<Arc<Frame>>,
     pub totals: StackTotals,
     /// Live blocks from this stack that count as leaked (older than --older, when given).
     pub leaked_bytes: u64,
@@ -260,7 +262,7 @@ mod tests {
 
     fn stack(names: &[&str], live: i64, allocated: u64) -> StackProfile {
         StackProfile {
-            frames: names.iter().map(|n| frame(n)).collect(),
+            frames: names.iter().map(|n| Arc::new(frame(n))).collect(),
             totals: StackTotals {
                 allocations: 1,
                 allocated_bytes: allocated,

@@ -8,6 +8,7 @@ use std::{
     cell::RefCell,
     collections::HashMap,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use blazesym::symbolize::{
@@ -62,7 +63,7 @@ pub struct StackSymbolizer {
     public_names: RefCell<HashMap<PathBuf, HashMap<u64, String>>>,
     /// Every frame symbolized so far, by file and offset: stacks share most of their frames, and
     /// a run may have hundreds of thousands of stacks.
-    resolved: RefCell<HashMap<PathBuf, HashMap<u64, Frame>>>,
+    resolved: RefCell<HashMap<PathBuf, HashMap<u64, Arc<Frame>>>>,
 }
 
 /// Where an indexed file can be read at the end of the run.
@@ -94,7 +95,7 @@ impl StackSymbolizer {
     /// Resolves the frames of a stack, innermost first. A frame that lies in none of the
     /// process's files (what a frame-pointer walk reads out of a frame without one) ends the
     /// stack; only the allocator's caller is kept as a bare address (JIT code, say).
-    pub fn resolve(&self, stack: &StackFrames, mappings: &[Mapping]) -> Vec<Frame> {
+    pub fn resolve(&self, stack: &StackFrames, mappings: &[Mapping]) -> Vec<Arc<Frame>> {
         stack
             .frames
             .iter()
@@ -107,31 +108,32 @@ impl StackSymbolizer {
             .collect()
     }
 
-    fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Option<Frame> {
+    fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Option<Arc<Frame>> {
         match self.build_ids.get(build_id) {
             Some(readable) if offset >= readable.len => None,
             Some(readable) => Some(self.symbolize(&readable.path, offset)),
             None => {
                 let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-                Some(unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset))
+                Some(Arc::new(unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset)))
             }
         }
     }
 
-    fn resolve_address(&self, address: u64, mappings: &[Mapping], innermost: bool) -> Option<Frame> {
+    fn resolve_address(&self, address: u64, mappings: &[Mapping], innermost: bool) -> Option<Arc<Frame>> {
         match mappings.iter().find(|m| (m.start..m.end).contains(&address)) {
             Some(mapping) => {
                 Some(self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset))
             }
-            None => innermost.then(|| unresolved("[unknown]".to_owned(), address)),
+            None => innermost.then(|| Arc::new(unresolved("[unknown]".to_owned(), address))),
         }
     }
 
-    fn symbolize(&self, path: &Path, offset: u64) -> Frame {
+    /// The frame at `offset` of the file at `path`, symbolized once and shared after that.
+    fn symbolize(&self, path: &Path, offset: u64) -> Arc<Frame> {
         if let Some(frame) = self.resolved.borrow().get(path).and_then(|frames| frames.get(&offset)) {
-            return frame.clone();
+            return Arc::clone(frame);
         }
-        let frame = self.symbolize_once(path, offset);
+        let frame = Arc::new(self.symbolize_once(path, offset));
         self.resolved.borrow_mut().entry(path.to_owned()).or_default().insert(offset, frame.clone());
         frame
     }

@@ -68,12 +68,14 @@ mod tests {
     fn stacks_fold_outermost_first() {
         let mut model = Model::default();
         model.add_process(5, "app".into(), "/libc".into());
-        let frame = |name: &str| Frame {
-            function: Some(name.into()),
-            file: None,
-            line: None,
-            module: "m".into(),
-            offset: 0,
+        let frame = |name: &str| {
+            std::sync::Arc::new(Frame {
+                function: Some(name.into()),
+                file: None,
+                line: None,
+                module: "m".into(),
+                offset: 0,
+            })
         };
         let live = StackTotals {
             allocations: 1,

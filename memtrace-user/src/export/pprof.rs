@@ -275,12 +275,14 @@ mod tests {
     fn profile_round_trips_with_interned_strings_and_locations() {
         let mut model = Model::default();
         model.add_process(9, "app".into(), "/libc".into());
-        let frame = |name: &str, offset| Frame {
-            function: Some(name.into()),
-            file: Some("app.c".into()),
-            line: Some(3),
-            module: "/app".into(),
-            offset,
+        let frame = |name: &str, offset| {
+            std::sync::Arc::new(Frame {
+                function: Some(name.into()),
+                file: Some("app.c".into()),
+                line: Some(3),
+                module: "/app".into(),
+                offset,
+            })
         };
         let totals = StackTotals {
             allocations: 4,

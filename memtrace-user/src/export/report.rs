@@ -5,10 +5,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use super::Exporter;
-use crate::{
-    model::{Model, RunEnd},
-    symbolize::Frame,
-};
+use crate::model::{Model, RunEnd};
 
 pub struct TextReport {
     /// How many leaking stacks and functions to list per process.
@@ -80,7 +77,7 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             };
         }
         for leak in process.leaks(top) {
-            let names: Vec<String> = leak.frames.iter().map(Frame::name).collect();
+            let names: Vec<String> = leak.frames.iter().map(|frame| frame.name()).collect();
             let _ = writeln!(
                 text,
                 "    leak: {} in {} blocks, oldest {:.1} s, from {}",

@@ -12,10 +12,7 @@ use memtrace_common::unwind_stop;
 use serde::Serialize;
 
 use super::{output_file::OutputFile, Exporter};
-use crate::{
-    model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile},
-    symbolize::Frame,
-};
+use crate::model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile};
 
 pub const SUMMARY_VERSION: u32 = 1;
 
@@ -163,7 +160,7 @@ impl Leak {
         Self {
             bytes: stack.leaked_bytes,
             allocations: stack.leaked_allocations,
-            stack: stack.frames.iter().map(Frame::name).collect(),
+            stack: stack.frames.iter().map(|frame| frame.name()).collect(),
             oldest_age_s: stack.oldest_age.map_or(0.0, seconds),
             frames: stack
                 .frames
