@@ -57,32 +57,36 @@ pub fn take_entries<K: aya::Pod + Default, V: aya::Pod + Default>(
 /// The value of `key`, removed from the map; None if it has no such key.
 fn take<K: aya::Pod, V: aya::Pod>(fd: i32, key: &K) -> io::Result<Option<V>> {
     let mut value = std::mem::MaybeUninit::<V>::uninit();
+    // SAFETY: `value` has room for a value of the map's size (checked in hash_map_fd).
+    match unsafe { element_call(BPF_MAP_LOOKUP_AND_DELETE_ELEM, fd, key, value.as_mut_ptr().cast()) } {
+        // SAFETY: the kernel wrote the value.
+        Ok(()) => Ok(Some(unsafe { value.assume_init() })),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// A map element command on `key`, with room for its value at `value`.
+///
+/// # Safety
+/// `key` and `value` must be of the map's key and value sizes.
+unsafe fn element_call<K>(command: libc::c_long, fd: i32, key: &K, value: *mut u8) -> io::Result<()> {
     let attr = ElementAttr {
         map_fd: fd as u32,
         _pad: 0,
         key: std::ptr::from_ref(key) as u64,
-        value: value.as_mut_ptr() as u64,
+        value: value as u64,
         flags: 0,
     };
-    // SAFETY: the attribute points to a key and to room for a value of the map's sizes (aya
-    // checked them when it made the HashMap view), both live for the call.
+    // SAFETY: the attribute points to a key and to room for a value of the map's sizes (the
+    // caller's promise), both live for the call.
     let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-            std::ptr::from_ref(&attr),
-            size_of::<ElementAttr>() as u32,
-        )
+        libc::syscall(libc::SYS_bpf, command, std::ptr::from_ref(&attr), size_of::<ElementAttr>() as u32)
     };
     if result < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ENOENT) => Ok(None),
-            _ => Err(err),
-        };
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: the kernel wrote the value.
-    Ok(Some(unsafe { value.assume_init() }))
+    Ok(())
 }
 
 /// Whether a hash map with u32 keys and u8 values has a key, from any thread.
@@ -92,34 +96,18 @@ pub struct KeyLookup {
 
 impl KeyLookup {
     pub fn of(map: &Map, what: &str) -> Result<Self> {
-        let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
-            anyhow::bail!("{what} is not a hash map");
-        };
-        let _: HashMap<&MapData, u32, u8> = HashMap::try_from(map)?;
-        let fd = data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating {what}"))?;
+        let fd = hash_map_fd::<u32, u8>(map, what)?;
+        // SAFETY: the map's descriptor, open while `map` lives; duplicated to live on its own.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .with_context(|| format!("duplicating {what}"))?;
         Ok(Self { fd })
     }
 
     pub fn contains(&self, key: u32) -> bool {
         let mut value = 0u8;
-        let attr = ElementAttr {
-            map_fd: self.fd.as_raw_fd() as u32,
-            _pad: 0,
-            key: std::ptr::from_ref(&key) as u64,
-            value: std::ptr::from_mut(&mut value) as u64,
-            flags: 0,
-        };
-        // SAFETY: the attribute points to a u32 key and a u8 value, the map's sizes (checked in
-        // `of`), both live for the call.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_ELEM,
-                std::ptr::from_ref(&attr),
-                size_of::<ElementAttr>() as u32,
-            )
-        };
-        result == 0
+        // SAFETY: a u32 key and a u8 value, the map's sizes (checked in `of`).
+        unsafe { element_call(BPF_MAP_LOOKUP_ELEM, self.fd.as_raw_fd(), &key, &raw mut value) }.is_ok()
     }
 }
 
