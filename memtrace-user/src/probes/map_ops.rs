@@ -33,7 +33,7 @@ struct ElementAttr {
 
 /// Removes the entries of the hash map `map` for which `wanted` holds (judged on a read of the
 /// entry) and returns each with its value as it was removed.
-pub fn take_entries<K: aya::Pod + Default, V: aya::Pod + Default>(
+pub fn take_entries<K: aya::Pod, V: aya::Pod>(
     map: &Map,
     what: &str,
     wanted: impl Fn(&K, &V) -> bool,
@@ -147,9 +147,9 @@ fn bpf_batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
 }
 
 /// Every entry of a hash map, read a batch at a time.
-pub fn dump<K: aya::Pod + Default, V: aya::Pod + Default>(map: &Map, what: &str) -> Result<Vec<(K, V)>> {
+pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V)>> {
     let fd = hash_map_fd::<K, V>(map, what)?;
-    let (mut keys, mut values) = (vec![K::default(); BATCH], vec![V::default(); BATCH]);
+    let (mut keys, mut values) = (vec![zeroed::<K>(); BATCH], vec![zeroed::<V>(); BATCH]);
     let (mut token, mut next) = (0u64, 0u64);
     let mut entries = Vec::new();
     for first in std::iter::once(true).chain(std::iter::repeat(false)) {
@@ -173,6 +173,12 @@ pub fn dump<K: aya::Pod + Default, V: aya::Pod + Default>(map: &Map, what: &str)
         }
     }
     unreachable!("the loop above ends only by returning")
+}
+
+/// A value of a plain-old-data type with every byte 0.
+fn zeroed<T: aya::Pod>() -> T {
+    // SAFETY: aya::Pod types are plain data, valid for any bytes, all zeroes included.
+    unsafe { std::mem::zeroed() }
 }
 
 /// Deletes `keys` from a hash map, a batch at a time; keys already gone are skipped.

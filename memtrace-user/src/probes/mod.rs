@@ -320,29 +320,25 @@ impl Probes {
         for tgid in tgids {
             let _ = stats.remove(tgid);
         }
-        let doomed: Vec<AllocationKey> = self
-            .live_allocations()?
-            .into_iter()
-            .map(|(key, _)| key)
-            .filter(|key| tgids.contains(&key.tgid))
-            .collect();
-        map_ops::delete::<AllocationKey, Allocation>(
-            self.map("ALLOCATIONS")?,
-            "the live-allocation map",
-            &doomed,
-        )?;
-        let doomed: Vec<StackKey> = self
-            .stack_totals()?
-            .into_iter()
-            .map(|(key, _)| key)
-            .filter(|key| tgids.contains(&key.tgid))
-            .collect();
-        map_ops::delete::<StackKey, StackTotals>(
-            self.map("STACK_TOTALS")?,
-            "the per-stack totals map",
-            &doomed,
-        )?;
+        self.release_entries::<AllocationKey, Allocation>("ALLOCATIONS", tgids, |key| key.tgid)?;
+        self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
         crate::usdt::release(self, tgids)
+    }
+
+    /// Removes every entry of the hash map `name` whose key belongs to one of `tgids`.
+    pub fn release_entries<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &str,
+        tgids: &HashSet<u32>,
+        tgid_of: impl Fn(&K) -> u32,
+    ) -> Result<()> {
+        let map = self.map(name)?;
+        let doomed: Vec<K> = map_ops::dump::<K, V>(map, name)?
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| tgids.contains(&tgid_of(key)))
+            .collect();
+        map_ops::delete::<K, V>(map, name, &doomed)
     }
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {

@@ -69,21 +69,8 @@ pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
 
 /// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
 pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
-    let mut subsystems: HashMap<&mut MapData, SubsystemKey, i64> =
-        HashMap::try_from(probes.map_mut("SUBSYSTEMS")?)?;
-    let doomed: Vec<SubsystemKey> =
-        subsystems.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-    for key in &doomed {
-        let _ = subsystems.remove(key);
-    }
-    let mut counters: HashMap<&mut MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map_mut("USDT_COUNTERS")?)?;
-    let doomed: Vec<UsdtCounterKey> =
-        counters.keys().filter_map(Result::ok).filter(|key| tgids.contains(&key.tgid)).collect();
-    for key in &doomed {
-        let _ = counters.remove(key);
-    }
-    Ok(())
+    probes.release_entries::<SubsystemKey, i64>("SUBSYSTEMS", tgids, |key| key.tgid)?;
+    probes.release_entries::<UsdtCounterKey, UsdtCounterValue>("USDT_COUNTERS", tgids, |key| key.tgid)
 }
 
 /// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
