@@ -114,6 +114,10 @@ pub struct ProcessStats {
     pub comm: [u8; 16],
     /// Stacks taken, by why the unwinder ended them (`unwind_stop`).
     pub unwind_stops: [u64; unwind_stop::COUNT],
+    /// Allocations freed before the thread that made them allocated anything else (heaptrack's
+    /// temporary allocations).
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
 }
 
 /// A process that began running a new program (sched_process_exec), for system-wide tracing to
@@ -216,6 +220,10 @@ pub struct StackTotals {
     pub allocated_bytes: u64,
     pub live_allocations: i64,
     pub live_bytes: i64,
+    /// Allocations freed before the thread that made them allocated anything else (heaptrack's
+    /// temporary allocations).
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
 }
 
 /// A thread's allocator state, one slot per thread updated in place (no insert and delete per

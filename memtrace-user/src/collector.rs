@@ -11,6 +11,7 @@ use anyhow::Result;
 use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
+    levels::{MemoryLevels, TakenMemory},
     model::{Model, Process, Sampling, StackProfile},
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
@@ -57,8 +58,8 @@ impl Collector {
                 continue;
             }
             // The process may exit between the reads; keep what was last seen.
-            if let Some(rss) = procfs::rss_bytes(process.pid) {
-                process.rss_bytes = rss;
+            if let Some(os) = procfs::os_memory(process.pid) {
+                process.memory = MemoryLevels::new(os, process.stats.live_bytes, TakenMemory::default());
             }
             if let Some(comm) = procfs::comm(process.pid) {
                 process.comm = comm;

@@ -6,6 +6,7 @@ mod elf;
 mod export;
 mod following;
 mod held_execs;
+mod levels;
 mod model;
 mod privileges;
 mod probes;

@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use memtrace_common::{ProcessStats, StackTotals};
 
-use crate::{procfs::Mapping, symbolize::Frame};
+use crate::{levels::MemoryLevels, procfs::Mapping, symbolize::Frame};
 
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -15,8 +15,13 @@ pub struct Process {
     /// Which allocator that is: "glibc", "jemalloc", ...
     pub allocator_kind: String,
     pub stats: ProcessStats,
-    /// Last resident set size read while the process was alive.
-    pub rss_bytes: u64,
+    /// Its memory level by level, as last read (at its exit, from the kernel's own counters).
+    pub memory: MemoryLevels,
+    /// Its memory levels and subsystems at every sample it was traced (the last one only, once a
+    /// system-wide run has released it).
+    pub timeline: Vec<TimelinePoint>,
+    /// When its live heap was highest, as seen at the samples, and which stacks held it then.
+    pub peak: Option<HeapPeak>,
     pub exited: bool,
     /// Its kernel state is gone (system-wide tracing releases exited processes): the figures are
     /// final and no longer read.
@@ -39,6 +44,8 @@ impl Process {
         self.stacks.truncate(top);
         self.stacks.shrink_to_fit();
         self.mappings = Vec::new();
+        let last = self.timeline.pop();
+        self.timeline = last.into_iter().collect();
     }
 }
 
@@ -62,6 +69,42 @@ pub struct StackProfile {
     pub leaked_allocations: u64,
     /// Age of the oldest live block from this stack at the end of the run.
     pub oldest_age: Option<Duration>,
+}
+
+/// The most points a process's timeline keeps (see `Model::record_timeline`).
+pub const MAX_TIMELINE_POINTS: usize = 4096;
+
+/// A process's memory at one sample.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TimelinePoint {
+    /// Microseconds since tracing began.
+    pub ts_us: u64,
+    pub memory: MemoryLevels,
+    /// Bytes per USDT subsystem, as the process last reported them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subsystems: BTreeMap<String, i64>,
+}
+
+/// The highest live heap a process had at any sample (heaptrack's "peak memory consumers"), and
+/// the stacks that held it then. Samples are an interval apart: the true peak may lie between
+/// two of them, so this is the peak at interval resolution (`stats.peak_live_bytes` is the exact
+/// height, without the stacks).
+#[derive(Debug, Clone)]
+pub struct HeapPeak {
+    /// Microseconds since tracing began.
+    pub ts_us: u64,
+    pub heap_live_bytes: i64,
+    /// The stacks with live bytes at that sample, most first.
+    pub consumers: Vec<PeakConsumer>,
+}
+
+/// One stack's share of the heap at its peak.
+#[derive(Debug, Clone)]
+pub struct PeakConsumer {
+    /// Innermost first, as in `StackProfile`.
+    pub frames: Vec<Arc<Frame>>,
+    pub live_bytes: i64,
+    pub live_allocations: i64,
 }
 
 /// One reading of every process, taken at one moment.
@@ -164,7 +207,9 @@ impl Model {
                 allocator,
                 allocator_kind: String::new(),
                 stats: ProcessStats::default(),
-                rss_bytes: 0,
+                memory: MemoryLevels::default(),
+                timeline: Vec::new(),
+                peak: None,
                 exited: false,
                 released: false,
                 mappings: Vec::new(),
@@ -184,6 +229,26 @@ impl Model {
     /// again is another process).
     pub fn every_process(&self) -> impl Iterator<Item = &Process> {
         self.retired.iter().chain(self.processes.values())
+    }
+
+    /// Adds every traced process's memory as of now to its timeline. A timeline keeps at most
+    /// `MAX_TIMELINE_POINTS`: when full, every other point goes (a run of days keeps its shape at a
+    /// coarser step, in bounded memory).
+    pub fn record_timeline(&mut self, ts_us: u64) {
+        for process in self.processes.values_mut().filter(|p| !p.released) {
+            if process.timeline.len() >= MAX_TIMELINE_POINTS {
+                let mut index = 0;
+                process.timeline.retain(|_| {
+                    index += 1;
+                    index % 2 == 0
+                });
+            }
+            process.timeline.push(TimelinePoint {
+                ts_us,
+                memory: process.memory,
+                subsystems: process.usdt.subsystems.clone(),
+            });
+        }
     }
 
     /// A new process has the pid of an exited, released one: the old one is kept as it ended.

@@ -2,6 +2,8 @@
 
 use std::{fs, path::PathBuf};
 
+use crate::levels::OsMemory;
+
 /// The process (thread group) a pid or thread id belongs to.
 pub fn tgid(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -73,6 +75,32 @@ fn parent(pid: u32) -> Option<u32> {
 pub fn comm(pid: u32) -> Option<String> {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     Some(comm.trim_end_matches('\n').to_owned())
+}
+
+/// What the OS says the process holds, from /proc/PID/status.
+pub fn os_memory(pid: u32) -> Option<OsMemory> {
+    parse_status_memory(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// RssAnon, RssFile, RssShmem and VmSwap of /proc/PID/status (in kB there).
+fn parse_status_memory(status: &str) -> Option<OsMemory> {
+    let mut memory = OsMemory::default();
+    let mut found = 0;
+    for line in status.lines() {
+        let Some((name, value)) = line.split_once(':') else { continue };
+        let field = match name {
+            "RssAnon" => &mut memory.rss_anon_bytes,
+            "RssFile" => &mut memory.rss_file_bytes,
+            "RssShmem" => &mut memory.rss_shmem_bytes,
+            "VmSwap" => &mut memory.swap_bytes,
+            _ => continue,
+        };
+        let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
+        *field = kib * 1024;
+        found += 1;
+    }
+    // A zombie or kernel thread has none of them.
+    (found == 4).then_some(memory)
 }
 
 /// Resident set size in bytes.
@@ -168,6 +196,18 @@ mod tests {
         if fs::read_to_string("/proc/2/comm").is_ok_and(|name| name.trim() == "kthreadd") {
             assert!(untraceable(2).unwrap().contains("kernel thread"));
         }
+    }
+
+    #[test]
+    fn status_gives_the_os_view() {
+        let status = "Name:\tx\nVmRSS:\t  300 kB\nRssAnon:\t  100 kB\nRssFile:\t  150 kB\nRssShmem:\t  50 kB\nVmSwap:\t 8 kB\n";
+        let memory = parse_status_memory(status).unwrap();
+        assert_eq!(memory.rss_anon_bytes, 100 * 1024);
+        assert_eq!(memory.rss_file_bytes, 150 * 1024);
+        assert_eq!(memory.rss_shmem_bytes, 50 * 1024);
+        assert_eq!(memory.swap_bytes, 8 * 1024);
+        assert_eq!(parse_status_memory("Name:\tkthreadd\n"), None);
+        assert!(os_memory(std::process::id()).unwrap().rss_anon_bytes > 0);
     }
 
     #[test]

@@ -515,6 +515,7 @@ impl Run<'_> {
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
+        self.model.record_timeline(sample.ts_us);
         self.report_new_losses();
         // Every exporter is asked (no short cut): each learns that its request is being served.
         let stacks =

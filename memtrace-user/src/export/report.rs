@@ -45,7 +45,7 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             bytes(stats.live_bytes.max(0) as u64),
             stats.live_allocations,
             bytes(stats.peak_live_bytes.max(0) as u64),
-            bytes(process.rss_bytes)
+            bytes(process.memory.rss_bytes())
         );
         let _ = writeln!(
             text,

@@ -12,6 +12,7 @@ use memtrace_common::unwind_stop;
 use serde::Serialize;
 
 use super::{output_file::OutputFile, Exporter};
+use crate::levels::MemoryLevels;
 use crate::model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile};
 
 pub const SUMMARY_VERSION: u32 = 1;
@@ -49,6 +50,11 @@ pub struct ProcessSummary {
     pub failed_allocations: u64,
     pub lost_events: u64,
     pub rss_bytes: u64,
+    /// The process's memory level by level, as last read (`levels.rs` says what each means).
+    pub memory: MemoryLevels,
+    /// Allocations freed before their thread allocated anything else, and their bytes.
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
     /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame).
     pub unwind_stops: BTreeMap<&'static str, u64>,
     /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
@@ -128,7 +134,10 @@ impl ProcessSummary {
             untracked_frees: stats.untracked_frees,
             failed_allocations: stats.failed_allocations,
             lost_events: stats.lost_events,
-            rss_bytes: process.rss_bytes,
+            rss_bytes: process.memory.rss_bytes(),
+            memory: process.memory,
+            temporary_allocations: stats.temporary_allocations,
+            temporary_bytes: stats.temporary_bytes,
             unwind_stops: unwind_stop::NAMES.iter().copied().zip(stats.unwind_stops).collect(),
             subsystems: process.usdt.subsystems.clone(),
             usdt: process

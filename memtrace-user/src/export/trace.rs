@@ -163,7 +163,8 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             "heap",
             json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
         ),
-        counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.rss_bytes})),
+        counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.memory.rss_bytes()})),
+        counter(process, sample.ts_us, "memory", json!(process.memory)),
         // Losses show on the timeline when they happen.
         counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
     ];
@@ -195,7 +196,7 @@ fn memory_dump(process: &Process, sample: Sample, live_bytes: u64, live_allocati
         "ts": sample.ts_us, "pid": process.pid, "tid": process.pid, "id": format!("0x{:x}", sample.dump_id),
         "args": {"dumps": {
             "level_of_detail": "detailed",
-            "process_totals": {"resident_set_bytes": hex(process.rss_bytes)},
+            "process_totals": {"resident_set_bytes": hex(process.memory.rss_bytes())},
             "allocators": allocators(process, live_bytes, live_allocations),
         }},
     })
@@ -242,7 +243,7 @@ mod tests {
         let process = model.processes.get_mut(&42).unwrap();
         process.stats.live_bytes = 4096;
         process.stats.live_allocations = 2;
-        process.rss_bytes = 0x10000;
+        process.memory.rss_anon_bytes = 0x10000;
         model
     }
 

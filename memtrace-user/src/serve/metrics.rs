@@ -102,7 +102,7 @@ impl ProcessFamilies {
         self.allocations.get_or_create(labels).inc_by(stats.allocations);
         self.frees.get_or_create(labels).inc_by(stats.frees);
         self.allocated_bytes.get_or_create(labels).inc_by(stats.allocated_bytes);
-        self.rss_bytes.get_or_create(labels).inc_by(gauge_value(process.rss_bytes));
+        self.rss_bytes.get_or_create(labels).inc_by(gauge_value(process.memory.rss_bytes()));
         for (subsystem, &bytes) in &process.usdt.subsystems {
             let labels = SubsystemLabels { process: labels.clone(), subsystem: subsystem.clone() };
             self.subsystem_bytes.get_or_create(&labels).inc_by(bytes);
