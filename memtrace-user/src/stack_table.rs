@@ -87,6 +87,8 @@ fn add(sum: &mut StackTotals, more: &StackTotals) {
     sum.allocated_bytes += more.allocated_bytes;
     sum.live_allocations += more.live_allocations;
     sum.live_bytes += more.live_bytes;
+    sum.temporary_allocations += more.temporary_allocations;
+    sum.temporary_bytes += more.temporary_bytes;
 }
 
 #[cfg(test)]
@@ -104,6 +106,8 @@ mod tests {
             allocated_bytes: 20,
             live_allocations: 1,
             live_bytes: 10,
+            temporary_allocations: 1,
+            temporary_bytes: 4,
         };
         add(&mut sum, &later);
         assert_eq!(
@@ -113,7 +117,9 @@ mod tests {
                 allocations: 7,
                 allocated_bytes: 70,
                 live_allocations: 1,
-                live_bytes: 10
+                live_bytes: 10,
+                temporary_allocations: 1,
+                temporary_bytes: 4,
             }
         );
     }

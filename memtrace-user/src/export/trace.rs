@@ -164,9 +164,9 @@ fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
             json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
         ),
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.memory.rss_bytes()})),
-        counter(process, sample.ts_us, "memory", json!(process.memory)),
         // Losses show on the timeline when they happen.
         counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
+        counter(process, sample.ts_us, "memory", json!(process.memory)),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations));
@@ -263,7 +263,7 @@ mod tests {
         // Cut short: only the closing bracket is missing.
         let cut = std::fs::read_to_string(&path).unwrap() + "]";
         let events: Vec<Value> = serde_json::from_str(&cut).unwrap();
-        assert_eq!(events.len(), 5);
+        assert_eq!(events.len(), 6);
 
         model.processes.get_mut(&42).unwrap().exited = true;
         trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
@@ -271,7 +271,7 @@ mod tests {
         trace.finish(&model, RunEnd { duration: Duration::from_secs(3) }).unwrap();
 
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(events.len(), 9, "an exited process gets one final sample, then no more");
+        assert_eq!(events.len(), 11, "an exited process gets one final sample, then no more");
         assert_eq!(events[0]["ph"], "M");
         assert_eq!(events[0]["args"]["name"], "demo");
         let heap = &events[1];
@@ -284,7 +284,9 @@ mod tests {
         assert_eq!(events[2]["args"]["rss_bytes"], 0x10000);
         assert_eq!((events[3]["name"].as_str(), events[3]["ph"].as_str()), (Some("lost_events"), Some("C")));
         assert_eq!(events[3]["args"]["lost_events"], 0);
-        let dump = &events[4];
+        assert_eq!(events[4]["name"], "memory");
+        assert_eq!(events[4]["args"]["rss_anon_bytes"], 0x10000);
+        let dump = &events[5];
         assert_eq!(dump["ph"], "v");
         assert_eq!(dump["id"], "0x1");
         assert_eq!(dump["args"]["dumps"]["process_totals"]["resident_set_bytes"], "10000");
@@ -293,7 +295,7 @@ mod tests {
         let lines = read_lines(&path);
         assert_eq!(lines.first().map(String::as_str), Some("["));
         assert_eq!(lines.last().map(String::as_str), Some("]"));
-        assert_eq!(lines.len(), 11, "one event per line");
+        assert_eq!(lines.len(), 13, "one event per line");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
