@@ -118,6 +118,57 @@ pub struct ProcessStats {
     /// temporary allocations).
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
+    /// Private anonymous memory mapped (mmap, mremap) inside allocator calls, still mapped.
+    pub allocator_mapped_bytes: i64,
+    /// Private anonymous memory the program mapped outside allocator calls, still mapped (thread
+    /// stacks, MAP_STACK, are left to dark memory).
+    pub program_mapped_bytes: i64,
+    /// What the kernel's own counters said as the process exited; zero before.
+    pub exit_memory: ExitMemory,
+}
+
+/// A process's memory as the kernel counted it when the process exited (sched_process_exit runs
+/// before the memory is released): what /proc/PID/status would have said then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitMemory {
+    /// Pages per `mm_counter` (MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES).
+    pub pages: [u64; MM_COUNTERS],
+    /// The brk heap: program break less its start.
+    pub heap_break_bytes: u64,
+    /// Non-zero once read.
+    pub read: u64,
+}
+
+/// The kernel's `enum mm_counter_type`, as the exit probe reads `mm_struct.rss_stat`.
+pub const MM_COUNTERS: usize = 4;
+pub mod mm_counter {
+    pub const FILE_PAGES: usize = 0;
+    pub const ANON_PAGES: usize = 1;
+    pub const SWAP_ENTRIES: usize = 2;
+    pub const SHMEM_PAGES: usize = 3;
+}
+
+/// Where the running kernel keeps the fields the BPF programs read (aya-ebpf has no CO-RE): byte
+/// offsets from its BTF, set by the loader as the global `KERNEL_LAYOUT`. A zero `task_mm` means
+/// unknown (no BTF): exit memory is then not read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    /// `task_struct.tgid`, to follow a tree from fork.
+    pub task_tgid: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// `mm_struct.rss_stat`, an array of `struct percpu_counter`.
+    pub mm_rss_stat: u32,
+    pub mm_start_brk: u32,
+    pub mm_brk: u32,
+    /// `percpu_counter.count`: the total /proc reads (per-CPU deltas not yet folded in are left out,
+    /// as /proc leaves them out).
+    pub percpu_counter_count: u32,
+    /// sizeof(struct percpu_counter).
+    pub percpu_counter_size: u32,
+    pub _pad: u32,
 }
 
 /// A process that began running a new program (sched_process_exec), for system-wide tracing to
@@ -239,7 +290,52 @@ pub struct ThreadState {
     pub call: PendingCall,
     /// `--sample`: bytes this thread allocates before its next sampled allocation.
     pub until_sample: u64,
+    /// The block of the thread's latest allocation: freeing it before any other allocation makes
+    /// it a temporary allocation. 0 once freed.
+    pub last_block: u64,
+    /// A memory syscall in flight (mmap, munmap, mremap), for its exit to account.
+    pub syscall: PendingSyscall,
 }
+
+/// The arguments of a memory syscall in flight, as sys_enter saw them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSyscall {
+    /// The syscall number; 0 (read) when none is in flight.
+    pub nr: u64,
+    pub args: [u64; 5],
+    /// Whether the thread was inside an allocator call: what it maps is the allocator's.
+    pub inside_allocator: u64,
+}
+
+/// An anonymous private mapping of a traced process, by its start.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub start: u64,
+}
+
+/// How long a mapping is and whose figure it counts in (`region_kind`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Region {
+    pub len: u64,
+    pub kind: u64,
+}
+
+pub mod region_kind {
+    /// Mapped inside an allocator call: `allocator_mapped_bytes`.
+    pub const ALLOCATOR: u64 = 1;
+    /// Mapped by the program itself: `program_mapped_bytes`.
+    pub const PROGRAM: u64 = 2;
+    /// A thread stack: in no figure (dark memory), followed so its unmap is recognised.
+    pub const STACK: u64 = 3;
+}
+
+/// The most anonymous mappings followed at once, over every traced process.
+pub const MAX_REGIONS: u32 = 262_144;
 
 /// Arguments of an allocator call in flight, as far as the return probe needs them.
 #[repr(C)]
@@ -268,6 +364,9 @@ mod pod {
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
     unsafe impl aya::Pod for super::ExecEvent {}
+    unsafe impl aya::Pod for super::KernelLayout {}
+    unsafe impl aya::Pod for super::RegionKey {}
+    unsafe impl aya::Pod for super::Region {}
 }
 
 // ---- USDT -------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@
 #![feature(asm_experimental_arch)]
 
 mod counters;
+mod kernel;
+mod os_memory;
 mod processes;
 mod sampling;
 mod stacks;
@@ -30,7 +32,7 @@ use memtrace_common::{
 
 use counters::{add, add_signed, compare_exchange};
 use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller};
-use stacks::{capture_stack, count_in_stack};
+use stacks::{capture_stack, count_in_stack, StackChange};
 
 #[map]
 static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
@@ -60,7 +62,7 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
 }
 
 /// The calling thread's slot, made on its first allocator call.
-fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+pub(crate) fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
     let mut slot = THREADS.get_ptr_mut(tid);
     if slot.is_none() {
         let fresh = ThreadState { until_sample: sampling::next_distance(), ..ThreadState::default() };
@@ -72,10 +74,28 @@ fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
     slot.map(|slot| unsafe { &mut *slot })
 }
 
-/// Whether the thread is inside an allocator call now.
-fn inside_allocator(tid: u32) -> bool {
+/// What a free means to the freeing thread.
+enum FreeBy {
+    /// A free inside an allocator call (glibc's realloc(p, 0)): the outer call accounts for it.
+    Allocator,
+    /// The program frees; `temporary` when the block is the thread's latest allocation.
+    Program { temporary: bool },
+}
+
+/// How the thread that frees `address` stands to it; forgets its latest block if this is it.
+fn free_by(tid: u32, address: u64) -> FreeBy {
     // SAFETY: as in thread_state.
-    THREADS.get_ptr(tid).is_some_and(|slot| unsafe { (*slot).depth } != 0)
+    let Some(thread) = THREADS.get_ptr_mut(tid).map(|slot| unsafe { &mut *slot }) else {
+        return FreeBy::Program { temporary: false };
+    };
+    if thread.depth != 0 {
+        return FreeBy::Allocator;
+    }
+    let temporary = address != 0 && thread.last_block == address;
+    if temporary {
+        thread.last_block = 0;
+    }
+    FreeBy::Program { temporary }
 }
 
 fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
@@ -131,7 +151,7 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
                 let stale = unsafe { *stale };
                 if stale.timestamp_ns >= stats.started_ns {
                     growth -= stale.size as i64;
-                    count_in_stack(tgid, stats, stale.stack, -1, -(stale.size as i64));
+                    count_in_stack(tgid, stats, stale.stack, StackChange::freed(stale.size));
                 } else {
                     add_signed(&stats.live_allocations, 1);
                 }
@@ -146,12 +166,14 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
             return;
         }
     }
-    count_in_stack(tgid, stats, stack, 1, size as i64);
+    count_in_stack(tgid, stats, stack, StackChange::allocated(size));
     let live = add_signed(&stats.live_bytes, growth);
     raise_peak(stats, live);
 }
 
-fn record_free(tgid: u32, stats: &ProcessStats, address: u64) {
+/// A block freed; `temporary` when its thread allocated nothing since (heaptrack's temporary
+/// allocations).
+fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
     if address == 0 {
         return;
     }
@@ -171,18 +193,23 @@ fn record_free(tgid: u32, stats: &ProcessStats, address: u64) {
     add(&stats.freed_bytes, allocation.size);
     add_signed(&stats.live_allocations, -1);
     add_signed(&stats.live_bytes, -(allocation.size as i64));
-    count_in_stack(tgid, stats, allocation.stack, -1, -(allocation.size as i64));
+    if temporary {
+        add(&stats.temporary_allocations, 1);
+        add(&stats.temporary_bytes, allocation.size);
+    }
+    let change = StackChange { allocations: -1, bytes: -(allocation.size as i64), temporary };
+    count_in_stack(tgid, stats, allocation.stack, change);
 }
 
 fn record_realloc(tgid: u32, stats: &ProcessStats, call: PendingCall, result: u64, stack: u64) {
     match (call.address, result) {
         (0, _) => record_allocation(tgid, stats, call.size, result, stack),
         // glibc's realloc(p, 0) frees p and returns NULL.
-        (old, 0) if call.size == 0 => record_free(tgid, stats, old),
+        (old, 0) if call.size == 0 => record_free(tgid, stats, old, false),
         // A failed realloc leaves the old block live.
         (_, 0) => record_allocation(tgid, stats, call.size, 0, stack),
         (old, new) => {
-            record_free(tgid, stats, old);
+            record_free(tgid, stats, old, false);
             record_allocation(tgid, stats, call.size, new, stack);
         }
     }
@@ -230,13 +257,18 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
         // Nothing is allocated on failure, and realloc(p, 0) only frees.
         _ => result != 0,
     };
+    if allocated {
+        // Whatever the thread freed from now on is no longer its latest block. (posix_memalign's
+        // block is known once read: its result is 0.)
+        thread.last_block = result;
+    }
     if allocated && !sampling::take(thread, call.size) {
         // Not sampled: exact counts only; the block gets no record, so its free finds none.
         add(&stats.allocations, 1);
         add(&stats.allocated_bytes, call.size);
         if matches!(function, AllocatorFunction::Realloc | AllocatorFunction::Reallocarray) {
             // realloc(p, n) releases p whether or not the new block is sampled.
-            record_free(tgid, stats, call.address);
+            record_free(tgid, stats, call.address, false);
         }
         return 0;
     }
@@ -252,7 +284,10 @@ fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
         // SAFETY: the helper checks the user address and fails rather than faults.
         AllocatorFunction::PosixMemalign => {
             match unsafe { bpf_probe_read_user(call.address as *const u64) } {
-                Ok(block) => record_allocation(tgid, stats, call.size, block, stack),
+                Ok(block) => {
+                    thread.last_block = block;
+                    record_allocation(tgid, stats, call.size, block, stack)
+                }
                 Err(_) => add(&stats.lost_events, 1),
             }
         }
@@ -299,15 +334,19 @@ pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
 /// would single-step); the pointer is still in the first argument register there.
 fn on_free(ctx: &ProbeContext) -> u32 {
     let Caller { tgid, tid } = caller();
-    // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
-    if !is_traced(tgid) || inside_allocator(tid) {
+    if !is_traced(tgid) {
         return 0;
     }
+    let address = arg(ctx, 0);
+    // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
+    let FreeBy::Program { temporary } = free_by(tid, address) else {
+        return 0;
+    };
     let Some(stats) = stats_of(tgid) else {
         return 0;
     };
     note_allocator(ctx, stats);
-    record_free(tgid, stats, arg(ctx, 0));
+    record_free(tgid, stats, address, temporary);
     0
 }
 

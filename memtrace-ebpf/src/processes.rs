@@ -3,8 +3,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::bpf_get_attach_cookie,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
@@ -16,7 +15,10 @@ use memtrace_common::{
     MAX_EXCLUDED_PIDS, MAX_PROCESSES,
 };
 
-use crate::counters::{add, compare_exchange};
+use crate::{
+    counters::{add, compare_exchange},
+    kernel::{layout, read_at},
+};
 
 #[map]
 pub(crate) static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(MAX_PROCESSES, 0);
@@ -30,10 +32,6 @@ pub(crate) static REACH: u8 = reach::TARGETS;
 /// memtrace's own pid, never traced where probes fire in every process.
 #[no_mangle]
 pub(crate) static SELF_TGID: u32 = 0;
-/// Where `struct task_struct` keeps `tgid`, read from the kernel's BTF by the loader: a forked
-/// child's process id, to follow a tree.
-#[no_mangle]
-pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 /// Set when `--comm` names commands: only processes whose command name is in ALLOWED_COMMS count.
 #[no_mangle]
 pub(crate) static FILTER_COMMS: u8 = 0;
@@ -105,9 +103,9 @@ pub(crate) fn is_traced(tgid: u32) -> bool {
     }
 }
 
-/// Whether a process's exec is worth telling userspace about: it is a target, or any traced
-/// process under `reach::ALL`.
-fn is_exec_watched(tgid: u32) -> bool {
+/// Whether a process is traced, for programs that fire in every process (tracepoints): it is a
+/// target, or any traced process under `reach::ALL`.
+pub(crate) fn is_traced_process(tgid: u32) -> bool {
     match reach() {
         reach::ALL => is_traced_system_wide(tgid),
         _ => TARGETS.get_ptr(&tgid).is_some(),
@@ -153,9 +151,11 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     // It takes no more stacks.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        let exit_memory = crate::os_memory::exit_memory().unwrap_or_default();
         // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
+            (*stats).exit_memory = exit_memory;
             (*stats).exited = 1;
         }
     }
@@ -173,9 +173,7 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
     }
     // TP_PROTO(struct task_struct *parent, struct task_struct *child)
     let child: *const u8 = ctx.arg(1);
-    // SAFETY: the offset was read from this kernel's BTF; the helper checks the address.
-    let offset = unsafe { core::ptr::read_volatile(&TASK_TGID_OFFSET) } as usize;
-    let Ok(child_tgid) = (unsafe { bpf_probe_read_kernel(child.wrapping_add(offset).cast::<u32>()) }) else {
+    let Some(child_tgid) = read_at::<u32>(child as u64, layout().task_tgid) else {
         count_global_loss();
         return 0;
     };
@@ -205,7 +203,7 @@ pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
     let _ = STATS.remove(tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
-    if !is_exec_watched(tgid) {
+    if !is_traced_process(tgid) {
         return 0;
     }
     if EXEC_EVENTS.output::<ExecEvent>(ExecEvent { tgid }, 0).is_err() {

@@ -592,13 +592,26 @@ extern "C" fn cut_frame(index: u64, cut: *mut c_void) -> i64 {
 }
 
 /// Adds an allocation (or, with a negative count, a free) to its stack's totals.
-pub(crate) fn count_in_stack(
-    tgid: u32,
-    stats: &ProcessStats,
-    stack: u64,
-    live_allocations: i64,
-    live_bytes: i64,
-) {
+/// What one allocation or free changes in its stack's totals.
+pub(crate) struct StackChange {
+    /// +1 for an allocation, -1 for a free.
+    pub(crate) allocations: i64,
+    pub(crate) bytes: i64,
+    /// A free of the thread's latest allocation.
+    pub(crate) temporary: bool,
+}
+
+impl StackChange {
+    pub(crate) fn allocated(size: u64) -> Self {
+        Self { allocations: 1, bytes: size as i64, temporary: false }
+    }
+
+    pub(crate) fn freed(size: u64) -> Self {
+        Self { allocations: -1, bytes: -(size as i64), temporary: false }
+    }
+}
+
+pub(crate) fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, change: StackChange) {
     if stack == NO_STACK {
         return;
     }
@@ -618,10 +631,14 @@ pub(crate) fn count_in_stack(
         }
     };
     let totals = unsafe { &*totals };
-    if live_allocations > 0 {
+    if change.allocations > 0 {
         add(&totals.allocations, 1);
-        add(&totals.allocated_bytes, live_bytes as u64);
+        add(&totals.allocated_bytes, change.bytes as u64);
     }
-    add_signed(&totals.live_allocations, live_allocations);
-    add_signed(&totals.live_bytes, live_bytes);
+    if change.temporary {
+        add(&totals.temporary_allocations, 1);
+        add(&totals.temporary_bytes, change.bytes.unsigned_abs());
+    }
+    add_signed(&totals.live_allocations, change.allocations);
+    add_signed(&totals.live_bytes, change.bytes);
 }

@@ -11,7 +11,7 @@ use anyhow::Result;
 use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
-    levels::{MemoryLevels, TakenMemory},
+    levels::MemoryLevels,
     model::{Model, Process, Sampling, StackProfile},
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
@@ -55,16 +55,21 @@ impl Collector {
                 process.comm = comm;
             }
             if process.exited {
+                // What the kernel counted as it exited, else what was last seen.
+                if let Some(memory) = MemoryLevels::at_exit(&process.stats, procfs::page_size()) {
+                    process.memory = memory;
+                }
                 continue;
             }
             // The process may exit between the reads; keep what was last seen.
-            if let Some(os) = procfs::os_memory(process.pid) {
-                process.memory = MemoryLevels::new(os, process.stats.live_bytes, TakenMemory::default());
+            let os = procfs::os_memory(process.pid);
+            let brk_heap_bytes = self.read_mappings_of(process);
+            if let (Some(os), Some(brk_heap_bytes)) = (os, brk_heap_bytes) {
+                process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes);
             }
             if let Some(comm) = procfs::comm(process.pid) {
                 process.comm = comm;
             }
-            self.read_mappings_of(process);
         }
         self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         model.unattributed_lost_events = probes.unattributed_lost_events()?;
@@ -80,12 +85,12 @@ impl Collector {
     }
 
     /// A process's mappings as /proc shows them now, their new files indexed for symbols; the
-    /// last ones seen stay when the process has gone.
-    fn read_mappings_of(&mut self, process: &mut Process) {
-        if let Ok(mappings) = procfs::mappings(process.pid) {
-            self.index_mappings(process.pid, &mappings);
-            process.mappings = mappings;
-        }
+    /// last ones seen stay when the process has gone. Returns the size of its brk heap.
+    fn read_mappings_of(&mut self, process: &mut Process) -> Option<u64> {
+        let maps = procfs::maps(process.pid).ok()?;
+        self.index_mappings(process.pid, &maps.files);
+        process.mappings = maps.files;
+        Some(maps.brk_heap_bytes)
     }
 
     /// Indexes the files of a process's mappings that are new since the last sample.

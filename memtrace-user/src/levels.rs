@@ -2,6 +2,7 @@
 //! program has live through its allocator, and the resident memory that no level explains
 //! ("dark memory"). One type, worked out in one place, for every output.
 
+use memtrace_common::{mm_counter, ExitMemory, ProcessStats};
 use serde::{Deserialize, Serialize};
 
 /// What the OS says a process holds: /proc/PID/status while it runs, the kernel's own counters
@@ -14,6 +15,19 @@ pub struct OsMemory {
     pub swap_bytes: u64,
 }
 
+impl OsMemory {
+    /// What the kernel counted as the process exited, in pages of `page_size` bytes.
+    pub fn at_exit(exit: &ExitMemory, page_size: u64) -> Self {
+        let bytes = |counter: usize| exit.pages[counter] * page_size;
+        Self {
+            rss_anon_bytes: bytes(mm_counter::ANON_PAGES),
+            rss_file_bytes: bytes(mm_counter::FILE_PAGES),
+            rss_shmem_bytes: bytes(mm_counter::SHMEM_PAGES),
+            swap_bytes: bytes(mm_counter::SWAP_ENTRIES),
+        }
+    }
+}
+
 /// What the allocator and the program took from the OS themselves, besides the live heap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TakenMemory {
@@ -21,6 +35,17 @@ pub struct TakenMemory {
     pub allocator_held_bytes: u64,
     /// Anonymous mappings the program made outside allocator calls, still mapped.
     pub mapped_anon_bytes: u64,
+}
+
+impl TakenMemory {
+    /// From the kernel's figures of a process and the size of its brk heap (which only the
+    /// allocator moves, in practice).
+    pub fn of(stats: &ProcessStats, brk_heap_bytes: u64) -> Self {
+        Self {
+            allocator_held_bytes: brk_heap_bytes + stats.allocator_mapped_bytes.max(0) as u64,
+            mapped_anon_bytes: stats.program_mapped_bytes.max(0) as u64,
+        }
+    }
 }
 
 /// One process's memory, level by level (the summary's `memory` object and the trace's `memory`
@@ -59,6 +84,24 @@ impl MemoryLevels {
         "mapped_anon_bytes",
         "dark_bytes",
     ];
+
+    /// The levels of a process the OS says holds `os`, from the kernel's figures of it.
+    pub fn of(os: OsMemory, stats: &ProcessStats, brk_heap_bytes: u64) -> Self {
+        Self::new(os, stats.live_bytes, TakenMemory::of(stats, brk_heap_bytes))
+    }
+
+    /// The levels of an exited process, from what the kernel counted as it exited; None if that
+    /// was not read (a kernel without BTF).
+    pub fn at_exit(stats: &ProcessStats, page_size: u64) -> Option<Self> {
+        let exit = &stats.exit_memory;
+        (exit.read != 0).then(|| {
+            Self::new(
+                OsMemory::at_exit(exit, page_size),
+                stats.live_bytes,
+                TakenMemory::of(stats, exit.heap_break_bytes),
+            )
+        })
+    }
 
     pub fn new(os: OsMemory, heap_live_bytes: i64, taken: TakenMemory) -> Self {
         // Sampling estimates can dip below zero for a moment; a level cannot.

@@ -113,7 +113,7 @@ fn parse_statm_resident_pages(statm: &str) -> Option<u64> {
     statm.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-fn page_size() -> u64 {
+pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(size).unwrap_or(4096)
@@ -132,6 +132,29 @@ pub struct Mapping {
 
 pub fn mappings(pid: u32) -> std::io::Result<Vec<Mapping>> {
     Ok(parse_maps(&fs::read_to_string(format!("/proc/{pid}/maps"))?))
+}
+
+/// What one read of /proc/PID/maps tells: the file mappings, and the size of the brk heap.
+#[derive(Debug, Clone, Default)]
+pub struct Maps {
+    pub files: Vec<Mapping>,
+    /// The `[heap]` mapping: the program break less its start, as the allocator moved it.
+    pub brk_heap_bytes: u64,
+}
+
+pub fn maps(pid: u32) -> std::io::Result<Maps> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(Maps { files: parse_maps(&text), brk_heap_bytes: brk_heap_bytes(&text) })
+}
+
+fn brk_heap_bytes(maps: &str) -> u64 {
+    let heap = maps.lines().find(|line| line.ends_with(" [heap]"));
+    let range = heap.and_then(|line| line.split(' ').next()?.split_once('-'));
+    range
+        .and_then(|(start, end)| {
+            Some(u64::from_str_radix(end, 16).ok()? - u64::from_str_radix(start, 16).ok()?)
+        })
+        .unwrap_or(0)
 }
 
 fn parse_maps(maps: &str) -> Vec<Mapping> {
@@ -173,6 +196,8 @@ mod tests {
 7f1c2ac00000-7f1c2ac01000 r-xp 00001000 fe:01 99      /tmp/my lib.so (deleted)
 ";
         let mappings = parse_maps(maps);
+        assert_eq!(brk_heap_bytes(maps), 0x21000);
+        assert_eq!(brk_heap_bytes(""), 0);
         assert_eq!(mappings.len(), 3);
         assert_eq!(mappings[1].start, 0x7f1c2a828000);
         assert!(mappings[1].executable);

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use super::Exporter;
-use crate::model::{Model, RunEnd};
+use crate::model::{Model, Process, RunEnd};
 
 pub struct TextReport {
     /// How many leaking stacks and functions to list per process.
@@ -29,77 +29,10 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         end.duration.as_secs_f64()
     );
     for process in model.every_process() {
-        let stats = &process.stats;
-        let _ = writeln!(
-            text,
-            "  pid {} ({}){} via {} ({})",
-            process.pid,
-            process.comm,
-            if process.exited { ", exited" } else { "" },
-            process.allocator_kind,
-            process.allocator.display()
-        );
-        let _ = writeln!(
-            text,
-            "    live {} in {} allocations, peak {}, rss {}",
-            bytes(stats.live_bytes.max(0) as u64),
-            stats.live_allocations,
-            bytes(stats.peak_live_bytes.max(0) as u64),
-            bytes(process.memory.rss_bytes())
-        );
-        let _ = writeln!(
-            text,
-            "    {} allocations ({}), {} frees ({}), {} untracked frees, {} failed allocations, {} lost",
-            stats.allocations,
-            bytes(stats.allocated_bytes),
-            stats.frees,
-            bytes(stats.freed_bytes),
-            stats.untracked_frees,
-            stats.failed_allocations,
-            stats.lost_events
-        );
-        if !process.usdt.subsystems.is_empty() {
-            let subsystems: Vec<String> = process
-                .usdt
-                .subsystems
-                .iter()
-                .map(|(name, &value)| match u64::try_from(value) {
-                    Ok(value) => format!("{name} {}", bytes(value)),
-                    Err(_) => format!("{name} {value} B"),
-                })
-                .collect();
-            let _ = writeln!(text, "    subsystems: {}", subsystems.join(", "));
-        }
-        for (label, counter) in &process.usdt.probes {
-            let _ = match counter.value {
-                Some(value) => writeln!(text, "    usdt {label}: {} hits, last value {value}", counter.hits),
-                None => writeln!(text, "    usdt {label}: {} hits", counter.hits),
-            };
-        }
-        for leak in process.leaks(top) {
-            let names: Vec<String> = leak.frames.iter().map(|frame| frame.name()).collect();
-            let _ = writeln!(
-                text,
-                "    leak: {} in {} blocks, oldest {:.1} s, from {}",
-                bytes(leak.leaked_bytes),
-                leak.leaked_allocations,
-                leak.oldest_age.unwrap_or_default().as_secs_f64(),
-                names.join(" <- ")
-            );
-        }
-        let functions = process.function_totals();
-        if !functions.is_empty() {
-            let _ = writeln!(text, "    live bytes by function (inclusive / exclusive):");
-        }
-        for function in functions.iter().take(top) {
-            let _ = writeln!(
-                text,
-                "      {:>10} / {:>10}  {}",
-                bytes(function.live_inclusive_bytes.max(0) as u64),
-                bytes(function.live_exclusive_bytes.max(0) as u64),
-                function.name
-            );
-        }
+        write_figures(&mut text, process);
+        write_memory(&mut text, process);
+        write_usdt(&mut text, process);
+        write_stacks(&mut text, process, top);
     }
     if let Some(sampling) = model.sampling {
         let _ = writeln!(
@@ -119,6 +52,127 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         );
     }
     text
+}
+
+fn write_figures(text: &mut String, process: &Process) {
+    let stats = &process.stats;
+    let _ = writeln!(
+        text,
+        "  pid {} ({}){} via {} ({})",
+        process.pid,
+        process.comm,
+        if process.exited { ", exited" } else { "" },
+        process.allocator_kind,
+        process.allocator.display()
+    );
+    let _ = writeln!(
+        text,
+        "    live {} in {} allocations, peak {}, rss {}",
+        bytes(stats.live_bytes.max(0) as u64),
+        stats.live_allocations,
+        bytes(stats.peak_live_bytes.max(0) as u64),
+        bytes(process.memory.rss_bytes())
+    );
+    let _ = writeln!(
+        text,
+        "    {} allocations ({}), {} frees ({}), {} untracked frees, {} failed allocations, {} lost",
+        stats.allocations,
+        bytes(stats.allocated_bytes),
+        stats.frees,
+        bytes(stats.freed_bytes),
+        stats.untracked_frees,
+        stats.failed_allocations,
+        stats.lost_events
+    );
+    if stats.temporary_allocations > 0 {
+        let _ = writeln!(
+            text,
+            "    {} temporary allocations ({}): freed before their thread allocated again",
+            stats.temporary_allocations,
+            bytes(stats.temporary_bytes)
+        );
+    }
+}
+
+/// The levels, from the OS's view down: what holds the resident anonymous memory.
+fn write_memory(text: &mut String, process: &Process) {
+    let memory = &process.memory;
+    if memory.rss_bytes() == 0 {
+        return;
+    }
+    let _ = writeln!(
+        text,
+        "    memory: rss anon {} file {} shmem {}, swap {}; allocator holds {} (overhead {}), \
+         mapped by the program {}, dark {}",
+        bytes(memory.rss_anon_bytes),
+        bytes(memory.rss_file_bytes),
+        bytes(memory.rss_shmem_bytes),
+        bytes(memory.swap_bytes),
+        bytes(memory.allocator_held_bytes),
+        bytes(memory.heap_overhead_bytes),
+        bytes(memory.mapped_anon_bytes),
+        bytes(memory.dark_bytes)
+    );
+    if let Some(peak) = &process.peak {
+        let _ = writeln!(
+            text,
+            "    heap peak seen at a sample: {} at {:.2} s{}",
+            bytes(peak.heap_live_bytes.max(0) as u64),
+            peak.ts_us as f64 / 1e6,
+            peak.consumers.first().map_or(String::new(), |top| format!(
+                ", most from {}",
+                top.frames.first().map_or_else(|| "[unknown]".to_owned(), |frame| frame.name())
+            ))
+        );
+    }
+}
+
+fn write_usdt(text: &mut String, process: &Process) {
+    if !process.usdt.subsystems.is_empty() {
+        let subsystems: Vec<String> = process
+            .usdt
+            .subsystems
+            .iter()
+            .map(|(name, &value)| match u64::try_from(value) {
+                Ok(value) => format!("{name} {}", bytes(value)),
+                Err(_) => format!("{name} {value} B"),
+            })
+            .collect();
+        let _ = writeln!(text, "    subsystems: {}", subsystems.join(", "));
+    }
+    for (label, counter) in &process.usdt.probes {
+        let _ = match counter.value {
+            Some(value) => writeln!(text, "    usdt {label}: {} hits, last value {value}", counter.hits),
+            None => writeln!(text, "    usdt {label}: {} hits", counter.hits),
+        };
+    }
+}
+
+fn write_stacks(text: &mut String, process: &Process, top: usize) {
+    for leak in process.leaks(top) {
+        let names: Vec<String> = leak.frames.iter().map(|frame| frame.name()).collect();
+        let _ = writeln!(
+            text,
+            "    leak: {} in {} blocks, oldest {:.1} s, from {}",
+            bytes(leak.leaked_bytes),
+            leak.leaked_allocations,
+            leak.oldest_age.unwrap_or_default().as_secs_f64(),
+            names.join(" <- ")
+        );
+    }
+    let functions = process.function_totals();
+    if !functions.is_empty() {
+        let _ = writeln!(text, "    live bytes by function (inclusive / exclusive):");
+    }
+    for function in functions.iter().take(top) {
+        let _ = writeln!(
+            text,
+            "      {:>10} / {:>10}  {}",
+            bytes(function.live_inclusive_bytes.max(0) as u64),
+            bytes(function.live_exclusive_bytes.max(0) as u64),
+            function.name
+        );
+    }
 }
 
 /// Bytes with a binary unit, exact below 10 KiB.
@@ -159,6 +213,15 @@ mod tests {
         let text = render(&model, end, 10);
         assert!(text.contains("pid 7 (server) via glibc (/lib/libc.so.6)"), "{text}");
         assert!(text.contains("3 untracked frees"), "{text}");
+        assert!(!text.contains("memory:"), "no levels read, none shown: {text}");
+        let process = model.processes.get_mut(&7).unwrap();
+        process.memory.rss_anon_bytes = 3 << 20;
+        process.memory.dark_bytes = 2 << 20;
+        process.stats.temporary_allocations = 4;
+        process.stats.temporary_bytes = 40;
+        let text = render(&model, end, 10);
+        assert!(text.contains("memory: rss anon 3.0 MiB") && text.contains("dark 2.0 MiB"), "{text}");
+        assert!(text.contains("4 temporary allocations (40 B)"), "{text}");
         assert!(!text.contains("warning"));
         model.unattributed_lost_events = 5;
         assert!(render(&model, end, 10).contains("warning: 5 events could not be recorded"));

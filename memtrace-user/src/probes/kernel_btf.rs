@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use memtrace_common::KernelLayout;
 
 /// The kernel's own type information.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -14,9 +15,11 @@ const HEADER_LEN: usize = 24;
 /// Every BTF type starts with name_off, info and size_or_type.
 const TYPE_LEN: usize = 12;
 const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
 
-/// Byte offset of `member` in `struct name`, from the BTF file at `path`.
-pub fn member_offset(path: &Path, name: &str, member: &str) -> Result<u32> {
+/// Where the running kernel keeps what the BPF programs read (`memtrace_common::KernelLayout`),
+/// from the BTF file at `path`.
+pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
     let data = std::fs::read(path).with_context(|| {
         format!(
             "reading the kernel's type information {}: following a process tree needs a kernel built \
@@ -24,14 +27,37 @@ pub fn member_offset(path: &Path, name: &str, member: &str) -> Result<u32> {
             path.display()
         )
     })?;
-    Btf::parse(&data)
-        .and_then(|btf| btf.member_offset(name, member))
-        .with_context(|| format!("reading {}", path.display()))
+    let layout = || -> Result<KernelLayout> {
+        let btf = Btf::parse(&data)?;
+        let task = btf.find_struct("task_struct")?;
+        let mm = btf.find_struct("mm_struct")?;
+        let counter = btf.find_struct("percpu_counter")?;
+        Ok(KernelLayout {
+            task_tgid: btf.member_offset(task, "tgid")?,
+            task_mm: btf.member_offset(task, "mm")?,
+            mm_rss_stat: btf.member_offset(mm, "rss_stat")?,
+            mm_start_brk: btf.member_offset(mm, "start_brk")?,
+            mm_brk: btf.member_offset(mm, "brk")?,
+            percpu_counter_count: btf.member_offset(counter, "count")?,
+            percpu_counter_size: btf.size(counter)?,
+            _pad: 0,
+        })
+    };
+    layout().with_context(|| format!("reading {}", path.display()))
+}
+
+/// A struct or union of the BTF, by the byte offset of its type record.
+#[derive(Debug, Clone, Copy)]
+struct Composite {
+    at: usize,
+    name_hint: u32,
 }
 
 struct Btf<'a> {
     types: &'a [u8],
     strings: &'a [u8],
+    /// The byte offset of each type's record, by type id (id 0 is void and has none).
+    offsets: Vec<usize>,
 }
 
 impl<'a> Btf<'a> {
@@ -45,38 +71,76 @@ impl<'a> Btf<'a> {
             let len = u32_at(data, offset_at + 4)? as usize;
             data.get(start..start.saturating_add(len)).context("a BTF section runs past the end of the file")
         };
-        Ok(Self { types: section(8)?, strings: section(16)? })
+        let types = section(8)?;
+        let mut offsets = vec![usize::MAX];
+        let mut at = 0;
+        while at < types.len() {
+            offsets.push(at);
+            let info = u32_at(types, at + 4)?;
+            at += TYPE_LEN + extra_len((info >> 24) & 0x1f, (info & 0xffff) as usize)?;
+        }
+        Ok(Self { types, strings: section(16)?, offsets })
     }
 
-    fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
-        let mut at = 0;
-        while at < self.types.len() {
+    fn find_struct(&self, name: &str) -> Result<Composite> {
+        for &at in &self.offsets[1..] {
             let (name_off, info) = (u32_at(self.types, at)?, u32_at(self.types, at + 4)?);
-            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            let members = at + TYPE_LEN;
-            if kind == KIND_STRUCT && vlen > 0 && self.string(name_off)? == name.as_bytes() {
-                return self.find_member(members, vlen, info >> 31 == 1, name, member);
+            if (info >> 24) & 0x1f == KIND_STRUCT
+                && info & 0xffff > 0
+                && self.string(name_off)? == name.as_bytes()
+            {
+                return Ok(Composite { at, name_hint: name_off });
             }
-            at = members + extra_len(kind, vlen)?;
         }
         bail!("the kernel's BTF has no struct {name}")
     }
 
-    fn find_member(&self, at: usize, count: usize, bitfields: bool, name: &str, member: &str) -> Result<u32> {
+    fn size(&self, composite: Composite) -> Result<u32> {
+        u32_at(self.types, composite.at + 8)
+    }
+
+    /// Byte offset of `member`, looked for in anonymous structs and unions inside too.
+    fn member_offset(&self, composite: Composite, member: &str) -> Result<u32> {
+        self.find_member(composite, member, 0)?.with_context(|| {
+            let name = self.string(composite.name_hint).map(String::from_utf8_lossy).unwrap_or_default();
+            format!("struct {name} has no member {member} in the kernel's BTF")
+        })
+    }
+
+    fn find_member(&self, composite: Composite, member: &str, depth: u32) -> Result<Option<u32>> {
+        let info = u32_at(self.types, composite.at + 4)?;
+        let (count, bitfields) = ((info & 0xffff) as usize, info >> 31 == 1);
         for index in 0..count {
-            let entry = at + index * 12;
-            if self.string(u32_at(self.types, entry)?)? != member.as_bytes() {
-                continue;
-            }
+            let entry = composite.at + TYPE_LEN + index * 12;
             let offset = u32_at(self.types, entry + 8)?;
             // With bitfields in the struct, the top 8 bits are the field's size in bits.
             let bits = if bitfields { offset & 0x00ff_ffff } else { offset };
-            if bits % 8 != 0 {
-                bail!("struct {name} keeps {member} in a bitfield");
+            let name = self.string(u32_at(self.types, entry)?)?;
+            let found = if name == member.as_bytes() {
+                Some(0)
+            } else if name.is_empty() && depth < 8 {
+                match self.composite(u32_at(self.types, entry + 4)?)? {
+                    Some(inner) => self.find_member(inner, member, depth + 1)?,
+                    None => None,
+                }
+            } else {
+                None
+            };
+            if let Some(inner) = found {
+                if bits % 8 != 0 {
+                    bail!("the kernel keeps {member} in a bitfield");
+                }
+                return Ok(Some(bits / 8 + inner));
             }
-            return Ok(bits / 8);
         }
-        bail!("struct {name} has no member {member} in the kernel's BTF")
+        Ok(None)
+    }
+
+    /// The struct or union a type id names, if it is one.
+    fn composite(&self, id: u32) -> Result<Option<Composite>> {
+        let at = *self.offsets.get(id as usize).context("a BTF type id out of range")?;
+        let kind = (u32_at(self.types, at + 4)? >> 24) & 0x1f;
+        Ok((kind == KIND_STRUCT || kind == KIND_UNION).then_some(Composite { at, name_hint: 0 }))
     }
 
     fn string(&self, offset: u32) -> Result<&[u8]> {
@@ -112,33 +176,50 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32> {
 mod tests {
     use super::*;
 
+    fn offset(name: &str, member: &str) -> Result<u32> {
+        let data = std::fs::read(VMLINUX_BTF).unwrap();
+        let btf = Btf::parse(&data)?;
+        let composite = btf.find_struct(name)?;
+        btf.member_offset(composite, member)
+    }
+
     /// struct task_struct keeps `pid` and then `tgid`, both pid_t, one after the other.
     #[test]
     fn task_struct_keeps_tgid_right_after_pid() {
-        let path = Path::new(VMLINUX_BTF);
-        let pid = member_offset(path, "task_struct", "pid").unwrap();
-        let tgid = member_offset(path, "task_struct", "tgid").unwrap();
+        let pid = offset("task_struct", "pid").unwrap();
+        let tgid = offset("task_struct", "tgid").unwrap();
         assert_eq!(tgid, pid + 4);
         // task_struct starts with thread_info and state, scheduling fields and more: far from 0.
         assert!(pid > 256, "{pid}");
     }
 
+    /// mm_struct keeps its fields in an anonymous struct; brk follows start_brk, and the counters
+    /// are an array of struct percpu_counter whose `count` follows a 4-byte lock.
+    #[test]
+    fn the_layout_reaches_into_anonymous_structs() {
+        let layout = kernel_layout(Path::new(VMLINUX_BTF)).unwrap();
+        assert_eq!(layout.mm_brk, layout.mm_start_brk + 8);
+        assert!(layout.mm_rss_stat > 0 && layout.task_mm > 0);
+        assert_eq!(layout.percpu_counter_count, 8);
+        assert!(layout.percpu_counter_size >= 16, "{layout:?}");
+        assert_eq!(layout.task_tgid, offset("task_struct", "pid").unwrap() + 4);
+    }
+
     #[test]
     fn unknown_structs_and_members_are_named() {
-        let path = Path::new(VMLINUX_BTF);
-        let err = member_offset(path, "no_such_struct", "x").unwrap_err();
+        let err = offset("no_such_struct", "x").unwrap_err();
         assert!(format!("{err:#}").contains("no struct no_such_struct"), "{err:#}");
-        let err = member_offset(path, "task_struct", "no_such_member").unwrap_err();
-        assert!(format!("{err:#}").contains("no member no_such_member"), "{err:#}");
+        let err = offset("task_struct", "no_such_member").unwrap_err();
+        assert!(format!("{err:#}").contains("task_struct has no member no_such_member"), "{err:#}");
     }
 
     #[test]
     fn cut_or_foreign_files_are_refused() {
         let data = std::fs::read(VMLINUX_BTF).unwrap();
         for len in [0, 10, HEADER_LEN, data.len() / 2] {
-            assert!(Btf::parse(&data[..len])
-                .and_then(|btf| btf.member_offset("task_struct", "tgid"))
-                .is_err());
+            let found = Btf::parse(&data[..len])
+                .and_then(|btf| btf.find_struct("task_struct").and_then(|t| btf.member_offset(t, "tgid")));
+            assert!(found.is_err());
         }
         assert!(Btf::parse(&[0u8; 64]).is_err());
     }

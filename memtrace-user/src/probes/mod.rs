@@ -17,8 +17,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, ProbeCookie, ProcessStats, StackFrames, StackKey, StackTotals,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
+    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
+    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
+    MAX_PROCESSES,
 };
 
 use links::Links;
@@ -137,12 +138,12 @@ impl Probes {
             Reach::AllProcesses(filter) => filter.clone(),
             _ => ProcessFilter::default(),
         };
-        // A forked child's process id is read from the kernel's task_struct.
-        let tgid_offset = match config.reach {
-            Reach::Tree => {
-                kernel_btf::member_offset(Path::new(kernel_btf::VMLINUX_BTF), "task_struct", "tgid")?
-            }
-            _ => 0,
+        // A forked child's process id and an exiting process's memory are read from the kernel's
+        // structs; only following a tree cannot do without.
+        let layout = match kernel_btf::kernel_layout(Path::new(kernel_btf::VMLINUX_BTF)) {
+            Ok(layout) => layout,
+            Err(err) if matches!(config.reach, Reach::Tree) => return Err(err),
+            Err(_) => KernelLayout::default(),
         };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
@@ -152,7 +153,7 @@ impl Probes {
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("REACH", &config.reach.kernel_value(), true)
-            .override_global("TASK_TGID_OFFSET", &tgid_offset, true)
+            .override_global("KERNEL_LAYOUT", &layout, true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
             .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
             .load(BPF_OBJECT)
@@ -191,6 +192,9 @@ impl Probes {
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
+        // Anonymous mappings, inside allocator calls and outside.
+        probes.attach_raw_tracepoint("memory_syscall_enter", "sys_enter")?;
+        probes.attach_raw_tracepoint("memory_syscall_exit", "sys_exit")?;
         if let Reach::Tree = config.reach {
             probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
         }
@@ -322,6 +326,7 @@ impl Probes {
         }
         self.release_entries::<AllocationKey, Allocation>("ALLOCATIONS", tgids, |key| key.tgid)?;
         self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
+        self.release_entries::<RegionKey, Region>("REGIONS", tgids, |key| key.tgid)?;
         crate::usdt::release(self, tgids)
     }
 
