@@ -12,7 +12,8 @@ use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
     levels::MemoryLevels,
-    model::{Model, Process, Sampling, StackProfile},
+    model::{HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile},
+    peaks::PeakTracker,
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
@@ -28,10 +29,13 @@ pub struct Collector {
     indexed: HashMap<u32, HashSet<PathBuf>>,
     /// What the kernel's stack tables held, taken out at every sample.
     stacks: StackTable,
+    /// Each process's highest heap at a sample, and its stacks then.
+    peaks: PeakTracker,
 }
 
 impl Collector {
-    pub fn sample(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
+    /// Reads every traced process as of now, `ts_us` into the run.
+    pub fn sample(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
         let estimates = match model.sampling {
             Some(sampling) => Some(estimate_live(probes, sampling)?),
             None => None,
@@ -71,7 +75,9 @@ impl Collector {
                 process.comm = comm;
             }
         }
-        self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
+        let live =
+            self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
+        self.peaks.record(model, &live, ts_us);
         model.unattributed_lost_events = probes.unattributed_lost_events()?;
         crate::usdt::collect(probes, model)?;
         Ok(())
@@ -118,6 +124,9 @@ impl Collector {
 
     /// Forgets the stacks of processes reported and released.
     pub fn forget(&mut self, probes: &Probes, tgids: &HashSet<u32>) -> Result<()> {
+        for &tgid in tgids {
+            self.peaks.forget(tgid);
+        }
         self.stacks.forget(probes, tgids)
     }
 
@@ -177,6 +186,34 @@ impl Collector {
             process.stacks.sort_by(|a, b| {
                 (b.leaked_bytes, b.totals.allocated_bytes).cmp(&(a.leaked_bytes, a.totals.allocated_bytes))
             });
+        }
+        self.symbolize_peaks(probes, model, of_process)
+    }
+
+    /// Gives each process the heap peak the samples saw, its stacks symbolized.
+    fn symbolize_peaks(
+        &mut self,
+        probes: &Probes,
+        model: &mut Model,
+        of_process: impl Fn(u32) -> bool,
+    ) -> Result<()> {
+        let sampling = model.sampling;
+        for process in model.processes.values_mut().filter(|p| of_process(p.pid)) {
+            let Some(raw) = self.peaks.peak_of(process.pid, process.stats.started_ns) else {
+                continue;
+            };
+            let mut consumers = Vec::with_capacity(raw.stacks.len());
+            for (stack, totals) in &raw.stacks {
+                let Some(frames) = self.stacks.frames(probes, *stack)? else { continue };
+                let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
+                consumers.push(PeakConsumer {
+                    frames: self.symbolizer.resolve(&frames, &process.mappings),
+                    live_bytes: totals.live_bytes,
+                    live_allocations: totals.live_allocations,
+                });
+            }
+            process.peak =
+                Some(HeapPeak { ts_us: raw.ts_us, heap_live_bytes: raw.heap_live_bytes, consumers });
         }
         Ok(())
     }

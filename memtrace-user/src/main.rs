@@ -8,6 +8,7 @@ mod following;
 mod held_execs;
 mod levels;
 mod model;
+mod peaks;
 mod privileges;
 mod probes;
 mod process;

@@ -225,7 +225,7 @@ impl Targets {
         }
         // Read every target's mappings now: a process may exit before the first interval, and its
         // stacks are symbolized through the files it mapped.
-        collector.sample(probes, model)?;
+        collector.sample(probes, model, 0)?;
         Ok(Self { watched, held: None, preload: Vec::new() })
     }
 
@@ -511,10 +511,11 @@ impl Run<'_> {
             self.model.retired.clear();
         }
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
-        self.collector.sample(&self.probes, &mut self.model)?;
+        let ts_us = self.started.elapsed().as_micros() as u64;
+        self.collector.sample(&self.probes, &mut self.model, ts_us)?;
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
-        let sample = Sample { ts_us: self.started.elapsed().as_micros() as u64, dump_id: self.samples };
+        let sample = Sample { ts_us, dump_id: self.samples };
         self.model.record_timeline(sample.ts_us);
         self.report_new_losses();
         // Every exporter is asked (no short cut): each learns that its request is being served.

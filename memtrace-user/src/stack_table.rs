@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use anyhow::Result;
 use memtrace_common::{StackFrames, StackKey, StackTotals};
 
-use crate::probes::Probes;
+use crate::probes::{Probes, Taken};
 
 #[derive(Default)]
 pub struct StackTable {
@@ -21,12 +21,18 @@ pub struct StackTable {
 
 impl StackTable {
     /// Takes what the kernel's tables can give up. `image_start` says when a process's current
-    /// program image started (it exec'd): totals from before are not its own.
-    pub fn drain(&mut self, probes: &Probes, image_start: impl Fn(u32) -> Option<u64>) -> Result<()> {
+    /// program image started (it exec'd): totals from before are not its own. Returns the totals
+    /// left in the kernel (those with live blocks), as they were read.
+    pub fn drain(
+        &mut self,
+        probes: &Probes,
+        image_start: impl Fn(u32) -> Option<u64>,
+    ) -> Result<Vec<(StackKey, StackTotals)>> {
         for (key, frames) in probes.take_stacks()? {
             self.frames.entry(key).or_insert(frames);
         }
-        for (key, taken) in probes.take_idle_stack_totals()? {
+        let Taken { taken, left } = probes.take_idle_stack_totals()?;
+        for (key, taken) in taken {
             let start = image_start(key.tgid).unwrap_or(0);
             match self.kept.get_mut(&key) {
                 Some(kept) if kept.started_ns >= start => add(kept, &taken),
@@ -35,7 +41,7 @@ impl StackTable {
                 }
             }
         }
-        Ok(())
+        Ok(left)
     }
 
     /// Every (process, stack)'s totals since its current image started: what was taken out, plus

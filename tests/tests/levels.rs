@@ -82,3 +82,25 @@ fn a_process_that_exits_at_once_still_has_its_memory_and_its_temporary_allocatio
     assert_eq!(process["temporary_allocations"], 20);
     assert_eq!(process["temporary_bytes"], 20 * 333);
 }
+
+/// fixtures/peak.c: 2 MiB live from build_peak at its peak, then 10000 bytes from after_peak at
+/// the end. A sample sees the peak (the fixture waits there until the trace shows it), and the
+/// report names when and who held it.
+#[test]
+fn the_heap_peak_and_who_held_it() {
+    let mut run = Memtrace::new().command(&fixture("peak")).spawn();
+    run.wait_for_stdout("peak");
+    run.wait_for_trace("the 2 MiB peak in a heap counter", |trace| {
+        trace.counters("heap").any(|event| event["args"]["live_bytes"].as_u64() == Some(2 * MIB))
+    });
+    run.send(b"x");
+    let outcome = run.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["live_bytes"], 10_000);
+    assert_eq!(process["peak_live_bytes"], 2 * MIB);
+    outcome.assert_stderr_mentions(&[
+        "heap peak seen at a sample: 2.0 MiB",
+        "most from build_peak (2.0 MiB in 512 blocks)",
+    ]);
+}

@@ -120,8 +120,10 @@ fn write_memory(text: &mut String, process: &Process) {
             bytes(peak.heap_live_bytes.max(0) as u64),
             peak.ts_us as f64 / 1e6,
             peak.consumers.first().map_or(String::new(), |top| format!(
-                ", most from {}",
-                top.frames.first().map_or_else(|| "[unknown]".to_owned(), |frame| frame.name())
+                ", most from {} ({} in {} blocks)",
+                top.frames.first().map_or_else(|| "[unknown]".to_owned(), |frame| frame.name()),
+                bytes(top.live_bytes.max(0) as u64),
+                top.live_allocations
             ))
         );
     }

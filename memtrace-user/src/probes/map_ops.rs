@@ -31,27 +31,30 @@ struct ElementAttr {
     flags: u64,
 }
 
+/// What one pass over a map took out, and what it left in as it read it.
+pub struct Taken<K, V> {
+    pub taken: Vec<(K, V)>,
+    pub left: Vec<(K, V)>,
+}
+
 /// Removes the entries of the hash map `map` for which `wanted` holds (judged on a read of the
-/// entry) and returns each with its value as it was removed.
+/// entry) and returns each with its value as it was removed, and the others as they were read.
 pub fn take_entries<K: aya::Pod, V: aya::Pod>(
     map: &Map,
     what: &str,
     wanted: impl Fn(&K, &V) -> bool,
-) -> Result<Vec<(K, V)>> {
+) -> Result<Taken<K, V>> {
     let fd = hash_map_fd::<K, V>(map, what)?;
-    let keys: Vec<K> = dump::<K, V>(map, what)?
-        .into_iter()
-        .filter(|(key, value)| wanted(key, value))
-        .map(|(key, _)| key)
-        .collect();
-    let mut taken = Vec::with_capacity(keys.len());
-    for key in keys {
+    let (wanted, left): (Vec<_>, Vec<_>) =
+        dump::<K, V>(map, what)?.into_iter().partition(|(key, value)| wanted(key, value));
+    let mut taken = Vec::with_capacity(wanted.len());
+    for (key, _) in wanted {
         // Gone meanwhile (the BPF side never removes these, but a release may have).
         if let Some(value) = take(fd, &key).with_context(|| format!("taking an entry out of {what}"))? {
             taken.push((key, value));
         }
     }
-    Ok(taken)
+    Ok(Taken { taken, left })
 }
 
 /// The value of `key`, removed from the map; None if it has no such key.

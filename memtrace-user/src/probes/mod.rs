@@ -7,6 +7,7 @@ mod links;
 mod loader;
 mod map_ops;
 pub use map_ops::KeyLookup;
+pub use map_ops::Taken;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
@@ -388,12 +389,13 @@ impl Probes {
     /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
     /// again is written again, and found here again.
     pub fn take_stacks(&self) -> Result<Vec<(u64, StackFrames)>> {
-        map_ops::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)
+        Ok(map_ops::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)?.taken)
     }
 
     /// Takes out the totals of every (process, stack) with nothing live: an allocation from it
-    /// later starts a new entry, whose figures add to these.
-    pub fn take_idle_stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
+    /// later starts a new entry, whose figures add to these. Those with live blocks stay, and are
+    /// returned as they were read.
+    pub fn take_idle_stack_totals(&self) -> Result<Taken<StackKey, StackTotals>> {
         map_ops::take_entries(
             self.map("STACK_TOTALS")?,
             "the per-stack totals map",
