@@ -4,6 +4,7 @@
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
+    sync::Arc,
     time::Duration,
 };
 
@@ -18,7 +19,7 @@ use crate::{
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
     stack_table::StackTable,
-    symbolize::StackSymbolizer,
+    symbolize::{Frame, StackSymbolizer},
 };
 
 #[derive(Default)]
@@ -212,6 +213,7 @@ impl Collector {
                     live_allocations: totals.live_allocations,
                 });
             }
+            let consumers = merge_cut_consumers(consumers, &process.stacks);
             process.peak =
                 Some(HeapPeak { ts_us: raw.ts_us, heap_live_bytes: raw.heap_live_bytes, consumers });
         }
@@ -335,6 +337,34 @@ fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
         index += 1;
         whole_of[index - 1].is_none()
     });
+}
+
+/// Folds the peak's cut stacks into the whole ones, as `merge_cut_stacks` folds the process's:
+/// a consumer whose frames begin exactly one longer stack of the process is that stack. Most
+/// live bytes first.
+fn merge_cut_consumers(consumers: Vec<PeakConsumer>, stacks: &[StackProfile]) -> Vec<PeakConsumer> {
+    let mut whole: Vec<&[Arc<Frame>]> = stacks.iter().map(|stack| stack.frames.as_slice()).collect();
+    whole.sort();
+    let mut merged: Vec<PeakConsumer> = Vec::with_capacity(consumers.len());
+    for mut consumer in consumers {
+        let first = whole.partition_point(|frames| *frames < consumer.frames.as_slice());
+        let mut longer = whole[first..]
+            .iter()
+            .take_while(|frames| frames.starts_with(&consumer.frames))
+            .filter(|frames| frames.len() > consumer.frames.len());
+        if let (Some(frames), None) = (longer.next(), longer.next()) {
+            consumer.frames = frames.to_vec();
+        }
+        match merged.iter_mut().find(|seen| seen.frames == consumer.frames) {
+            Some(seen) => {
+                seen.live_bytes += consumer.live_bytes;
+                seen.live_allocations += consumer.live_allocations;
+            }
+            None => merged.push(consumer),
+        }
+    }
+    merged.sort_by_key(|consumer| std::cmp::Reverse(consumer.live_bytes));
+    merged
 }
 
 /// A stack's sampled totals as the allocations they stand for.
