@@ -191,6 +191,10 @@ fn prometheus_scrapes_the_fixture_live_heap() {
     let blocks =
         query(&format!("memtrace_heap_live_allocations{{pid=\"{pid}\",comm=\"leaks\",allocator=\"glibc\"}}"));
     assert_eq!(blocks, Some(LIVE_ALLOCATIONS.to_string()));
+    // Every memory level is a gauge: the fixture's program and libc are resident.
+    let file = query(&format!("memtrace_rss_file_bytes{{pid=\"{pid}\"}}"));
+    assert!(file.and_then(|v| v.parse::<u64>().ok()).is_some_and(|bytes| bytes > 0));
+    assert!(query(&format!("memtrace_dark_bytes{{pid=\"{pid}\"}}")).is_some());
     assert_eq!(query("memtrace_traced_processes"), Some("1".to_owned()));
     assert_eq!(query("memtrace_lost_events_total"), Some("0".to_owned()));
     assert_eq!(query("up{job=\"memtrace\"}"), Some("1".to_owned()));

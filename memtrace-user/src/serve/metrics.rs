@@ -11,7 +11,10 @@ use prometheus_client::{
 };
 
 use super::Snapshot;
-use crate::model::{KernelMaps, Process};
+use crate::{
+    levels::MemoryLevels,
+    model::{KernelMaps, Process},
+};
 
 /// The `Content-Type` of the response.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -60,6 +63,9 @@ struct ProcessFamilies {
     frees: Family<ProcessLabels, Counter>,
     allocated_bytes: Family<ProcessLabels, Counter>,
     rss_bytes: Family<ProcessLabels, Gauge>,
+    /// One per memory level, as `MemoryLevels::NAMES` orders them (heap_live_bytes is
+    /// `memtrace_heap_live_bytes` above, and is not repeated).
+    levels: [Family<ProcessLabels, Gauge>; 9],
     subsystem_bytes: Family<SubsystemLabels, Gauge>,
 }
 
@@ -88,6 +94,15 @@ impl ProcessFamilies {
             self.allocated_bytes.clone(),
         );
         registry.register("memtrace_rss_bytes", "Resident set size of the process", self.rss_bytes.clone());
+        for (name, family) in
+            MemoryLevels::NAMES.into_iter().zip(&self.levels).filter(|(name, _)| !is_heap_live(name))
+        {
+            registry.register(
+                format!("memtrace_{name}"),
+                format!("The process's memory level {name} (see memtrace's README, Memory levels)"),
+                family.clone(),
+            );
+        }
         registry.register(
             "memtrace_subsystem_bytes",
             "Bytes a subsystem of the process reports through the memtrace USDT probes",
@@ -103,11 +118,21 @@ impl ProcessFamilies {
         self.frees.get_or_create(labels).inc_by(stats.frees);
         self.allocated_bytes.get_or_create(labels).inc_by(stats.allocated_bytes);
         self.rss_bytes.get_or_create(labels).inc_by(gauge_value(process.memory.rss_bytes()));
+        for ((name, value), family) in process.memory.named().into_iter().zip(&self.levels) {
+            if !is_heap_live(name) {
+                family.get_or_create(labels).inc_by(gauge_value(value));
+            }
+        }
         for (subsystem, &bytes) in &process.usdt.subsystems {
             let labels = SubsystemLabels { process: labels.clone(), subsystem: subsystem.clone() };
             self.subsystem_bytes.get_or_create(&labels).inc_by(bytes);
         }
     }
+}
+
+/// The live heap has its own gauge, `memtrace_heap_live_bytes`, exact or estimated as sampled.
+fn is_heap_live(level: &str) -> bool {
+    level == "heap_live_bytes"
 }
 
 /// What the exposition needs besides the snapshot.
@@ -289,6 +314,8 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("comm=\"small\""), "{text}");
+        assert!(text.contains("# TYPE memtrace_dark_bytes gauge\n"), "{text}");
+        assert!(!text.contains("memtrace_heap_live_bytes_bytes"), "{text}");
         assert!(text.contains("# TYPE memtrace_allocations_total counter\n"), "{text}");
         assert!(text.contains("memtrace_lost_events_total 3\n"), "{text}");
         assert!(text.contains("memtrace_traced_processes 4\n"), "{text}");
