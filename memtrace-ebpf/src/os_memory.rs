@@ -8,7 +8,7 @@
 
 use aya_ebpf::{
     macros::{map, raw_tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::RawTracePointContext,
 };
 use memtrace_common::{
@@ -25,6 +25,16 @@ use crate::{
 #[map]
 static REGIONS: HashMap<RegionKey, Region> = HashMap::with_max_entries(MAX_REGIONS, 0);
 
+/// Memory syscalls of traced processes entered and not yet seen to exit, over every thread: while
+/// none is, a syscall's exit costs one array read (every syscall on the host comes through it).
+#[map]
+static IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+fn in_flight() -> Option<&'static u64> {
+    // SAFETY: a map value, valid while the program runs.
+    IN_FLIGHT.get_ptr(0).map(|count| unsafe { &*count })
+}
+
 const SYS_MMAP: u64 = 9;
 const SYS_MUNMAP: u64 = 11;
 const SYS_MREMAP: u64 = 25;
@@ -37,12 +47,18 @@ const MAX_ERRNO: u64 = 4095;
 
 /// x86-64 syscall arguments in `struct pt_regs`: di, si, dx, r10, r8 (its user ABI, fixed).
 const ARG_OFFSETS: [u32; 5] = [112, 104, 96, 56, 72];
+/// `orig_ax` in `struct pt_regs`: the syscall number, also at its exit.
+const NR_OFFSET: u32 = 120;
+
+fn is_memory_syscall(nr: u64) -> bool {
+    matches!(nr, SYS_MMAP | SYS_MUNMAP | SYS_MREMAP)
+}
 
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn memory_syscall_enter(ctx: RawTracePointContext) -> u32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr: u64 = ctx.arg(1);
-    if !matches!(nr, SYS_MMAP | SYS_MUNMAP | SYS_MREMAP) {
+    if !is_memory_syscall(nr) {
         return 0;
     }
     let Caller { tgid, tid } = caller();
@@ -58,12 +74,25 @@ pub fn memory_syscall_enter(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     let inside_allocator = u64::from(thread.depth != 0);
+    if thread.syscall.nr == 0 {
+        if let Some(count) = in_flight() {
+            add(count, 1);
+        }
+    }
     thread.syscall = PendingSyscall { nr, args, inside_allocator };
     0
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn memory_syscall_exit(ctx: RawTracePointContext) -> u32 {
+    // TP_PROTO(struct pt_regs *regs, long ret). Every syscall on the host comes here.
+    let Some(count) = in_flight() else {
+        return 0;
+    };
+    // SAFETY: a map value; a plain read, as a stale one only delays the test below.
+    if unsafe { core::ptr::read_volatile(count) } == 0 {
+        return 0;
+    }
     let Caller { tgid, tid } = caller();
     // SAFETY: as in thread_state: only this thread's programs touch its slot.
     let Some(thread) = crate::THREADS.get_ptr_mut(tid).map(|slot| unsafe { &mut *slot }) else {
@@ -74,7 +103,13 @@ pub fn memory_syscall_exit(ctx: RawTracePointContext) -> u32 {
     }
     let call = thread.syscall;
     thread.syscall.nr = 0;
-    // TP_PROTO(struct pt_regs *regs, long ret)
+    add_signed(as_signed(count), -1);
+    // The exit of another syscall, where this program was attached while the thread was inside
+    // one: what it entered is not known to have returned.
+    let regs: u64 = ctx.arg(0);
+    if read_at::<u64>(regs, NR_OFFSET) != Some(call.nr) {
+        return 0;
+    }
     let result: u64 = ctx.arg(1);
     if result > u64::MAX - MAX_ERRNO {
         return 0;
@@ -160,6 +195,11 @@ fn count(stats: &ProcessStats, kind: u64, bytes: i64) {
         }
         _ => {}
     }
+}
+
+fn as_signed(count: &u64) -> &i64 {
+    // SAFETY: the same eight bytes, read as a two's complement count.
+    unsafe { &*(count as *const u64 as *const i64) }
 }
 
 fn page_aligned(len: u64) -> u64 {
