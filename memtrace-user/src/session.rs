@@ -24,8 +24,8 @@ use crate::{
     cli::Cli,
     collector::Collector,
     export::{
-        flamegraph::FlamegraphFile, perfetto::PerfettoFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
-        trace::TraceFile, Exporter,
+        flamegraph::FlamegraphFile, perfetto::PerfettoFile, pprof::PprofFile, report::TextReport,
+        summary::SummaryFile, trace::TraceFile, Exporter,
     },
     following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},

@@ -70,7 +70,8 @@ impl Message {
     }
 
     fn number(&self, name: &str) -> Option<i64> {
-        self.scalar(name).map(|value| value.parse().unwrap_or_else(|_| panic!("{name}: {value} is no number")))
+        self.scalar(name)
+            .map(|value| value.parse().unwrap_or_else(|_| panic!("{name}: {value} is no number")))
     }
 
     fn numbers(&self, name: &str) -> Vec<i64> {
@@ -107,7 +108,12 @@ fn parse_text_format(text: &str) -> Message {
     for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
         if line == "}" {
             let (name, message) = stack.pop().expect("balanced braces");
-            stack.last_mut().expect("a closing brace closes a block").1.fields.push((name, Field::Message(message)));
+            stack
+                .last_mut()
+                .expect("a closing brace closes a block")
+                .1
+                .fields
+                .push((name, Field::Message(message)));
         } else if let Some(name) = line.strip_suffix(" {") {
             stack.push((name.to_owned(), Message::default()));
         } else {
@@ -157,7 +163,11 @@ fn decode(path: &Path) -> Message {
             panic!("running protoc ({err}): install Debian's protobuf-compiler (`cargo xtask setup` does)")
         });
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && stderr.is_empty(), "protoc cannot decode {}: {stderr}", path.display());
+    assert!(
+        output.status.success() && stderr.is_empty(),
+        "protoc cannot decode {}: {stderr}",
+        path.display()
+    );
     parse_text_format(&String::from_utf8(output.stdout).expect("protoc prints UTF-8"))
 }
 
@@ -208,7 +218,10 @@ fn read_trace(path: &Path) -> Decoded {
         if let Some(descriptor) = packet.message("track_descriptor") {
             let uuid = descriptor.number("uuid").expect("a track has a uuid");
             if let Some(process) = descriptor.message("process") {
-                processes.insert(uuid, (process.number("pid").unwrap(), process.string("process_name").unwrap().into()));
+                processes.insert(
+                    uuid,
+                    (process.number("pid").unwrap(), process.string("process_name").unwrap().into()),
+                );
             } else {
                 assert_eq!(descriptor.message("counter").unwrap().scalar("unit"), Some("UNIT_SIZE_BYTES"));
                 let name = descriptor.string("name").unwrap().to_owned();
@@ -228,7 +241,8 @@ impl Decoded {
     /// The values of process `pid`'s counter track `name`.
     fn counter(&self, pid: i64, name: &str) -> &[(i64, i64)] {
         let process = self.processes.iter().find(|(_, (p, _))| *p == pid).map(|(uuid, _)| *uuid);
-        let process = process.unwrap_or_else(|| panic!("no process track for pid {pid}: {:?}", self.processes));
+        let process =
+            process.unwrap_or_else(|| panic!("no process track for pid {pid}: {:?}", self.processes));
         let track = self.tracks.iter().find(|(_, (parent, n))| *parent == process && n == name);
         let (uuid, _) = track.unwrap_or_else(|| panic!("no {name} track of pid {pid}: {:?}", self.tracks));
         self.values.get(uuid).map_or(&[], Vec::as_slice)
@@ -271,19 +285,18 @@ fn counter_tracks_hold_every_level_at_every_sample() {
     }
     let heap = decoded.counter(pid, "heap_live_bytes");
     assert_eq!(heap.last().unwrap().1, LEAKS_LIVE_BYTES, "the final live heap: {heap:?}");
-    assert_eq!(
-        process["memory"]["heap_live_bytes"].as_i64(),
-        Some(LEAKS_LIVE_BYTES),
-        "the summary agrees"
-    );
+    assert_eq!(process["memory"]["heap_live_bytes"].as_i64(), Some(LEAKS_LIVE_BYTES), "the summary agrees");
 }
 
 #[test]
 fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
     let (outcome, decoded) = run_with_perfetto(Memtrace::new(), &fixture("leaks"));
     let pid = outcome.process()["pid"].as_i64().unwrap();
-    let profiles: Vec<&Message> =
-        decoded.trace.messages("packet").filter(|packet| packet.message("profile_packet").is_some()).collect();
+    let profiles: Vec<&Message> = decoded
+        .trace
+        .messages("packet")
+        .filter(|packet| packet.message("profile_packet").is_some())
+        .collect();
     assert_eq!(profiles.len(), 1, "one heap profile packet");
     let interned = profiles[0].message("interned_data").expect("the profile's interned data");
     let table = |name: &str| -> BTreeMap<i64, String> {
@@ -309,10 +322,13 @@ fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
         .collect();
     let callstacks: BTreeMap<i64, Vec<&(String, String)>> = interned
         .messages("callstacks")
-        .map(|stack| (stack.number("iid").unwrap(), stack.numbers("frame_ids").iter().map(|id| &frames[id]).collect()))
+        .map(|stack| {
+            (stack.number("iid").unwrap(), stack.numbers("frame_ids").iter().map(|id| &frames[id]).collect())
+        })
         .collect();
 
-    let dumps: Vec<&Message> = profiles[0].message("profile_packet").unwrap().messages("process_dumps").collect();
+    let dumps: Vec<&Message> =
+        profiles[0].message("profile_packet").unwrap().messages("process_dumps").collect();
     assert_eq!(dumps.len(), 1);
     assert_eq!(dumps[0].number("pid"), Some(pid));
     assert_eq!(dumps[0].string("heap_name"), Some("malloc"));
@@ -351,11 +367,16 @@ fn the_perfetto_trace_is_an_output_like_the_others() {
 
 /// fixtures/usdt_subsystems.c's final totals (what it prints as `subsystem NAME BYTES`).
 fn usdt_subsystems_totals() -> BTreeMap<String, i64> {
-    let mut totals: BTreeMap<String, i64> =
-        [("pool-0", 5000), ("pool-1", 10000), ("pool-2", 15000), ("cache", 100 * 4096 - 5000), ("debt", -12345)]
-            .into_iter()
-            .map(|(name, bytes)| (name.to_owned(), bytes))
-            .collect();
+    let mut totals: BTreeMap<String, i64> = [
+        ("pool-0", 5000),
+        ("pool-1", 10000),
+        ("pool-2", 15000),
+        ("cache", 100 * 4096 - 5000),
+        ("debt", -12345),
+    ]
+    .into_iter()
+    .map(|(name, bytes)| (name.to_owned(), bytes))
+    .collect();
     totals.insert("x".repeat(63), 64);
     totals
 }

@@ -60,7 +60,8 @@ fn check_allocator_graph(dumps: &Value, dump: &Value) {
         assert!(name == "malloc" || name.starts_with("subsystems/"), "{name} outside its node: {dump}");
     }
     let mut owners = BTreeSet::new();
-    for edge in dumps["allocators_graph"].as_array().unwrap_or_else(|| panic!("no allocators_graph: {dump}")) {
+    for edge in dumps["allocators_graph"].as_array().unwrap_or_else(|| panic!("no allocators_graph: {dump}"))
+    {
         for end in ["source", "target"] {
             assert!(guids.contains(edge[end].as_str().unwrap()), "edge {end} is no dump: {dump}");
         }

@@ -54,18 +54,26 @@ impl Exporter for PerfettoFile {
 
 /// The whole trace: track descriptors and counter values per process, then the heap profile.
 pub fn build_trace(model: &Model, end: RunEnd) -> proto::Trace {
-    let mut packets = Vec::new();
+    let mut packets = vec![clock_snapshot()];
     let mut uuids = 0u64;
     for process in model.every_process() {
         counter_tracks(process, &mut uuids, &mut packets);
     }
     let end_ns = end.duration.as_nanos() as u64;
     packets.extend(heap_profile(model, end_ns));
-    if let Some(first) = packets.first_mut() {
-        first.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
-        first.first_packet_on_sequence = true;
-    }
+    packets[0].sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
+    packets[0].first_packet_on_sequence = true;
     proto::Trace { packet: packets }
+}
+
+/// Every timestamp memtrace writes counts from the start of tracing, on every clock: the packets'
+/// (BOOTTIME, the trace's clock) and the heap profile's (MONOTONIC_COARSE, as heapprofd's) are
+/// one timebase, which the trace processor learns from this snapshot.
+fn clock_snapshot() -> proto::TracePacket {
+    let clocks = [proto::CLOCK_BOOTTIME, proto::CLOCK_MONOTONIC, proto::CLOCK_MONOTONIC_COARSE]
+        .map(|clock_id| proto::Clock { clock_id, timestamp: Some(0) })
+        .to_vec();
+    proto::TracePacket { clock_snapshot: Some(proto::ClockSnapshot { clocks }), ..packet() }
 }
 
 fn packet() -> proto::TracePacket {
@@ -86,7 +94,10 @@ fn counter_tracks(process: &Process, uuids: &mut u64, packets: &mut Vec<proto::T
     let process_uuid = next_uuid();
     packets.push(descriptor_packet(proto::TrackDescriptor {
         uuid: process_uuid,
-        process: Some(proto::ProcessDescriptor { pid: process.pid as i32, process_name: process.comm.clone() }),
+        process: Some(proto::ProcessDescriptor {
+            pid: process.pid as i32,
+            process_name: process.comm.clone(),
+        }),
         ..Default::default()
     }));
     let subsystems: BTreeSet<&String> = process.timeline.iter().flat_map(|p| p.subsystems.keys()).collect();
@@ -106,11 +117,7 @@ fn counter_tracks(process: &Process, uuids: &mut u64, packets: &mut Vec<proto::T
     }
     let value = |track_uuid: u64, ts_us: u64, value: i64| proto::TracePacket {
         timestamp: Some(ts_us * 1000),
-        track_event: Some(proto::TrackEvent {
-            r#type: TYPE_COUNTER,
-            track_uuid,
-            counter_value: Some(value),
-        }),
+        track_event: Some(proto::TrackEvent { r#type: TYPE_COUNTER, track_uuid, counter_value: Some(value) }),
         ..packet()
     };
     for point in &process.timeline {
@@ -250,10 +257,22 @@ mod tests {
     use crate::model::TimelinePoint;
 
     fn frame(name: &str, offset: u64) -> Arc<Frame> {
-        Arc::new(Frame { function: Some(name.into()), file: None, line: None, module: "/usr/bin/app".into(), offset })
+        Arc::new(Frame {
+            function: Some(name.into()),
+            file: None,
+            line: None,
+            module: "/usr/bin/app".into(),
+            offset,
+        })
     }
 
-    fn stack(frames: Vec<Arc<Frame>>, allocations: u64, allocated: u64, live: i64, live_count: i64) -> StackProfile {
+    fn stack(
+        frames: Vec<Arc<Frame>>,
+        allocations: u64,
+        allocated: u64,
+        live: i64,
+        live_count: i64,
+    ) -> StackProfile {
         StackProfile {
             frames,
             totals: StackTotals {
@@ -273,7 +292,8 @@ mod tests {
         let mut model = Model::default();
         model.add_process(7, "app".into(), "/lib/libc.so.6".into());
         let process = model.processes.get_mut(&7).unwrap();
-        let memory = |live| MemoryLevels { heap_live_bytes: live, rss_anon_bytes: 1 << 20, ..Default::default() };
+        let memory =
+            |live| MemoryLevels { heap_live_bytes: live, rss_anon_bytes: 1 << 20, ..Default::default() };
         process.timeline = vec![
             TimelinePoint { ts_us: 100, memory: memory(0), subsystems: BTreeMap::new() },
             TimelinePoint {
@@ -296,8 +316,9 @@ mod tests {
         let trace = build_trace(&model(), RunEnd { duration: Duration::from_millis(300) });
         let decoded = proto::Trace::decode(&*trace.encode_to_vec()).unwrap();
         assert_eq!(decoded, trace);
-        let first = &decoded.packet[0];
-        assert_eq!(first.sequence_flags, SEQ_INCREMENTAL_STATE_CLEARED);
+        assert_eq!(decoded.packet[0].sequence_flags, SEQ_INCREMENTAL_STATE_CLEARED);
+        assert!(decoded.packet[0].clock_snapshot.is_some());
+        let first = &decoded.packet[1];
         assert!(decoded.packet.iter().all(|p| p.trusted_packet_sequence_id == Some(SEQUENCE)));
         let process = first.track_descriptor.as_ref().unwrap().process.as_ref().unwrap();
         assert_eq!((process.pid, process.process_name.as_str()), (7, "app"));

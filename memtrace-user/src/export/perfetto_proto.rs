@@ -20,6 +20,8 @@ pub struct TracePacket {
     /// Nanoseconds (the default clock, BOOTTIME; memtrace's are since tracing began).
     #[prost(uint64, optional, tag = "8")]
     pub timestamp: Option<u64>,
+    #[prost(message, optional, tag = "6")]
+    pub clock_snapshot: Option<ClockSnapshot>,
     #[prost(message, optional, tag = "11")]
     pub track_event: Option<TrackEvent>,
     #[prost(message, optional, tag = "37")]
@@ -34,6 +36,26 @@ pub struct TracePacket {
     pub sequence_flags: u32,
     #[prost(bool, tag = "87")]
     pub first_packet_on_sequence: bool,
+}
+
+/// `BuiltinClock` ids.
+pub const CLOCK_MONOTONIC: u32 = 3;
+pub const CLOCK_MONOTONIC_COARSE: u32 = 4;
+pub const CLOCK_BOOTTIME: u32 = 6;
+
+/// The readings of several clocks at one moment, which relate their timestamps to each other.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ClockSnapshot {
+    #[prost(message, repeated, tag = "1")]
+    pub clocks: Vec<Clock>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Clock {
+    #[prost(uint32, tag = "1")]
+    pub clock_id: u32,
+    #[prost(uint64, optional, tag = "2")]
+    pub timestamp: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -397,16 +397,17 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The last memory dump of a trace of `model`, written with `heap_subsystems` declared.
+    /// The memory dump of pid 42 in a trace of `model`, written with `heap_subsystems` declared.
     fn dump_of(model: &Model, heap_subsystems: &[&str]) -> Value {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("trace.json");
-        let mut trace =
-            TraceFile::create(&path).unwrap().with_heap_subsystems(heap_subsystems.iter().map(|s| s.to_string()));
+        let mut trace = TraceFile::create(&path)
+            .unwrap()
+            .with_heap_subsystems(heap_subsystems.iter().map(|s| s.to_string()));
         trace.sample(model, Sample { ts_us: 1000, dump_id: 7 }).unwrap();
         trace.finish(model, RunEnd { duration: Duration::from_secs(1) }).unwrap();
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        events.into_iter().rfind(|e| e["ph"] == "v").expect("a memory dump")
+        events.into_iter().find(|e| e["ph"] == "v" && e["pid"] == 42).expect("a memory dump of pid 42")
     }
 
     fn with_subsystems(names: &[(&str, i64)]) -> Model {
@@ -439,7 +440,11 @@ mod tests {
             assert_eq!(allocators.len(), 3, "{allocators:?}");
             for (name, allocator) in allocators {
                 let guid = allocator["guid"].as_str().unwrap_or_else(|| panic!("{name} has no GUID"));
-                assert!(guids.insert(guid.to_owned()), "GUID {guid} of {name} repeats in dump {}", dump["id"]);
+                assert!(
+                    guids.insert(guid.to_owned()),
+                    "GUID {guid} of {name} repeats in dump {}",
+                    dump["id"]
+                );
             }
             let mut owners = BTreeSet::new();
             for edge in dump["args"]["dumps"]["allocators_graph"].as_array().unwrap() {
