@@ -47,23 +47,26 @@ enum Field {
 }
 
 impl Message {
-    fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Field> + 'a {
-        self.fields.iter().filter(move |(key, _)| key == name).map(|(_, field)| field)
+    fn all(&self, name: &str) -> Vec<&Field> {
+        self.fields.iter().filter(|(key, _)| key == name).map(|(_, field)| field).collect()
     }
 
-    fn messages<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Message> + 'a {
-        self.all(name).filter_map(|field| match field {
-            Field::Message(message) => Some(message),
-            Field::Scalar(_) => None,
-        })
+    fn messages(&self, name: &str) -> Vec<&Message> {
+        self.all(name)
+            .into_iter()
+            .filter_map(|field| match field {
+                Field::Message(message) => Some(message),
+                Field::Scalar(_) => None,
+            })
+            .collect()
     }
 
     fn message(&self, name: &str) -> Option<&Message> {
-        self.messages(name).next()
+        self.messages(name).into_iter().next()
     }
 
     fn scalar(&self, name: &str) -> Option<&str> {
-        self.all(name).find_map(|field| match field {
+        self.all(name).into_iter().find_map(|field| match field {
             Field::Scalar(value) => Some(value.as_str()),
             Field::Message(_) => None,
         })
@@ -76,6 +79,7 @@ impl Message {
 
     fn numbers(&self, name: &str) -> Vec<i64> {
         self.all(name)
+            .into_iter()
             .filter_map(|field| match field {
                 Field::Scalar(value) => Some(value.parse().unwrap()),
                 Field::Message(_) => None,
@@ -208,7 +212,7 @@ struct Decoded {
 
 fn read_trace(path: &Path) -> Decoded {
     let trace = decode(path);
-    let packets: Vec<&Message> = trace.messages("packet").collect();
+    let packets: Vec<&Message> = trace.messages("packet").into_iter().collect();
     assert_eq!(packets.len(), raw_packet_count(&fs::read(path).unwrap()), "protoc decoded every packet");
     let mut unknown = Vec::new();
     trace.unknown_fields("", &mut unknown);
@@ -261,7 +265,19 @@ fn run_with_perfetto(memtrace: Memtrace, program: &Path) -> (Outcome, Decoded) {
 
 #[test]
 fn counter_tracks_hold_every_level_at_every_sample() {
-    let (outcome, decoded) = run_with_perfetto(Memtrace::new(), &fixture("leaks"));
+    // leaks.c "linger": allocates on a byte from stdin, says "leaked", and lives on until stdin
+    // ends, so that samples see its leaks while it runs.
+    let memtrace = Memtrace::new();
+    let path = memtrace.dir().join("trace.pftrace");
+    let mut run = memtrace.arg("--perfetto").arg(&path).command(&fixture("leaks")).arg("linger").spawn();
+    run.wait_for_stdout("ready");
+    run.send(b"g");
+    run.wait_for_stdout("leaked");
+    let live_heap = |event: &Value| event["args"]["heap_live_bytes"] == LEAKS_LIVE_BYTES;
+    run.wait_for_trace("a sample of the leaks", |trace| trace.counters("memory").any(live_heap));
+    let outcome = run.finish();
+    outcome.assert_exit_code(0);
+    let decoded = read_trace(&path);
     let process = outcome.process();
     assert_eq!(process["live_bytes"], LEAKS_LIVE_BYTES, "{}", outcome.stderr);
     let pid = process["pid"].as_i64().unwrap();
@@ -274,7 +290,7 @@ fn counter_tracks_hold_every_level_at_every_sample() {
         .filter(|event| event["pid"] == pid)
         .map(|event| (event["ts"].as_i64().unwrap() * 1000, &event["args"]))
         .collect();
-    assert!(!json.is_empty());
+    assert!(json.len() >= 2, "several samples: {json:?}");
     for level in LEVELS {
         let values = decoded.counter(pid, level);
         let stamps: BTreeSet<i64> = values.iter().map(|(ts, _)| *ts).collect();
@@ -283,9 +299,18 @@ fn counter_tracks_hold_every_level_at_every_sample() {
             assert_eq!(json[ts][level].as_i64(), Some(*value), "{level} at {ts} ns");
         }
     }
+    // While the process ran with its leaks: the live heap exactly, and what the OS says it holds.
     let heap = decoded.counter(pid, "heap_live_bytes");
-    assert_eq!(heap.last().unwrap().1, LEAKS_LIVE_BYTES, "the final live heap: {heap:?}");
-    assert_eq!(process["memory"]["heap_live_bytes"].as_i64(), Some(LEAKS_LIVE_BYTES), "the summary agrees");
+    let (at, _) = *heap
+        .iter()
+        .find(|(_, bytes)| *bytes == LEAKS_LIVE_BYTES)
+        .unwrap_or_else(|| panic!("no sample with the fixture's {LEAKS_LIVE_BYTES} live bytes: {heap:?}"));
+    assert!(heap.iter().all(|(_, bytes)| *bytes <= LEAKS_LIVE_BYTES), "{heap:?}");
+    let rss = decoded.counter(pid, "rss_anon_bytes");
+    assert!(
+        rss.iter().any(|&(ts, bytes)| ts == at && bytes > 0),
+        "resident anonymous memory at {at}: {rss:?}"
+    );
 }
 
 #[test]
@@ -295,6 +320,7 @@ fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
     let profiles: Vec<&Message> = decoded
         .trace
         .messages("packet")
+        .into_iter()
         .filter(|packet| packet.message("profile_packet").is_some())
         .collect();
     assert_eq!(profiles.len(), 1, "one heap profile packet");
@@ -302,16 +328,18 @@ fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
     let table = |name: &str| -> BTreeMap<i64, String> {
         interned
             .messages(name)
+            .into_iter()
             .map(|s| (s.number("iid").unwrap(), s.string("str").unwrap_or_default().to_owned()))
             .collect()
     };
     let function_names = table("function_names");
     let mapping_paths = table("mapping_paths");
     let mappings: BTreeMap<i64, &Message> =
-        interned.messages("mappings").map(|m| (m.number("iid").unwrap(), m)).collect();
+        interned.messages("mappings").into_iter().map(|m| (m.number("iid").unwrap(), m)).collect();
     // Frame iid -> (function, mapping path).
     let frames: BTreeMap<i64, (String, String)> = interned
         .messages("frames")
+        .into_iter()
         .map(|frame| {
             let function = function_names[&frame.number("function_name_id").unwrap()].clone();
             let mapping = mappings[&frame.number("mapping_id").unwrap()];
@@ -322,13 +350,14 @@ fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
         .collect();
     let callstacks: BTreeMap<i64, Vec<&(String, String)>> = interned
         .messages("callstacks")
+        .into_iter()
         .map(|stack| {
             (stack.number("iid").unwrap(), stack.numbers("frame_ids").iter().map(|id| &frames[id]).collect())
         })
         .collect();
 
     let dumps: Vec<&Message> =
-        profiles[0].message("profile_packet").unwrap().messages("process_dumps").collect();
+        profiles[0].message("profile_packet").unwrap().messages("process_dumps").into_iter().collect();
     assert_eq!(dumps.len(), 1);
     assert_eq!(dumps[0].number("pid"), Some(pid));
     assert_eq!(dumps[0].string("heap_name"), Some("malloc"));
@@ -336,6 +365,7 @@ fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
         // The call site's samples: call stacks whose innermost frame (the last) is the function.
         let samples: Vec<&Message> = dumps[0]
             .messages("samples")
+            .into_iter()
             .filter(|sample| {
                 let stack = &callstacks[&sample.number("callstack_id").unwrap()];
                 stack.last().is_some_and(|(name, _)| name == function)
