@@ -6,12 +6,11 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    io::Write,
+    io::{BufWriter, Write},
     path::Path,
 };
 
 use anyhow::Result;
-use prost::Message;
 
 use super::{
     output_file::OutputFile,
@@ -47,23 +46,36 @@ impl Exporter for PerfettoFile {
     }
 
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        let trace = build_trace(model, end);
-        self.file.commit(|file| file.write_all(&trace.encode_to_vec()))
+        self.file.commit(|file| {
+            let mut out = BufWriter::new(file);
+            write_trace(model, end, &mut out)?;
+            out.flush()
+        })
     }
 }
 
-/// The whole trace: track descriptors and counter values per process, then the heap profile.
-pub fn build_trace(model: &Model, end: RunEnd) -> proto::Trace {
-    let mut packets = vec![clock_snapshot()];
+/// Writes the whole trace, packet by packet as each is made (a long run has millions of counter
+/// values; none is held longer than its own encoding): track descriptors and counter values per
+/// process, then the heap profile. A trace is its packets one after the other, each field 1.
+pub fn write_trace(model: &Model, end: RunEnd, out: &mut impl Write) -> std::io::Result<()> {
+    let mut buffer = Vec::new();
+    let mut write = |packet: proto::TracePacket| {
+        buffer.clear();
+        prost::encoding::message::encode(1, &packet, &mut buffer);
+        out.write_all(&buffer)
+    };
+    let mut first = clock_snapshot();
+    first.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
+    first.first_packet_on_sequence = true;
+    write(first)?;
     let mut uuids = 0u64;
     for process in model.every_process() {
-        counter_tracks(process, &mut uuids, &mut packets);
+        counter_tracks(process, &mut uuids, &mut write)?;
     }
-    let end_ns = end.duration.as_nanos() as u64;
-    packets.extend(heap_profile(model, end_ns));
-    packets[0].sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
-    packets[0].first_packet_on_sequence = true;
-    proto::Trace { packet: packets }
+    match heap_profile(model, end.duration.as_nanos() as u64) {
+        Some(profile) => write(profile),
+        None => Ok(()),
+    }
 }
 
 /// Every timestamp memtrace writes counts from the start of tracing, on every clock: the packets'
@@ -86,33 +98,37 @@ fn descriptor_packet(descriptor: proto::TrackDescriptor) -> proto::TracePacket {
 
 /// The process's track, a counter track per level and per subsystem it ever reported, and a
 /// value on each at every point of its timeline (a subsystem from the point it was first reported).
-fn counter_tracks(process: &Process, uuids: &mut u64, packets: &mut Vec<proto::TracePacket>) {
+fn counter_tracks(
+    process: &Process,
+    uuids: &mut u64,
+    write: &mut impl FnMut(proto::TracePacket) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut next_uuid = || {
         *uuids += 1;
         *uuids
     };
     let process_uuid = next_uuid();
-    packets.push(descriptor_packet(proto::TrackDescriptor {
+    write(descriptor_packet(proto::TrackDescriptor {
         uuid: process_uuid,
         process: Some(proto::ProcessDescriptor {
             pid: process.pid as i32,
             process_name: process.comm.clone(),
         }),
         ..Default::default()
-    }));
+    }))?;
     let subsystems: BTreeSet<&String> = process.timeline.iter().flat_map(|p| p.subsystems.keys()).collect();
     let names = MemoryLevels::NAMES.iter().map(|level| level.to_string());
     let names = names.chain(subsystems.iter().map(|name| format!("subsystem:{name}")));
     let mut tracks = HashMap::new();
     for name in names {
         let uuid = next_uuid();
-        packets.push(descriptor_packet(proto::TrackDescriptor {
+        write(descriptor_packet(proto::TrackDescriptor {
             uuid,
             parent_uuid: process_uuid,
             name: name.clone(),
             counter: Some(proto::CounterDescriptor { unit: UNIT_SIZE_BYTES }),
             ..Default::default()
-        }));
+        }))?;
         tracks.insert(name, uuid);
     }
     let value = |track_uuid: u64, ts_us: u64, value: i64| proto::TracePacket {
@@ -122,12 +138,13 @@ fn counter_tracks(process: &Process, uuids: &mut u64, packets: &mut Vec<proto::T
     };
     for point in &process.timeline {
         for (level, bytes) in point.memory.named() {
-            packets.push(value(tracks[level], point.ts_us, i64::try_from(bytes).unwrap_or(i64::MAX)));
+            write(value(tracks[level], point.ts_us, i64::try_from(bytes).unwrap_or(i64::MAX)))?;
         }
         for (name, &bytes) in &point.subsystems {
-            packets.push(value(tracks[&format!("subsystem:{name}")], point.ts_us, bytes));
+            write(value(tracks[&format!("subsystem:{name}")], point.ts_us, bytes))?;
         }
     }
+    Ok(())
 }
 
 /// One profile packet with every process's call stacks, and the interned data they refer to; none
@@ -253,6 +270,8 @@ mod tests {
 
     use memtrace_common::StackTotals;
 
+    use prost::Message;
+
     use super::*;
     use crate::model::TimelinePoint;
 
@@ -311,11 +330,16 @@ mod tests {
         model
     }
 
+    /// The trace of `model` as a file holds it, decoded.
+    fn build_trace(model: &Model, end: RunEnd) -> proto::Trace {
+        let mut bytes = Vec::new();
+        write_trace(model, end, &mut bytes).unwrap();
+        proto::Trace::decode(&*bytes).unwrap()
+    }
+
     #[test]
     fn counter_tracks_carry_every_level_and_subsystem_at_every_point() {
-        let trace = build_trace(&model(), RunEnd { duration: Duration::from_millis(300) });
-        let decoded = proto::Trace::decode(&*trace.encode_to_vec()).unwrap();
-        assert_eq!(decoded, trace);
+        let decoded = build_trace(&model(), RunEnd { duration: Duration::from_millis(300) });
         assert_eq!(decoded.packet[0].sequence_flags, SEQ_INCREMENTAL_STATE_CLEARED);
         assert!(decoded.packet[0].clock_snapshot.is_some());
         let first = &decoded.packet[1];
