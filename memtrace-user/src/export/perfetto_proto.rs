@@ -5,7 +5,9 @@
 //! proto2 `oneof`, where absence means something, are `Option`s so that a zero is still written.
 //! Enums are written as their numbers (`int32`), which is the same on the wire.
 
-/// `Trace`: a file is a sequence of packets, each field 1.
+/// `Trace`: a file is a sequence of packets, each field 1. memtrace writes the packets one by one
+/// (`perfetto::write_trace`); the tests read a file back whole with this.
+#[cfg(test)]
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Trace {
     #[prost(message, repeated, tag = "1")]
