@@ -24,8 +24,8 @@ use crate::{
     cli::Cli,
     collector::Collector,
     export::{
-        flamegraph::FlamegraphFile, perfetto::PerfettoFile, pprof::PprofFile, report::TextReport,
-        summary::SummaryFile, trace::TraceFile, Exporter,
+        flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
+        trace::TraceFile, Exporter,
     },
     following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
@@ -163,7 +163,7 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
         exporters.push(Box::new(FlamegraphFile::create(path)?));
     }
     if let Some(path) = &cli.perfetto {
-        exporters.push(Box::new(PerfettoFile::create(path)?));
+        exporters.push(Box::new(crate::export::perfetto::PerfettoFile::create(path)?));
     }
     match serve {
         Some(options) => exporters.push(Box::new(Agent::start(options)?)),
