@@ -117,6 +117,16 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub flamegraph: Option<PathBuf>,
 
+    /// Write a native Perfetto trace (protobuf) at the end: counter tracks for every memory level
+    /// and subsystem, and the heap profile (a native-heap flamegraph in Perfetto UI)
+    #[arg(long, value_name = "PATH")]
+    pub perfetto: Option<PathBuf>,
+
+    /// This USDT subsystem's memory comes out of malloc (repeatable): in the trace's memory dumps
+    /// it owns part of `malloc`, so no total counts it twice
+    #[arg(long = "heap-subsystem", value_name = "NAME")]
+    pub heap_subsystems: Vec<String>,
+
     /// Count hits of a USDT probe, or track its argument N (arg0 is the first) as a counter; PATH
     /// limits it to one executable or library (repeatable), e.g. myapp:request or ./libfoo.so:foo:alloc=arg1
     #[arg(long = "usdt", value_name = "[PATH:]PROVIDER:NAME[=argN]",
@@ -161,6 +171,7 @@ impl Cli {
             ("--summary", self.summary.as_deref()),
             ("--pprof", self.pprof.as_deref()),
             ("--flamegraph", self.flamegraph.as_deref()),
+            ("--perfetto", self.perfetto.as_deref()),
         ];
         named.into_iter().filter_map(|(flag, path)| Some((flag, path?))).collect()
     }

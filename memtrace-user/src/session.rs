@@ -149,7 +149,7 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
     let mut exporters: Exporters = Vec::new();
     let mut trace_path = None;
     if let Some(path) = cli.output.clone().or_else(|| serve.is_none().then(default_output_path)) {
-        let trace = TraceFile::create(&path)?;
+        let trace = TraceFile::create(&path)?.with_heap_subsystems(cli.heap_subsystems.clone());
         trace_path = Some(trace.path().to_owned());
         exporters.push(Box::new(trace));
     }
@@ -161,6 +161,9 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
     }
     if let Some(path) = &cli.flamegraph {
         exporters.push(Box::new(FlamegraphFile::create(path)?));
+    }
+    if let Some(path) = &cli.perfetto {
+        exporters.push(Box::new(crate::export::perfetto::PerfettoFile::create(path)?));
     }
     match serve {
         Some(options) => exporters.push(Box::new(Agent::start(options)?)),

@@ -48,6 +48,27 @@ fn counter_at<'a>(trace: &'a Trace, name: &str, pid: &Value, ts: &Value) -> &'a 
         .unwrap_or_else(|| panic!("no {name} counter of pid {pid} at ts {ts}"))
 }
 
+/// What chrome://tracing's importer (catapult's trace_event_importer) warns about, checked
+/// directly: every allocator dump has a GUID, no GUID repeats within a dump, every edge joins two
+/// dumps of it and a dump owns at most one other; subsystems sit under `subsystems/`.
+fn check_allocator_graph(dumps: &Value, dump: &Value) {
+    let allocators = dumps["allocators"].as_object().unwrap_or_else(|| panic!("no allocators: {dump}"));
+    let mut guids = BTreeSet::new();
+    for (name, allocator) in allocators {
+        let guid = allocator["guid"].as_str().unwrap_or_else(|| panic!("{name} has no GUID: {dump}"));
+        assert!(guids.insert(guid), "GUID {guid} repeats: {dump}");
+        assert!(name == "malloc" || name.starts_with("subsystems/"), "{name} outside its node: {dump}");
+    }
+    let mut owners = BTreeSet::new();
+    for edge in dumps["allocators_graph"].as_array().unwrap_or_else(|| panic!("no allocators_graph: {dump}"))
+    {
+        for end in ["source", "target"] {
+            assert!(guids.contains(edge[end].as_str().unwrap()), "edge {end} is no dump: {dump}");
+        }
+        assert!(owners.insert(edge["source"].as_str().unwrap()), "a dump owns two: {dump}");
+    }
+}
+
 /// Every MemoryInfra dump agrees with the counters of its sample, and an id names one sample.
 fn check_memory_dumps(trace: &Trace) {
     let mut moments: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
@@ -58,6 +79,7 @@ fn check_memory_dumps(trace: &Trace) {
         moments.entry(id.to_owned()).or_default().insert(ts.as_u64().expect("ts is in microseconds"));
         let dumps = &dump["args"]["dumps"];
         let heap = &counter_at(trace, "heap", pid, ts)["args"];
+        let heap_allocations = &counter_at(trace, "heap_allocations", pid, ts)["args"];
         let rss = &counter_at(trace, "rss", pid, ts)["args"];
         assert_eq!(
             hex_size(&dumps["process_totals"]["resident_set_bytes"]),
@@ -68,9 +90,10 @@ fn check_memory_dumps(trace: &Trace) {
         assert_eq!(hex_size(&malloc["size"]["value"]), heap["live_bytes"].as_u64().unwrap(), "{dump}");
         assert_eq!(
             hex_size(&malloc["allocated_objects_count"]["value"]),
-            heap["live_allocations"].as_u64().unwrap(),
+            heap_allocations["live_allocations"].as_u64().unwrap(),
             "{dump}"
         );
+        check_allocator_graph(dumps, dump);
     }
     for (id, stamps) in &moments {
         assert_eq!(stamps.len(), 1, "dump id {id} is used at several moments: {stamps:?}");
@@ -92,8 +115,9 @@ fn trace_file_follows_the_output_contract() {
     assert_figures(&outcome, WAIT_STDIN);
 
     let heap = alive.counters("heap").nth(seen + 1).unwrap();
-    assert_eq!(heap["args"]["live_bytes"], ALIVE_LIVE_BYTES, "{heap}");
-    assert_eq!(heap["args"]["live_allocations"], ALIVE_LIVE_ALLOCATIONS, "{heap}");
+    assert_eq!(heap["args"], serde_json::json!({ "live_bytes": ALIVE_LIVE_BYTES }), "bytes alone: {heap}");
+    let count = counter_at(&alive, "heap_allocations", &heap["pid"], &heap["ts"]);
+    assert_eq!(count["args"], serde_json::json!({ "live_allocations": ALIVE_LIVE_ALLOCATIONS }), "{count}");
     let rss = counter_at(&alive, "rss", &heap["pid"], &heap["ts"]);
     assert!(rss["args"]["rss_bytes"].as_u64().unwrap() > 0, "{rss}");
 
@@ -111,11 +135,12 @@ fn trace_file_follows_the_output_contract() {
         assert_eq!(heap["pid"], pid, "{heap}");
         assert!(heap["ts"].is_u64(), "{heap}");
         assert!(heap["args"]["live_bytes"].is_u64(), "{heap}");
-        assert!(heap["args"]["live_allocations"].is_u64(), "{heap}");
     }
     let last = heaps.last().unwrap();
     assert_eq!(last["args"]["live_bytes"], WAIT_STDIN.live_bytes, "{last}");
-    assert_eq!(last["args"]["live_allocations"], WAIT_STDIN.live_allocations, "{last}");
+    let counts: Vec<&Value> = trace.counters("heap_allocations").collect();
+    assert_eq!(counts.len(), heaps.len(), "a count counter at every sample");
+    assert_eq!(counts.last().unwrap()["args"]["live_allocations"], WAIT_STDIN.live_allocations);
     assert_eq!(trace.counters("rss").count(), heaps.len());
     assert!(trace.counters("rss").all(|rss| rss["args"]["rss_bytes"].is_u64()));
     assert_eq!(trace.phase("v").count(), heaps.len(), "one memory dump per sample");
@@ -186,5 +211,35 @@ fn memory_dumps_of_one_interval_share_an_id() {
         let unique: BTreeSet<&u64> = pids.iter().collect();
         assert_eq!(unique.len(), pids.len(), "dump id {id} repeats a process");
     }
+    // The viewer keys allocator dumps by GUID across every process of one id: none repeats.
+    let mut guids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for dump in outcome.trace().phase("v") {
+        let of_id = guids.entry(dump["id"].as_str().unwrap().to_owned()).or_default();
+        for allocator in dump["args"]["dumps"]["allocators"].as_object().unwrap().values() {
+            let guid = allocator["guid"].as_str().unwrap().to_owned();
+            assert!(of_id.insert(guid.clone()), "GUID {guid} repeats in dump id {}", dump["id"]);
+        }
+    }
     check_memory_dumps(outcome.trace());
+}
+
+/// `--heap-subsystem NAME`: that subsystem, and only it, owns part of `malloc` in every memory dump
+/// where it is reported, so chrome://tracing counts its bytes once.
+#[test]
+fn a_heap_subsystem_owns_part_of_malloc() {
+    let include = format!("-I{}", memtrace_tests::workspace_root().join("include").display());
+    let program = memtrace_tests::fixture_variant("usdt_subsystems", "trace-file", &[&include]);
+    let outcome = Memtrace::new().args(["--heap-subsystem", "cache"]).command(&program).run();
+    outcome.assert_exit_code(0);
+    let trace = outcome.trace();
+    check_memory_dumps(trace);
+    let last = trace.phase("v").last().expect("a memory dump");
+    let dumps = &last["args"]["dumps"];
+    let allocators = &dumps["allocators"];
+    assert_eq!(hex_size(&allocators["subsystems/cache"]["attrs"]["size"]["value"]), 100 * 4096 - 5000);
+    let edges = dumps["allocators_graph"].as_array().unwrap();
+    assert_eq!(edges.len(), 1, "only the declared subsystem: {edges:?}");
+    assert_eq!(edges[0]["source"], allocators["subsystems/cache"]["guid"]);
+    assert_eq!(edges[0]["target"], allocators["malloc"]["guid"]);
+    assert_eq!(edges[0]["type"], "ownership");
 }

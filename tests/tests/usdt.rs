@@ -259,7 +259,7 @@ fn assert_subsystems(outcome: &Outcome, expected: &BTreeMap<String, i64>) {
     assert!(allocators.get("malloc").is_some(), "{allocators}");
     for (name, bytes) in expected {
         assert_eq!(
-            allocators[name]["attrs"]["size"]["value"],
+            allocators[format!("subsystems/{name}")]["attrs"]["size"]["value"],
             format!("{:x}", (*bytes).max(0)),
             "{name} in {allocators}"
         );

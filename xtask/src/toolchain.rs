@@ -21,7 +21,8 @@ const BPF_PACKAGES: &[&str] =
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
-/// which the tests of `memtrace serve` point at the agent.
+/// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
+/// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate).
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
@@ -32,6 +33,7 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "libgoogle-perftools-dev",
     "libmimalloc-dev",
     "systemtap-sdt-dev",
+    "protobuf-compiler",
 ];
 
 pub fn setup() -> Result<()> {

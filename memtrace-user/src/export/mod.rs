@@ -2,6 +2,8 @@
 
 pub mod flamegraph;
 pub mod output_file;
+pub mod perfetto;
+mod perfetto_proto;
 pub mod pprof;
 pub mod report;
 pub mod summary;

@@ -1,6 +1,11 @@
 //! Chrome trace-event JSON (array format), streamed: every sample is written and flushed at once, so
 //! a trace cut short, even by SIGKILL, still loads. Events are separated by a comma at the start of
 //! the next write, so the file always ends with a whole event and only `]` is ever missing.
+//!
+//! The MemoryInfra dumps load in chrome://tracing without import warnings: every allocator dump has
+//! a GUID, subsystems sit under one `subsystems` node of their process (their names escaped, so no
+//! name can place a dump elsewhere), and a subsystem declared as heap memory (`--heap-subsystem`)
+//! owns part of `malloc`, so no total counts its bytes twice.
 
 use std::{
     collections::BTreeSet,
@@ -28,6 +33,8 @@ pub struct TraceFile {
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
+    /// `--heap-subsystem`: subsystems whose memory comes out of malloc.
+    heap_subsystems: BTreeSet<String>,
 }
 
 impl TraceFile {
@@ -44,6 +51,7 @@ impl TraceFile {
             finished: false,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
+            heap_subsystems: BTreeSet::new(),
         };
         // On failure (a full disk) the file goes again as `trace` drops.
         trace.file.write_all(b"[").with_context(cannot)?;
@@ -52,6 +60,13 @@ impl TraceFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Subsystems whose memory is heap memory (`--heap-subsystem`): their dumps own part of
+    /// `malloc`'s, so the memory view counts those bytes once.
+    pub fn with_heap_subsystems(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        self.heap_subsystems = names.into_iter().collect();
+        self
     }
 
     fn write_events(&mut self, events: &[Value]) -> Result<()> {
@@ -123,7 +138,7 @@ impl Exporter for TraceFile {
             if self.named.insert(process.pid) {
                 events.push(process_name(process));
             }
-            events.extend(process_events(process, sample));
+            events.extend(process_events(process, sample, &self.heap_subsystems));
             if process.exited {
                 self.closed.insert(process.pid);
             }
@@ -152,24 +167,21 @@ fn counter(process: &Process, ts_us: u64, name: &str, args: Value) -> Value {
     json!({"name": name, "ph": "C", "ts": ts_us, "pid": process.pid, "tid": process.pid, "args": args})
 }
 
-fn process_events(process: &Process, sample: Sample) -> Vec<Value> {
+fn process_events(process: &Process, sample: Sample, heap_subsystems: &BTreeSet<String>) -> Vec<Value> {
     let stats = &process.stats;
     let live_bytes = stats.live_bytes.max(0) as u64;
     let live_allocations = stats.live_allocations.max(0) as u64;
     let mut events = vec![
-        counter(
-            process,
-            sample.ts_us,
-            "heap",
-            json!({"live_bytes": live_bytes, "live_allocations": live_allocations}),
-        ),
+        // Bytes and counts on separate counters: a count on a bytes axis is an invisible sliver.
+        counter(process, sample.ts_us, "heap", json!({ "live_bytes": live_bytes })),
+        counter(process, sample.ts_us, "heap_allocations", json!({ "live_allocations": live_allocations })),
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.memory.rss_bytes()})),
         // Losses show on the timeline when they happen.
         counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
         counter(process, sample.ts_us, "memory", json!(process.memory)),
     ];
     events.extend(usdt_counters(process, sample));
-    events.push(memory_dump(process, sample, live_bytes, live_allocations));
+    events.push(memory_dump(process, sample, live_bytes, live_allocations, heap_subsystems));
     events
 }
 
@@ -190,37 +202,83 @@ fn usdt_counters(process: &Process, sample: Sample) -> Vec<Value> {
 }
 
 /// A MemoryInfra process dump, for chrome://tracing's memory view.
-fn memory_dump(process: &Process, sample: Sample, live_bytes: u64, live_allocations: u64) -> Value {
+fn memory_dump(
+    process: &Process,
+    sample: Sample,
+    live_bytes: u64,
+    live_allocations: u64,
+    heap_subsystems: &BTreeSet<String>,
+) -> Value {
+    let (allocators, edges) = allocators(process, live_bytes, live_allocations, heap_subsystems);
     json!({
         "name": "periodic_interval", "cat": "disabled-by-default-memory-infra", "ph": "v",
         "ts": sample.ts_us, "pid": process.pid, "tid": process.pid, "id": format!("0x{:x}", sample.dump_id),
         "args": {"dumps": {
             "level_of_detail": "detailed",
             "process_totals": {"resident_set_bytes": hex(process.memory.rss_bytes())},
-            "allocators": allocators(process, live_bytes, live_allocations),
+            "allocators": allocators,
+            "allocators_graph": edges,
         }},
     })
 }
 
-/// "malloc" and, next to it, one allocator per USDT subsystem, all from the same sample.
-fn allocators(process: &Process, live_bytes: u64, live_allocations: u64) -> Value {
+/// The node every subsystem's dump sits under.
+pub const SUBSYSTEMS_NODE: &str = "subsystems";
+
+/// "malloc" and one dump per USDT subsystem under `subsystems/`, all from the same sample, each with
+/// a GUID; and the ownership edges from heap subsystems to `malloc`.
+fn allocators(
+    process: &Process,
+    live_bytes: u64,
+    live_allocations: u64,
+    heap_subsystems: &BTreeSet<String>,
+) -> (Value, Vec<Value>) {
+    let malloc_guid = dump_guid(process.pid, "malloc");
     let mut allocators = serde_json::Map::new();
     allocators.insert(
         "malloc".into(),
-        json!({"attrs": {
+        json!({"guid": malloc_guid, "attrs": {
             "size": scalar(live_bytes, "bytes"),
             "allocated_objects_size": scalar(live_bytes, "bytes"),
             "allocated_objects_count": scalar(live_allocations, "objects"),
         }}),
     );
+    let mut edges = Vec::new();
     for (name, &bytes) in &process.usdt.subsystems {
-        // A subsystem may not hide the heap.
-        let name = if allocators.contains_key(name) { format!("{name} (subsystem)") } else { name.clone() };
+        let path = subsystem_dump_path(name);
+        let guid = dump_guid(process.pid, &path);
         // MemoryInfra sizes are unsigned; a subsystem reported below zero shows as empty.
         let size = scalar(bytes.max(0) as u64, "bytes");
-        allocators.insert(name, json!({"attrs": {"size": size}}));
+        allocators.insert(path, json!({"guid": guid, "attrs": {"size": size}}));
+        if heap_subsystems.contains(name) {
+            edges.push(json!({"source": guid, "target": malloc_guid, "type": "ownership", "importance": 0}));
+        }
     }
-    Value::Object(allocators)
+    (Value::Object(allocators), edges)
+}
+
+/// Where a subsystem's dump goes: `subsystems/<name>`, with `%` and `/` percent-escaped so that the
+/// name is one path segment (MemoryInfra nests dumps at every `/`): no name can reach another node.
+pub fn subsystem_dump_path(name: &str) -> String {
+    let mut path = format!("{SUBSYSTEMS_NODE}/");
+    for c in name.chars() {
+        match c {
+            '%' => path.push_str("%25"),
+            '/' => path.push_str("%2F"),
+            c => path.push(c),
+        }
+    }
+    path
+}
+
+/// A dump's GUID: unique among every process's dumps of one sample (the viewer keys them across
+/// processes), the same from sample to sample. FNV-1a of the pid and the dump's path, as hex.
+fn dump_guid(pid: u32, path: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in pid.to_le_bytes().iter().chain(path.as_bytes()) {
+        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:x}")
 }
 
 fn scalar(value: u64, units: &str) -> Value {
@@ -235,7 +293,7 @@ fn hex(value: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::{collections::BTreeMap, time::Duration};
 
     fn model() -> Model {
         let mut model = Model::default();
@@ -263,7 +321,7 @@ mod tests {
         // Cut short: only the closing bracket is missing.
         let cut = std::fs::read_to_string(&path).unwrap() + "]";
         let events: Vec<Value> = serde_json::from_str(&cut).unwrap();
-        assert_eq!(events.len(), 6);
+        assert_eq!(events.len(), 7);
 
         model.processes.get_mut(&42).unwrap().exited = true;
         trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
@@ -271,7 +329,7 @@ mod tests {
         trace.finish(&model, RunEnd { duration: Duration::from_secs(3) }).unwrap();
 
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(events.len(), 11, "an exited process gets one final sample, then no more");
+        assert_eq!(events.len(), 13, "an exited process gets one final sample, then no more");
         assert_eq!(events[0]["ph"], "M");
         assert_eq!(events[0]["args"]["name"], "demo");
         let heap = &events[1];
@@ -279,14 +337,15 @@ mod tests {
             (heap["name"].as_str(), heap["ph"].as_str(), heap["ts"].as_u64()),
             (Some("heap"), Some("C"), Some(1000))
         );
-        assert_eq!(heap["args"]["live_bytes"], 4096);
-        assert_eq!(heap["args"]["live_allocations"], 2);
-        assert_eq!(events[2]["args"]["rss_bytes"], 0x10000);
-        assert_eq!((events[3]["name"].as_str(), events[3]["ph"].as_str()), (Some("lost_events"), Some("C")));
-        assert_eq!(events[3]["args"]["lost_events"], 0);
-        assert_eq!(events[4]["name"], "memory");
-        assert_eq!(events[4]["args"]["rss_anon_bytes"], 0x10000);
-        let dump = &events[5];
+        assert_eq!(heap["args"], json!({"live_bytes": 4096}), "bytes alone on the heap counter");
+        assert_eq!(events[2]["name"], "heap_allocations");
+        assert_eq!(events[2]["args"], json!({"live_allocations": 2}), "counts on a counter of their own");
+        assert_eq!(events[3]["args"]["rss_bytes"], 0x10000);
+        assert_eq!((events[4]["name"].as_str(), events[4]["ph"].as_str()), (Some("lost_events"), Some("C")));
+        assert_eq!(events[4]["args"]["lost_events"], 0);
+        assert_eq!(events[5]["name"], "memory");
+        assert_eq!(events[5]["args"]["rss_anon_bytes"], 0x10000);
+        let dump = &events[6];
         assert_eq!(dump["ph"], "v");
         assert_eq!(dump["id"], "0x1");
         assert_eq!(dump["args"]["dumps"]["process_totals"]["resident_set_bytes"], "10000");
@@ -295,7 +354,7 @@ mod tests {
         let lines = read_lines(&path);
         assert_eq!(lines.first().map(String::as_str), Some("["));
         assert_eq!(lines.last().map(String::as_str), Some("]"));
-        assert_eq!(lines.len(), 13, "one event per line");
+        assert_eq!(lines.len(), 15, "one event per line");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -336,6 +395,103 @@ mod tests {
         drop(TraceFile::create(Path::new("/dev/null")).unwrap());
         assert!(Path::new("/dev/null").exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The memory dump of pid 42 in a trace of `model`, written with `heap_subsystems` declared.
+    fn dump_of(model: &Model, heap_subsystems: &[&str]) -> Value {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        let mut trace = TraceFile::create(&path)
+            .unwrap()
+            .with_heap_subsystems(heap_subsystems.iter().map(|s| s.to_string()));
+        trace.sample(model, Sample { ts_us: 1000, dump_id: 7 }).unwrap();
+        trace.finish(model, RunEnd { duration: Duration::from_secs(1) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        events.into_iter().find(|e| e["ph"] == "v" && e["pid"] == 42).expect("a memory dump of pid 42")
+    }
+
+    fn with_subsystems(names: &[(&str, i64)]) -> Model {
+        let mut model = model();
+        model.add_process(43, "other".into(), "/lib/libc.so.6".into());
+        for pid in [42, 43] {
+            let process = model.processes.get_mut(&pid).unwrap();
+            process.usdt.subsystems = names.iter().map(|&(n, b)| (n.to_owned(), b)).collect();
+        }
+        model
+    }
+
+    /// What chrome://tracing's importer checks (catapult's trace_event_importer): every allocator
+    /// dump has a GUID, unique across every process's dumps of one id; every edge joins two of them,
+    /// and a dump owns at most one other.
+    #[test]
+    fn every_allocator_dump_has_a_guid_unique_across_processes() {
+        let model = with_subsystems(&[("textures", 5000), ("cache", 768)]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap().with_heap_subsystems(["cache".to_string()]);
+        trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
+        trace.sample(&model, Sample { ts_us: 2000, dump_id: 2 }).unwrap();
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(2) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut by_id: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for dump in events.iter().filter(|e| e["ph"] == "v") {
+            let guids = by_id.entry(dump["id"].as_str().unwrap().to_owned()).or_default();
+            let allocators = dump["args"]["dumps"]["allocators"].as_object().unwrap();
+            assert_eq!(allocators.len(), 3, "{allocators:?}");
+            for (name, allocator) in allocators {
+                let guid = allocator["guid"].as_str().unwrap_or_else(|| panic!("{name} has no GUID"));
+                assert!(
+                    guids.insert(guid.to_owned()),
+                    "GUID {guid} of {name} repeats in dump {}",
+                    dump["id"]
+                );
+            }
+            let mut owners = BTreeSet::new();
+            for edge in dump["args"]["dumps"]["allocators_graph"].as_array().unwrap() {
+                let source = edge["source"].as_str().unwrap();
+                assert!(allocators.values().any(|a| a["guid"] == source), "{edge}");
+                assert_eq!(edge["target"], allocators["malloc"]["guid"], "{edge}");
+                assert_eq!(edge["type"], "ownership");
+                assert!(owners.insert(source.to_owned()), "a dump owns two others: {edge}");
+            }
+        }
+        assert_eq!(by_id.len(), 2);
+        assert!(by_id.values().all(|guids| guids.len() == 6), "3 dumps x 2 processes: {by_id:?}");
+        assert_eq!(by_id["0x1"], by_id["0x2"], "a dump keeps its GUID from sample to sample");
+    }
+
+    #[test]
+    fn only_heap_subsystems_own_part_of_malloc() {
+        let model = with_subsystems(&[("textures", 5000), ("cache", 768)]);
+        let dump = dump_of(&model, &[]);
+        assert_eq!(dump["args"]["dumps"]["allocators_graph"], json!([]), "off by default");
+        let dump = dump_of(&model, &["cache", "not-reported"]);
+        let dumps = &dump["args"]["dumps"];
+        let edges = dumps["allocators_graph"].as_array().unwrap();
+        assert_eq!(edges.len(), 1, "{edges:?}");
+        assert_eq!(edges[0]["source"], dumps["allocators"]["subsystems/cache"]["guid"]);
+        assert_eq!(edges[0]["target"], dumps["allocators"]["malloc"]["guid"]);
+        assert_eq!(dumps["allocators"]["subsystems/cache"]["attrs"]["size"]["value"], "300");
+        assert_eq!(dumps["allocators"]["subsystems/textures"]["attrs"]["size"]["value"], "1388");
+    }
+
+    /// MemoryInfra nests dumps at every `/` (and treats a leading `global/` as shared between
+    /// processes): a subsystem's name is one segment under its process's `subsystems` node.
+    #[test]
+    fn subsystem_names_cannot_escape_their_node() {
+        let names = ["a/../b", "../../malloc", "/", "global/x", "malloc", "%2F", "plain"];
+        let model = with_subsystems(&names.map(|n| (n, 1)));
+        let dump = dump_of(&model, &names);
+        let allocators = dump["args"]["dumps"]["allocators"].as_object().unwrap();
+        assert_eq!(allocators.len(), names.len() + 1, "each name its own dump: {allocators:?}");
+        for path in allocators.keys().filter(|p| *p != "malloc") {
+            let segment = path.strip_prefix("subsystems/").unwrap_or_else(|| panic!("{path} escaped"));
+            assert!(!segment.contains('/') && !segment.is_empty(), "{path} is not one segment");
+        }
+        assert_eq!(subsystem_dump_path("a/../b"), "subsystems/a%2F..%2Fb");
+        assert_eq!(subsystem_dump_path("%2F"), "subsystems/%252F", "escaping is one-to-one");
+        assert_eq!(allocators["malloc"]["attrs"]["size"]["value"], "1000", "malloc is not overwritten");
+        assert_eq!(dump["args"]["dumps"]["allocators_graph"].as_array().unwrap().len(), names.len());
     }
 
     #[test]
