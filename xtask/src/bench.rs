@@ -5,7 +5,8 @@
 //! after round, and the best round of each is kept, so that a noisy moment does not favour one.
 //! Then what following a process tree costs everyone else: the same loop, untraced, in a process
 //! outside the tree while memtrace follows one (its probes then fire in every process that maps
-//! libc); and how long a whole run of `memtrace -- true` takes.
+//! libc); the traced cost of a subsystem report on a 5-byte and on a 1-byte nop site; and how long
+//! a whole run of `memtrace -- true` takes.
 
 use std::{
     io::{BufRead, BufReader},
@@ -86,6 +87,11 @@ pub fn run(memtrace: &Path) -> Result<()> {
         outside,
         outside / untraced
     );
+    let [nop5, nop1] = usdt_report_ns(memtrace, &trace)?;
+    println!(
+        "subsystem report traced ({REPORTS} MEMTRACE_REPORT_DELTA, best of {ROUNDS}): 5-byte nop site \
+         (include/memtrace.h) {nop5:.1} ns, 1-byte nop site (sdt.h's STAP_PROBE2) {nop1:.1} ns"
+    );
     let whole_run = whole_run_time(memtrace, &trace)?;
     println!(
         "a whole run of `memtrace -- true` (load, attach, detach, outputs): {:.0} ms",
@@ -118,6 +124,27 @@ fn ns_outside_a_followed_tree(memtrace: &Path, program: &Path, trace: &Path) -> 
     lines.for_each(drop);
     let _ = follower.wait();
     Ok(measured?.into_iter().fold(f64::MAX, f64::min))
+}
+
+const REPORTS: &str = "400000";
+
+/// The traced cost of one subsystem report, on the site include/memtrace.h writes and on the one
+/// sdt.h writes, measured alternately: best of ROUNDS each.
+fn usdt_report_ns(memtrace: &Path, trace: &Path) -> Result<[f64; 2]> {
+    let include = format!("-I{}", workspace_root().join("include").display());
+    let programs = [
+        compile_c("bench/usdt_loop.c", "bench", &[&include])?,
+        compile_c("bench/usdt_loop.c", "bench-nop1", &["-DONE_BYTE_NOP"])?,
+    ];
+    let mut best = [f64::MAX; 2];
+    for _ in 0..ROUNDS {
+        for (program, best) in programs.iter().zip(&mut best) {
+            let mut command = as_root(memtrace);
+            command.arg("-o").arg(trace).arg("--").arg(program).arg(REPORTS);
+            *best = best.min(ns_per_pair(&mut command)?);
+        }
+    }
+    Ok(best)
 }
 
 fn ns_per_pair(command: &mut Command) -> Result<f64> {
