@@ -21,11 +21,13 @@ const BPF_PACKAGES: &[&str] =
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
-/// which the tests of `memtrace serve` point at the agent.
+/// which the tests of `memtrace serve` point at the agent; headless Chromium, which the tests of
+/// `--html` load the report in.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
     "golang-go",
+    "chromium",
     "gcc",
     "libc6-dev",
     "libjemalloc-dev",

@@ -1,9 +1,11 @@
 //! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
 
 pub mod flamegraph;
+pub mod html;
 pub mod output_file;
 pub mod pprof;
 pub mod report;
+pub mod saved;
 pub mod summary;
 pub mod trace;
 

@@ -1,0 +1,220 @@
+//! A saved run: a summary file (`--summary PATH`) read back into a `Model`, so that
+//! `memtrace report RUN.json` makes every report again (pprof, flamegraph, HTML, the text report)
+//! through the same exporters as a run, without tracing again.
+
+use std::{collections::HashSet, fs, path::Path, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use memtrace_common::{unwind_stop, ProcessStats};
+
+use super::{
+    flamegraph::FlamegraphFile,
+    html::HtmlFile,
+    pprof::PprofFile,
+    report::TextReport,
+    summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
+    Exporter,
+};
+use crate::{
+    cli::ReportArgs,
+    model::{HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures, UsdtProbeCounter},
+    symbolize::Frame,
+};
+
+/// `memtrace report RUN.json [--html PATH] [--pprof PATH] [--flamegraph PATH]`: the summary is
+/// read whole before any output is opened, so bad input leaves nothing behind (main has checked
+/// that no output is the summary itself, or another output). With no output named, the text
+/// report goes to stderr as at the end of a run.
+pub fn report(args: &ReportArgs) -> Result<ExitCode> {
+    let (model, end) = load(&args.summary)?;
+    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
+    if let Some(path) = &args.html {
+        exporters.push(Box::new(HtmlFile::create(path, args.top)?));
+    }
+    if let Some(path) = &args.pprof {
+        exporters.push(Box::new(PprofFile::create(path)?));
+    }
+    if let Some(path) = &args.flamegraph {
+        exporters.push(Box::new(FlamegraphFile::create(path)?));
+    }
+    if exporters.is_empty() {
+        exporters.push(Box::new(TextReport { top: args.top }));
+    }
+    let mut failed = false;
+    for exporter in &mut exporters {
+        match exporter.finish(&model, end) {
+            Ok(()) => {
+                if let Some(written) = exporter.written() {
+                    eprintln!("memtrace: {written}");
+                }
+            }
+            Err(err) => {
+                eprintln!("memtrace: error: {err:#}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// Reads a summary file into the model it was written from, and how long that run lasted.
+pub fn load(path: &Path) -> Result<(Model, RunEnd)> {
+    let fix = "give the file a run wrote with `memtrace --summary PATH`";
+    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}; {fix}", path.display()))?;
+    let summary = parse(&text).with_context(|| format!("{} is not a memtrace summary", path.display()))?;
+    into_model(summary).with_context(|| format!("{} is not a whole memtrace summary; {fix}", path.display()))
+}
+
+/// The summary in a file's text, or why the text is not one (and what to give instead).
+fn parse(text: &str) -> Result<Summary> {
+    if text.trim_start().starts_with('[') {
+        bail!(
+            "it is a trace file (Chrome trace-event JSON, `-o`), which keeps no call stacks; give the \
+             file a run wrote with `--summary PATH`"
+        );
+    }
+    let value: serde_json::Value = serde_json::from_str(text).context(
+        "it is not JSON; give the file a run wrote with `memtrace --summary PATH`, as it was written",
+    )?;
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(version) if version == u64::from(SUMMARY_VERSION) => {}
+        Some(version) => bail!(
+            "it has version {version}, and this memtrace reads version {SUMMARY_VERSION}; make the report \
+             with the memtrace that recorded the run, or record it again with `memtrace --summary PATH`"
+        ),
+        None => {
+            bail!("it has no summary `version`; give the file a run wrote with `memtrace --summary PATH`")
+        }
+    }
+    serde_json::from_value(value)
+        .context("a field is missing or of the wrong kind; give the file as `memtrace --summary` wrote it")
+}
+
+fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
+    let frames: Vec<Arc<Frame>> = summary.frame_table.into_iter().map(Arc::new).collect();
+    let mut model =
+        Model { kernel_maps: summary.kernel_maps, sampling: summary.sampling, ..Model::default() };
+    // A pid that appears again later in the list was a retired process (one that ended before its
+    // pid was taken by another): the list gives them first, in the order they ended.
+    let mut later_pids = HashSet::new();
+    let mut retired = vec![false; summary.processes.len()];
+    for (index, process) in summary.processes.iter().enumerate().rev() {
+        retired[index] = !later_pids.insert(process.pid);
+    }
+    let mut attributed = 0u64;
+    for (process, retired) in summary.processes.into_iter().zip(retired) {
+        attributed += process.lost_events;
+        let process = process_of(process, &frames)?;
+        if retired {
+            model.retired.push(process);
+        } else {
+            model.processes.insert(process.pid, process);
+        }
+    }
+    model.unattributed_lost_events = summary.lost_events.saturating_sub(attributed);
+    let duration = Duration::try_from_secs_f64(summary.duration_s)
+        .with_context(|| format!("`duration_s` {} is not a duration", summary.duration_s))?;
+    Ok((model, RunEnd { duration }))
+}
+
+/// One process as the summary gave it; its stacks' frames are taken from the frame table.
+fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
+    let mut unwind_stops = [0; unwind_stop::COUNT];
+    for (slot, name) in unwind_stops.iter_mut().zip(unwind_stop::NAMES) {
+        *slot = saved.unwind_stops.get(name).copied().unwrap_or(0);
+    }
+    let mut comm = [0u8; 16];
+    let kept = saved.comm.len().min(comm.len() - 1);
+    comm[..kept].copy_from_slice(&saved.comm.as_bytes()[..kept]);
+    let stats = ProcessStats {
+        allocations: saved.allocations,
+        frees: saved.frees,
+        allocated_bytes: saved.allocated_bytes,
+        freed_bytes: saved.freed_bytes,
+        live_allocations: saved.live_allocations,
+        live_bytes: saved.live_bytes,
+        peak_live_bytes: saved.peak_live_bytes,
+        untracked_frees: saved.untracked_frees,
+        failed_allocations: saved.failed_allocations,
+        lost_events: saved.lost_events,
+        exited: u64::from(saved.exited),
+        comm,
+        unwind_stops,
+        temporary_allocations: saved.temporary_allocations,
+        temporary_bytes: saved.temporary_bytes,
+        ..ProcessStats::default()
+    };
+    let usdt = UsdtFigures {
+        subsystems: saved.subsystems,
+        probes: saved
+            .usdt
+            .into_iter()
+            .map(|(label, counter)| (label, UsdtProbeCounter { hits: counter.hits, value: counter.value }))
+            .collect(),
+    };
+    let pid = saved.pid;
+    let stacks = saved
+        .stacks
+        .into_iter()
+        .map(|stack| stack_of(stack, frames))
+        .collect::<Result<_>>()
+        .with_context(|| format!("the stacks of pid {pid}"))?;
+    let peak = saved
+        .peak
+        .map(|peak| peak_of(peak, frames))
+        .transpose()
+        .with_context(|| format!("the peak of pid {pid}"))?;
+    Ok(Process {
+        pid,
+        comm: saved.comm,
+        allocator: saved.allocator,
+        allocator_kind: saved.allocator_kind,
+        stats,
+        memory: saved.memory,
+        timeline: saved.timeline,
+        peak,
+        exited: saved.exited,
+        released: true,
+        mappings: Vec::new(),
+        stacks,
+        usdt,
+    })
+}
+
+fn stack_of(saved: StackSummary, frames: &[Arc<Frame>]) -> Result<StackProfile> {
+    Ok(StackProfile {
+        frames: frames_of(&saved.frame_ids, frames)?,
+        totals: saved.totals,
+        leaked_bytes: saved.leaked_bytes,
+        leaked_allocations: saved.leaked_allocations,
+        oldest_age: saved.oldest_age_s.and_then(|age| Duration::try_from_secs_f64(age).ok()),
+    })
+}
+
+fn peak_of(saved: PeakSummary, frames: &[Arc<Frame>]) -> Result<HeapPeak> {
+    let consumers = saved
+        .stacks
+        .into_iter()
+        .map(|stack| {
+            Ok(PeakConsumer {
+                frames: frames_of(&stack.frame_ids, frames)?,
+                live_bytes: stack.live_bytes,
+                live_allocations: stack.live_allocations,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let ts_us = (saved.at_s.max(0.0) * 1e6).round() as u64;
+    Ok(HeapPeak { ts_us, heap_live_bytes: saved.live_bytes, consumers })
+}
+
+/// The frames a stack's `frame_ids` name in the frame table.
+fn frames_of(ids: &[u32], frames: &[Arc<Frame>]) -> Result<Vec<Arc<Frame>>> {
+    ids.iter()
+        .map(|&id| {
+            frames
+                .get(id as usize)
+                .cloned()
+                .with_context(|| format!("frame {id} is not in `frame_table` ({} frames)", frames.len()))
+        })
+        .collect()
+}
