@@ -184,9 +184,12 @@ pub enum Subcommand {
     Report(ReportArgs),
 }
 
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  memtrace report run.json --html run.html\n  \
-                        memtrace report run.json --pprof heap.pb.gz --flamegraph live.svg")]
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "memtrace report",
+    after_help = "Examples:\n  memtrace report run.json --html run.html\n  \
+                        memtrace report run.json --pprof heap.pb.gz --flamegraph live.svg"
+)]
 pub struct ReportArgs {
     /// The summary a run wrote with --summary
     #[arg(value_name = "RUN.json")]
@@ -215,7 +218,7 @@ impl ReportArgs {
     pub fn files(&self) -> Vec<(&'static str, &std::path::Path)> {
         let outputs = [("--html", &self.html), ("--pprof", &self.pprof), ("--flamegraph", &self.flamegraph)];
         let outputs = outputs.into_iter().filter_map(|(flag, path)| Some((flag, path.as_deref()?)));
-        std::iter::once(("RUN.json", self.summary.as_path())).chain(outputs).collect()
+        std::iter::once(("the summary", self.summary.as_path())).chain(outputs).collect()
     }
 }
 

@@ -51,13 +51,13 @@ fn main() -> ExitCode {
         }
     };
     // What cannot work is refused before anything is traced, as a usage error.
-    let files = match &cli.subcommand {
-        Some(cli::Subcommand::Report(args)) => args.files(),
-        _ => cli.output_files(),
+    let (files, mut usage) = match &cli.subcommand {
+        Some(cli::Subcommand::Report(args)) => (args.files(), cli::ReportArgs::command()),
+        _ => (cli.output_files(), cli::Cli::command()),
     };
     let checked = cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&files));
     if let Err(problem) = checked {
-        cli::Cli::command().error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
+        usage.error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
     }
     let result = match &cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {

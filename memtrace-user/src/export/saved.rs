@@ -60,7 +60,8 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
 /// Reads a summary file into the model it was written from, and how long that run lasted.
 pub fn load(path: &Path) -> Result<(Model, RunEnd)> {
     let fix = "give the file a run wrote with `memtrace --summary PATH`";
-    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}; {fix}", path.display()))?;
+    let text = fs::read_to_string(path)
+        .map_err(|err| anyhow::anyhow!("cannot read {} ({err}); {fix}", path.display()))?;
     let summary = parse(&text).with_context(|| format!("{} is not a memtrace summary", path.display()))?;
     into_model(summary).with_context(|| format!("{} is not a whole memtrace summary; {fix}", path.display()))
 }
@@ -217,4 +218,127 @@ fn frames_of(ids: &[u32], frames: &[Arc<Frame>]) -> Result<Vec<Arc<Frame>>> {
                 .with_context(|| format!("frame {id} is not in `frame_table` ({} frames)", frames.len()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use memtrace_common::StackTotals;
+
+    use super::*;
+    use crate::{
+        export::pprof::{build_profile, Processes},
+        levels::MemoryLevels,
+        model::TimelinePoint,
+    };
+
+    fn frame(name: &str, offset: u64) -> Arc<Frame> {
+        Arc::new(Frame {
+            function: Some(name.into()),
+            file: Some("app.c".into()),
+            line: Some(7),
+            module: "/app".into(),
+            offset,
+        })
+    }
+
+    /// A model as a run leaves it: two processes that had pid 9 (the first retired), stacks
+    /// sharing frames, a timeline and a heap peak.
+    fn run() -> Model {
+        let mut model = Model::default();
+        let main = frame("main", 0x10);
+        let totals = StackTotals {
+            started_ns: 0,
+            allocations: 4,
+            allocated_bytes: 400,
+            live_allocations: 1,
+            live_bytes: 100,
+            temporary_allocations: 2,
+            temporary_bytes: 200,
+        };
+        let stack = |frames: Vec<Arc<Frame>>| StackProfile {
+            frames,
+            totals,
+            leaked_bytes: 100,
+            leaked_allocations: 1,
+            oldest_age: Some(Duration::from_millis(1500)),
+        };
+        for (comm, leaf) in [("old", "grow"), ("new", "cache")] {
+            model.retire(9);
+            model.add_process(9, comm.into(), "/libc".into());
+            let process = model.processes.get_mut(&9).unwrap();
+            process.stats.allocations = 4;
+            process.stats.live_bytes = 100;
+            process.stats.lost_events = 1;
+            process.stats.unwind_stops[0] = 3;
+            process.memory =
+                MemoryLevels { rss_anon_bytes: 4096, dark_bytes: 1024, ..MemoryLevels::default() };
+            process.timeline =
+                vec![TimelinePoint { ts_us: 5, memory: process.memory, subsystems: Default::default() }];
+            process.usdt.subsystems.insert("textures".into(), 12345);
+            process.stacks =
+                vec![stack(vec![frame(leaf, 0x20), Arc::clone(&main)]), stack(vec![Arc::clone(&main)])];
+            process.peak = Some(HeapPeak {
+                ts_us: 250_000,
+                heap_live_bytes: 100,
+                consumers: vec![PeakConsumer {
+                    frames: vec![frame(leaf, 0x20)],
+                    live_bytes: 100,
+                    live_allocations: 1,
+                }],
+            });
+        }
+        model.unattributed_lost_events = 2;
+        model
+    }
+
+    #[test]
+    fn a_summary_reads_back_into_the_model_it_was_written_from() {
+        let model = run();
+        let end = RunEnd { duration: Duration::from_millis(1500) };
+        let text = serde_json::to_string_pretty(&Summary::of(&model, end, 10)).unwrap();
+        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(summary["frame_table"].as_array().unwrap().len(), 3, "main, grow, cache: each once");
+        assert!(text.contains("\n        {\"frame_ids\":[0,1],"), "one line per stack:\n{text}");
+
+        let (loaded, loaded_end) = into_model(parse(&text).unwrap()).unwrap();
+        assert_eq!(loaded_end.duration, end.duration);
+        assert_eq!(loaded.lost_events(), model.lost_events());
+        let comms: Vec<&str> = loaded.every_process().map(|p| p.comm.as_str()).collect();
+        assert_eq!(comms, ["old", "new"], "the retired process stays first");
+        for (before, after) in model.every_process().zip(loaded.every_process()) {
+            assert_eq!(after.stats.allocations, before.stats.allocations);
+            assert_eq!(after.stats.unwind_stops, before.stats.unwind_stops);
+            assert_eq!(after.memory, before.memory);
+            assert_eq!(after.timeline, before.timeline);
+            assert_eq!(after.usdt.subsystems, before.usdt.subsystems);
+            for (a, b) in before.stacks.iter().zip(&after.stacks) {
+                assert_eq!(
+                    (&a.frames, a.totals, a.leaked_bytes, a.oldest_age),
+                    (&b.frames, b.totals, b.leaked_bytes, b.oldest_age)
+                );
+            }
+            let (a, b) = (before.peak.as_ref().unwrap(), after.peak.as_ref().unwrap());
+            assert_eq!(
+                (a.ts_us, a.heap_live_bytes, &a.consumers[0].frames),
+                (b.ts_us, b.heap_live_bytes, &b.consumers[0].frames)
+            );
+        }
+        let profile = |model: &Model| build_profile(model, Duration::ZERO, Processes::All);
+        assert_eq!(profile(&loaded), profile(&model), "pprof made again is the run's");
+    }
+
+    #[test]
+    fn what_is_not_a_summary_says_what_it_is() {
+        let error = |text: &str| format!("{:#}", parse(text).unwrap_err());
+        assert!(error("[{\"ph\":\"M\"},\n").contains("trace file"));
+        assert!(error("not json").contains("not JSON"));
+        assert!(error("{\"version\": 7}").contains("version 7"));
+        assert!(error("{\"processes\": []}").contains("no summary `version`"));
+        assert!(error("{\"version\": 1}").contains("duration_s"));
+        let text =
+            serde_json::to_string(&Summary::of(&run(), RunEnd { duration: Duration::ZERO }, 10)).unwrap();
+        let broken = text.replace("\"frame_ids\":[0,1]", "\"frame_ids\":[0,99]");
+        let error = format!("{:#}", into_model(parse(&broken).unwrap()).unwrap_err());
+        assert!(error.contains("frame 99 is not in `frame_table`") && error.contains("pid 9"), "{error}");
+    }
 }

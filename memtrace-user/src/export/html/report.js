@@ -316,7 +316,10 @@
       series.push({ name: 'subsystem ' + name, color: flameColor('sub' + name), dashed: true, on: true,
         values: points.map(pt => (pt.subsystems || {})[name] || 0) });
     }
-    if (!series.length) { procView.append(el('p', { class: 'note', text: 'Every level read zero.' })); return; }
+    if (!series.length) {
+      procView.append(el('p', { class: 'note', text: 'Every level read zero at every sample.' }));
+      series.push({ name: LEVEL_NAMES.heap_live_bytes, color: LEVEL_COLORS.heap_live_bytes, values: points.map(() => 0), on: true });
+    }
     const legend = el('div', { class: 'legend' });
     const canvas = el('canvas', { id: 'timeline' });
     procView.append(legend, canvas);
