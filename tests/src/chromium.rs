@@ -52,9 +52,12 @@ impl Chromium {
         let address = url.trim_start_matches("ws://").split('/').next().expect("host:port").to_owned();
         let stream =
             TcpStream::connect(&address).unwrap_or_else(|err| panic!("connecting to {address}: {err}"));
-        stream.set_read_timeout(Some(Duration::from_millis(500))).expect("a read timeout");
+        // The handshake may take a while on a loaded machine; after it, reads wake up often so
+        // that a wait for a message can keep to its deadline.
+        stream.set_read_timeout(Some(DEADLINE)).expect("a read timeout");
         let (socket, _) = tungstenite::client(url.as_str(), stream)
             .unwrap_or_else(|err| panic!("the DevTools handshake with {url}: {err}"));
+        socket.get_ref().set_read_timeout(Some(Duration::from_millis(500))).expect("a read timeout");
         let mut chromium = Self {
             socket,
             session: String::new(),

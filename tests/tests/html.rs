@@ -135,16 +135,24 @@ fn a_flamegraph_of_100000_stacks_stays_quick() {
         .tempdir_in(workspace_root().join("target"))
         .unwrap();
     let summary = dir.path().join("run.json");
+    let started = Instant::now();
     fs::write(&summary, synthetic_run(100_000).to_string()).unwrap();
+    eprintln!("wrote the run in {:?}", started.elapsed());
     let page = dir.path().join("report.html");
+    let started = Instant::now();
     let output =
         Command::new(memtrace_bin()).arg("report").arg(&summary).arg("--html").arg(&page).output().unwrap();
     assert!(output.status.success(), "memtrace report failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    eprintln!("memtrace report made the page in {:?}", started.elapsed());
 
     let mut chromium = Chromium::start();
     let report = load(&mut chromium, &page, Duration::from_secs(30));
     let drawn = report["flameFrames"].as_u64().unwrap();
     assert!((100..=1400 * 24).contains(&drawn), "{drawn} frames drawn");
+    let text = chromium.evaluate("document.body.innerText").as_str().unwrap().to_owned();
+    for shown in ["The live heap was highest at", "subsystem cache", "100,000 stacks hold"] {
+        assert!(text.contains(shown), "the page does not show {shown:?}");
+    }
     screenshot(&mut chromium, "100000-stacks");
 }
 
@@ -183,7 +191,10 @@ fn synthetic_run(count: u32) -> Value {
         "lost_events": 0, "rss_bytes": live * 2 + (1 << 20), "memory": levels, "temporary_allocations": 0,
         "temporary_bytes": 0, "unwind_stops": {}, "subsystems": {"cache": 4096}, "usdt": {}, "leaks": [],
         "functions": [], "stacks": stacks,
-        "timeline": [{"ts_us": 0, "memory": levels}, {"ts_us": 1_000_000, "memory": levels}],
+        "timeline": [{"ts_us": 0, "memory": levels, "subsystems": {"cache": 1024}},
+                     {"ts_us": 1_000_000, "memory": levels, "subsystems": {"cache": 4096}}],
+        "peak": {"live_bytes": live, "at_s": 0.5, "stacks": [
+            {"live_bytes": 1015, "live_allocations": 1, "stack": ["level9_branch0", "main"], "frame_ids": [37, 0]}]},
     });
     json!({"version": 1, "duration_s": 1.0, "lost_events": 0, "processes": [process], "frame_table": frames})
 }

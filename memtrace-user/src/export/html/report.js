@@ -340,7 +340,7 @@
       for (let i = 0; i <= 4; i++) {
         const v = maxY * i / 4, y = yOf(v);
         ctx.beginPath(); ctx.moveTo(pad.left, y); ctx.lineTo(w - pad.right, y); ctx.stroke();
-        ctx.textAlign = 'right'; ctx.fillText(bytes(v), pad.left - 6, y);
+        ctx.textAlign = 'right'; ctx.fillText(bytes(Math.round(v)), pad.left - 6, y);
       }
       ctx.textAlign = 'center';
       for (let i = 0; i <= 5; i++) {
