@@ -147,6 +147,7 @@ fn a_flamegraph_of_100000_stacks_stays_quick() {
 
     let mut chromium = Chromium::start();
     let report = load(&mut chromium, &page, Duration::from_secs(30));
+    assert_eq!(report["processes"], 51);
     let drawn = report["flameFrames"].as_u64().unwrap();
     assert!((100..=1400 * 24).contains(&drawn), "{drawn} frames drawn");
     let text = chromium.evaluate("document.body.innerText").as_str().unwrap().to_owned();
@@ -157,15 +158,15 @@ fn a_flamegraph_of_100000_stacks_stays_quick() {
 }
 
 /// A summary of one process whose `count` stacks are distinct paths through a tree of 10 levels
-/// below main, each holding a different number of live bytes.
+/// below main, each holding a different number of live bytes; and of 50 small processes, as a
+/// system-wide run has them, the first of which had the big one's pid before it (retired).
 fn synthetic_run(count: u32) -> Value {
     let mut frames =
         vec![json!({"function": "main", "file": "app.c", "line": 1, "module": "/app", "offset": 16})];
     for level in 0..10 {
         for branch in 0..4 {
-            frames
-                .push(json!({"function": format!("level{level}_branch{branch}"), "file": null, "line": null,
-                               "module": "/app", "offset": 32 + level * 4 + branch}));
+            frames.push(json!({"function": format!("level{level}_branch{branch}"), "file": null,
+                               "line": null, "module": "/app", "offset": 32 + level * 4 + branch}));
         }
     }
     let stacks: Vec<Value> = (0..count)
@@ -180,21 +181,29 @@ fn synthetic_run(count: u32) -> Value {
                    "leaked_bytes": bytes, "leaked_allocations": 1, "oldest_age_s": 1.0})
         })
         .collect();
+    let mut processes: Vec<Value> = (0..50u32)
+        .map(|n| synthetic_process(if n == 0 { 4242 } else { 5000 + n }, &format!("small{n}"), &stacks[..1]))
+        .collect();
+    let mut big = synthetic_process(4242, "synthetic", &stacks);
+    big["peak"] = json!({"live_bytes": big["live_bytes"], "at_s": 0.5, "stacks": [
+        {"live_bytes": 1015, "live_allocations": 1, "stack": ["level9_branch0", "main"], "frame_ids": [37, 0]}]});
+    processes.push(big);
+    json!({"version": 1, "duration_s": 1.0, "lost_events": 0, "processes": processes, "frame_table": frames})
+}
+
+fn synthetic_process(pid: u32, comm: &str, stacks: &[Value]) -> Value {
     let live: u64 = stacks.iter().map(|s| s["live_bytes"].as_u64().unwrap()).sum();
-    let levels = json!({"rss_anon_bytes": live * 2, "rss_file_bytes": 1 << 20, "rss_shmem_bytes": 0, "swap_bytes": 0,
-                        "heap_live_bytes": live, "allocator_held_bytes": live + 4096, "heap_overhead_bytes": 4096,
-                        "mapped_anon_bytes": 0, "dark_bytes": live - 4096});
-    let process = json!({
-        "pid": 4242, "comm": "synthetic", "allocator": "/lib/libc.so.6", "allocator_kind": "glibc", "exited": true,
-        "allocations": count, "frees": 0, "allocated_bytes": live, "freed_bytes": 0, "live_allocations": count,
-        "live_bytes": live, "peak_live_bytes": live, "untracked_frees": 0, "failed_allocations": 0,
-        "lost_events": 0, "rss_bytes": live * 2 + (1 << 20), "memory": levels, "temporary_allocations": 0,
-        "temporary_bytes": 0, "unwind_stops": {}, "subsystems": {"cache": 4096}, "usdt": {}, "leaks": [],
-        "functions": [], "stacks": stacks,
+    let levels = json!({"rss_anon_bytes": live * 2, "rss_file_bytes": 1 << 20, "rss_shmem_bytes": 0,
+                        "swap_bytes": 0, "heap_live_bytes": live, "allocator_held_bytes": live + 4096,
+                        "heap_overhead_bytes": 4096, "mapped_anon_bytes": 0, "dark_bytes": live});
+    json!({
+        "pid": pid, "comm": comm, "allocator": "/lib/libc.so.6", "allocator_kind": "glibc", "exited": true,
+        "allocations": stacks.len(), "frees": 0, "allocated_bytes": live, "freed_bytes": 0,
+        "live_allocations": stacks.len(), "live_bytes": live, "peak_live_bytes": live, "untracked_frees": 0,
+        "failed_allocations": 0, "lost_events": 0, "rss_bytes": live * 2 + (1 << 20), "memory": levels,
+        "temporary_allocations": 0, "temporary_bytes": 0, "unwind_stops": {}, "subsystems": {"cache": 4096},
+        "usdt": {}, "leaks": [], "functions": [], "stacks": stacks,
         "timeline": [{"ts_us": 0, "memory": levels, "subsystems": {"cache": 1024}},
                      {"ts_us": 1_000_000, "memory": levels, "subsystems": {"cache": 4096}}],
-        "peak": {"live_bytes": live, "at_s": 0.5, "stacks": [
-            {"live_bytes": 1015, "live_allocations": 1, "stack": ["level9_branch0", "main"], "frame_ids": [37, 0]}]},
-    });
-    json!({"version": 1, "duration_s": 1.0, "lost_events": 0, "processes": [process], "frame_table": frames})
+    })
 }

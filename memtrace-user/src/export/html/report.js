@@ -490,7 +490,7 @@
       return;
     }
     const total = leaks.reduce((s, l) => s + l.leaked_bytes, 0);
-    procView.append(el('p', { class: 'note', text: count(leaks.length) + ' stacks hold ' + bytes(total) + ' still live at the end' + (leaks.length > 200 ? '; the 200 largest:' : ':') }));
+    procView.append(el('p', { class: 'note', text: count(leaks.length) + (leaks.length === 1 ? ' stack holds ' : ' stacks hold ') + bytes(total) + ' still live at the end' + (leaks.length > 200 ? '; the 200 largest:' : ':') }));
     procView.append(table(['bytes', 'blocks', 'oldest', '~allocated by'], leaks.slice(0, 200).map(s =>
       el('tr', null, el('td', { text: bytes(s.leaked_bytes) }), el('td', { text: count(s.leaked_allocations) }),
         el('td', { text: s.oldest_age_s !== undefined ? seconds(s.oldest_age_s) : '-' }), stackCell(s.frame_ids)))));
