@@ -272,7 +272,7 @@ pub struct RunEnd {
 
 /// Bytes per function, as a profiler reports time: exclusive where the function called the
 /// allocator itself, inclusive where it is anywhere on the stack.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionTotals {
     pub name: String,
     pub live_inclusive_bytes: i64,
@@ -382,9 +382,10 @@ pub struct UsdtFigures {
 }
 
 /// A `--usdt` counter of one process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UsdtProbeCounter {
     pub hits: u64,
     /// The tracked argument at the latest hit (`=argN` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<i64>,
 }

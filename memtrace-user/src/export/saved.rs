@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     cli::ReportArgs,
-    model::{HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures, UsdtProbeCounter},
+    model::{HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
     symbolize::Frame,
 };
 
@@ -145,14 +145,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         temporary_bytes: saved.temporary_bytes,
         ..ProcessStats::default()
     };
-    let usdt = UsdtFigures {
-        subsystems: saved.subsystems,
-        probes: saved
-            .usdt
-            .into_iter()
-            .map(|(label, counter)| (label, UsdtProbeCounter { hits: counter.hits, value: counter.value }))
-            .collect(),
-    };
+    let usdt = UsdtFigures { subsystems: saved.subsystems, probes: saved.usdt };
     let pid = saved.pid;
     let stacks = saved
         .stacks
@@ -275,6 +268,8 @@ mod tests {
             process.timeline =
                 vec![TimelinePoint { ts_us: 5, memory: process.memory, subsystems: Default::default() }];
             process.usdt.subsystems.insert("textures".into(), 12345);
+            let counter = crate::model::UsdtProbeCounter { hits: 3, value: Some(-5) };
+            process.usdt.probes.insert("app:size=arg1".into(), counter);
             process.stacks =
                 vec![stack(vec![frame(leaf, 0x20), Arc::clone(&main)]), stack(vec![Arc::clone(&main)])];
             process.peak = Some(HeapPeak {
@@ -288,6 +283,7 @@ mod tests {
             });
         }
         model.unattributed_lost_events = 2;
+        model.sampling = Some(crate::model::Sampling::new(512 * 1024));
         model
     }
 
@@ -303,6 +299,7 @@ mod tests {
         let (loaded, loaded_end) = into_model(parse(&text).unwrap()).unwrap();
         assert_eq!(loaded_end.duration, end.duration);
         assert_eq!(loaded.lost_events(), model.lost_events());
+        assert_eq!(loaded.sampling, model.sampling);
         let comms: Vec<&str> = loaded.every_process().map(|p| p.comm.as_str()).collect();
         assert_eq!(comms, ["old", "new"], "the retired process stays first");
         for (before, after) in model.every_process().zip(loaded.every_process()) {
@@ -311,6 +308,7 @@ mod tests {
             assert_eq!(after.memory, before.memory);
             assert_eq!(after.timeline, before.timeline);
             assert_eq!(after.usdt.subsystems, before.usdt.subsystems);
+            assert_eq!(after.usdt.probes, before.usdt.probes);
             for (a, b) in before.stacks.iter().zip(&after.stacks) {
                 assert_eq!(
                     (&a.frames, a.totals, a.leaked_bytes, a.oldest_age),

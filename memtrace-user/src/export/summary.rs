@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::{output_file::OutputFile, Exporter};
 use crate::levels::MemoryLevels;
 use crate::model::{
-    HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling, StackProfile, TimelinePoint,
+    FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling, StackProfile,
+    TimelinePoint, UsdtProbeCounter,
 };
 use crate::symbolize::Frame;
 
@@ -71,11 +72,11 @@ pub struct ProcessSummary {
     /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
     pub subsystems: BTreeMap<String, i64>,
     /// Each `--usdt` option (as written): its hits and, for `=argN`, the argument's latest value.
-    pub usdt: BTreeMap<String, UsdtCounterSummary>,
+    pub usdt: BTreeMap<String, UsdtProbeCounter>,
     /// The call stacks holding the most leaked bytes, most first.
     pub leaks: Vec<Leak>,
     /// Bytes per function, inclusive and exclusive, most live (inclusive) first.
-    pub functions: Vec<FunctionSummary>,
+    pub functions: Vec<FunctionTotals>,
     /// Every call stack that allocated, with its totals (empty with --no-stacks; for a process
     /// that exited under --all, the stacks its report shows).
     #[serde(default, serialize_with = "one_line_each")]
@@ -124,13 +125,6 @@ pub struct PeakStack {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct UsdtCounterSummary {
-    pub hits: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<i64>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
 pub struct Leak {
     pub bytes: u64,
     pub allocations: u64,
@@ -138,15 +132,6 @@ pub struct Leak {
     pub stack: Vec<String>,
     pub oldest_age_s: f64,
     pub frames: Vec<Frame>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct FunctionSummary {
-    pub name: String,
-    pub live_inclusive_bytes: i64,
-    pub live_exclusive_bytes: i64,
-    pub allocated_inclusive_bytes: u64,
-    pub allocated_exclusive_bytes: u64,
 }
 
 impl Summary {
@@ -194,26 +179,9 @@ impl ProcessSummary {
                 .zip(stats.unwind_stops)
                 .collect(),
             subsystems: process.usdt.subsystems.clone(),
-            usdt: process
-                .usdt
-                .probes
-                .iter()
-                .map(|(label, counter)| {
-                    (label.clone(), UsdtCounterSummary { hits: counter.hits, value: counter.value })
-                })
-                .collect(),
+            usdt: process.usdt.probes.clone(),
             leaks: process.leaks(top).map(Leak::of).collect(),
-            functions: process
-                .function_totals()
-                .into_iter()
-                .map(|f| FunctionSummary {
-                    name: f.name,
-                    live_inclusive_bytes: f.live_inclusive_bytes,
-                    live_exclusive_bytes: f.live_exclusive_bytes,
-                    allocated_inclusive_bytes: f.allocated_inclusive_bytes,
-                    allocated_exclusive_bytes: f.allocated_exclusive_bytes,
-                })
-                .collect(),
+            functions: process.function_totals(),
             stacks: process.stacks.iter().map(|stack| StackSummary::of(stack, table)).collect(),
             timeline: process.timeline.clone(),
             peak: process.peak.as_ref().map(|peak| PeakSummary::of(peak, table)),
