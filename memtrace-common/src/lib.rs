@@ -264,8 +264,11 @@ pub struct StackKey {
 /// What one call stack of one process allocated, and how much of it is still live.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct StackTotals {
-    /// CLOCK_MONOTONIC nanoseconds when the first allocation from this stack was seen.
+    /// CLOCK_MONOTONIC nanoseconds when the first allocation from this stack was seen (a clock of
+    /// the machine that traced: not kept in a summary).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub started_ns: u64,
     pub allocations: u64,
     pub allocated_bytes: u64,

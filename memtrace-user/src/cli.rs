@@ -126,6 +126,10 @@ pub struct Cli {
     /// it owns part of `malloc`, so no total counts it twice
     #[arg(long = "heap-subsystem", value_name = "NAME")]
     pub heap_subsystems: Vec<String>,
+    /// Write an HTML report (one self-contained file, works offline): timeline, treemap,
+    /// flamegraphs, leaks, temporary allocations, the heap peak
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
 
     /// Count hits of a USDT probe, or track its argument N (arg0 is the first) as a counter; PATH
     /// limits it to one executable or library (repeatable), e.g. myapp:request or ./libfoo.so:foo:alloc=arg1
@@ -172,6 +176,7 @@ impl Cli {
             ("--pprof", self.pprof.as_deref()),
             ("--flamegraph", self.flamegraph.as_deref()),
             ("--perfetto", self.perfetto.as_deref()),
+            ("--html", self.html.as_deref()),
         ];
         named.into_iter().filter_map(|(flag, path)| Some((flag, path?))).collect()
     }
@@ -184,6 +189,47 @@ pub enum Subcommand {
     /// Run as an agent: trace until SIGINT/SIGTERM and serve Prometheus metrics (/metrics) and
     /// the live heap profile (/debug/pprof/heap) over HTTP
     Serve(Box<ServeArgs>),
+    /// Make the reports again from a saved run (the summary file of `--summary PATH`), without
+    /// tracing: HTML, pprof, flamegraph, or the text report when no output is named
+    Report(ReportArgs),
+}
+
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "memtrace report",
+    after_help = "Examples:\n  memtrace report run.json --html run.html\n  \
+                        memtrace report run.json --pprof heap.pb.gz --flamegraph live.svg"
+)]
+pub struct ReportArgs {
+    /// The summary a run wrote with --summary
+    #[arg(value_name = "RUN.json")]
+    pub summary: PathBuf,
+
+    /// Write the HTML report here
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+
+    /// Write a gzipped pprof profile here
+    #[arg(long, value_name = "PATH")]
+    pub pprof: Option<PathBuf>,
+
+    /// Write an SVG flamegraph of live bytes by call stack here
+    #[arg(long, value_name = "PATH")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// How many leaking call stacks the reports list
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+}
+
+impl ReportArgs {
+    /// The summary read and each output file to write, with the argument that names it: no
+    /// output may overwrite the summary or another output.
+    pub fn files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let outputs = [("--html", &self.html), ("--pprof", &self.pprof), ("--flamegraph", &self.flamegraph)];
+        let outputs = outputs.into_iter().filter_map(|(flag, path)| Some((flag, path.as_deref()?)));
+        std::iter::once(("the summary", self.summary.as_path())).chain(outputs).collect()
+    }
 }
 
 #[derive(Debug, clap::Args)]

@@ -52,15 +52,19 @@ fn main() -> ExitCode {
         }
     };
     // What cannot work is refused before anything is traced, as a usage error.
-    let checked =
-        cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&cli.output_files()));
+    let (files, mut usage) = match &cli.subcommand {
+        Some(cli::Subcommand::Report(args)) => (args.files(), cli::ReportArgs::command()),
+        _ => (cli.output_files(), cli::Cli::command()),
+    };
+    let checked = cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&files));
     if let Err(problem) = checked {
-        cli::Cli::command().error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
+        usage.error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
     }
     let result = match &cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
+        Some(cli::Subcommand::Report(args)) => export::saved::report(args),
         Some(cli::Subcommand::Serve(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {

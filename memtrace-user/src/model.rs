@@ -136,10 +136,11 @@ pub struct Model {
 /// mean, so an allocation of S bytes is recorded with probability 1 - exp(-S/R). Each recorded
 /// allocation stands for 1 / (1 - exp(-S/R)) allocations and S / (1 - exp(-S/R)) bytes (as pprof
 /// scales heap samples): estimates without bias.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
     pub mean_bytes: u64,
     /// The figures that are estimates; every other figure stays exact.
+    #[serde(skip_deserializing, default = "Sampling::estimated")]
     pub estimated: &'static [&'static str],
 }
 
@@ -162,6 +163,10 @@ impl Sampling {
         Self { mean_bytes, estimated: Self::ESTIMATED }
     }
 
+    fn estimated() -> &'static [&'static str] {
+        Self::ESTIMATED
+    }
+
     /// How many allocations of `size` bytes one sample of that size stands for.
     pub fn count_weight(&self, size: u64) -> f64 {
         let probability = -(-(size.max(1) as f64) / self.mean_bytes as f64).exp_m1();
@@ -180,7 +185,7 @@ impl Sampling {
 }
 
 /// Occupancy of the kernel's tables at the end of a system-wide run (`kernel_maps` in the summary).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelMaps {
     /// Processes with figures in the kernel at the end.
     pub processes: usize,
@@ -267,7 +272,7 @@ pub struct RunEnd {
 
 /// Bytes per function, as a profiler reports time: exclusive where the function called the
 /// allocator itself, inclusive where it is anywhere on the stack.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionTotals {
     pub name: String,
     pub live_inclusive_bytes: i64,
@@ -377,9 +382,10 @@ pub struct UsdtFigures {
 }
 
 /// A `--usdt` counter of one process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UsdtProbeCounter {
     pub hits: u64,
     /// The tracked argument at the latest hit (`=argN` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<i64>,
 }

@@ -165,6 +165,9 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
     if let Some(path) = &cli.perfetto {
         exporters.push(Box::new(crate::export::perfetto::PerfettoFile::create(path)?));
     }
+    if let Some(path) = &cli.html {
+        exporters.push(Box::new(crate::export::html::HtmlFile::create(path, cli.top)?));
+    }
     match serve {
         Some(options) => exporters.push(Box::new(Agent::start(options)?)),
         None => exporters.push(Box::new(TextReport { top: cli.top })),

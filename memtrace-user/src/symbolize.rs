@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// One resolved stack frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// Demangled function name, when the object has symbols for the address.
     pub function: Option<String>,

@@ -21,6 +21,8 @@ use std::{
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod chromium;
+
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);
 

@@ -22,11 +22,13 @@ const BPF_PACKAGES: &[&str] =
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
-/// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate).
+/// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
+/// Chromium, which the tests of `--html` load the report in.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
     "golang-go",
+    "chromium",
     "gcc",
     "libc6-dev",
     "libjemalloc-dev",

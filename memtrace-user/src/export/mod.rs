@@ -1,11 +1,13 @@
 //! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
 
 pub mod flamegraph;
+pub mod html;
 pub mod output_file;
 pub mod perfetto;
 mod perfetto_proto;
 pub mod pprof;
 pub mod report;
+pub mod saved;
 pub mod summary;
 pub mod trace;
 

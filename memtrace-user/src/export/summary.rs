@@ -1,37 +1,49 @@
 //! The machine-readable end of a run (`--summary PATH`), in the format of the output contract.
+//! It also carries what every report needs to be made again later (`memtrace report`, see
+//! `saved.rs`): every call stack with its totals, each distinct frame once in `frame_table`, and
+//! each process's timeline and heap peak. Long lists are written one entry per line, so the file
+//! stays small and readable.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     io::Write,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
 use anyhow::Result;
-use memtrace_common::unwind_stop;
-use serde::Serialize;
+use memtrace_common::{unwind_stop, StackTotals};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::{output_file::OutputFile, Exporter};
 use crate::levels::MemoryLevels;
-use crate::model::{KernelMaps, Model, Process, RunEnd, Sampling, StackProfile};
+use crate::model::{
+    FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling, StackProfile,
+    TimelinePoint, UsdtProbeCounter,
+};
+use crate::symbolize::Frame;
 
 pub const SUMMARY_VERSION: u32 = 1;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Summary {
     pub version: u32,
     pub duration_s: f64,
     pub lost_events: u64,
     pub processes: Vec<ProcessSummary>,
     /// System-wide runs: how full the kernel's tables were, to show they stay bounded.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_maps: Option<KernelMaps>,
     /// `--sample`: the mean bytes between samples and which figures are estimates.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<Sampling>,
+    /// Every distinct stack frame of the run, once: the `frame_ids` of stacks index it.
+    #[serde(default, serialize_with = "one_line_each")]
+    pub frame_table: Vec<Frame>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ProcessSummary {
     pub pid: u32,
     pub comm: String,
@@ -56,67 +68,90 @@ pub struct ProcessSummary {
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
     /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame).
-    pub unwind_stops: BTreeMap<&'static str, u64>,
+    pub unwind_stops: BTreeMap<String, u64>,
     /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
     pub subsystems: BTreeMap<String, i64>,
     /// Each `--usdt` option (as written): its hits and, for `=argN`, the argument's latest value.
-    pub usdt: BTreeMap<String, UsdtCounterSummary>,
+    pub usdt: BTreeMap<String, UsdtProbeCounter>,
     /// The call stacks holding the most leaked bytes, most first.
     pub leaks: Vec<Leak>,
     /// Bytes per function, inclusive and exclusive, most live (inclusive) first.
-    pub functions: Vec<FunctionSummary>,
+    pub functions: Vec<FunctionTotals>,
+    /// Every call stack that allocated, with its totals (empty with --no-stacks; for a process
+    /// that exited under --all, the stacks its report shows).
+    #[serde(default, serialize_with = "one_line_each")]
+    pub stacks: Vec<StackSummary>,
+    /// Its memory levels and subsystems at every sample (at most `MAX_TIMELINE_POINTS`).
+    #[serde(default, serialize_with = "one_line_each")]
+    pub timeline: Vec<TimelinePoint>,
+    /// When its live heap was highest at a sample, and the stacks that held it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<PeakSummary>,
 }
 
-#[derive(Debug, Serialize)]
-pub struct UsdtCounterSummary {
-    pub hits: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<i64>,
+/// One call stack of a process and what it allocated, held and leaked.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StackSummary {
+    /// Indices into `frame_table`, innermost first.
+    pub frame_ids: Vec<u32>,
+    #[serde(flatten)]
+    pub totals: StackTotals,
+    pub leaked_bytes: u64,
+    pub leaked_allocations: u64,
+    /// Age of its oldest live block at the end of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_s: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+/// The heap at its highest sample (heaptrack's peak memory consumers), at interval resolution.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeakSummary {
+    pub live_bytes: i64,
+    /// Seconds since tracing began.
+    pub at_s: f64,
+    /// The stacks with live bytes then, most first.
+    #[serde(serialize_with = "one_line_each")]
+    pub stacks: Vec<PeakStack>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeakStack {
+    pub live_bytes: i64,
+    pub live_allocations: i64,
+    /// Function names, innermost first.
+    pub stack: Vec<String>,
+    /// Indices into `frame_table`, innermost first.
+    pub frame_ids: Vec<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Leak {
     pub bytes: u64,
     pub allocations: u64,
     /// Function names, innermost first, starting at the allocator's caller.
     pub stack: Vec<String>,
     pub oldest_age_s: f64,
-    pub frames: Vec<FrameSummary>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct FrameSummary {
-    pub function: Option<String>,
-    pub file: Option<String>,
-    pub line: Option<u32>,
-    pub module: String,
-    pub offset: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct FunctionSummary {
-    pub name: String,
-    pub live_inclusive_bytes: i64,
-    pub live_exclusive_bytes: i64,
-    pub allocated_inclusive_bytes: u64,
-    pub allocated_exclusive_bytes: u64,
+    pub frames: Vec<Frame>,
 }
 
 impl Summary {
     pub fn of(model: &Model, end: RunEnd, top: usize) -> Self {
+        let mut table = FrameTable::default();
+        let processes = model.every_process().map(|p| ProcessSummary::of(p, top, &mut table)).collect();
         Self {
             version: SUMMARY_VERSION,
             duration_s: seconds(end.duration),
             lost_events: model.lost_events(),
-            processes: model.every_process().map(|p| ProcessSummary::of(p, top)).collect(),
+            processes,
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
+            frame_table: table.frames,
         }
     }
 }
 
 impl ProcessSummary {
-    fn of(process: &Process, top: usize) -> Self {
+    fn of(process: &Process, top: usize, table: &mut FrameTable) -> Self {
         let stats = &process.stats;
         Self {
             pid: process.pid,
@@ -138,28 +173,51 @@ impl ProcessSummary {
             memory: process.memory,
             temporary_allocations: stats.temporary_allocations,
             temporary_bytes: stats.temporary_bytes,
-            unwind_stops: unwind_stop::NAMES.iter().copied().zip(stats.unwind_stops).collect(),
-            subsystems: process.usdt.subsystems.clone(),
-            usdt: process
-                .usdt
-                .probes
+            unwind_stops: unwind_stop::NAMES
                 .iter()
-                .map(|(label, counter)| {
-                    (label.clone(), UsdtCounterSummary { hits: counter.hits, value: counter.value })
-                })
+                .map(|name| name.to_string())
+                .zip(stats.unwind_stops)
                 .collect(),
+            subsystems: process.usdt.subsystems.clone(),
+            usdt: process.usdt.probes.clone(),
             leaks: process.leaks(top).map(Leak::of).collect(),
-            functions: process
-                .function_totals()
-                .into_iter()
-                .map(|f| FunctionSummary {
-                    name: f.name,
-                    live_inclusive_bytes: f.live_inclusive_bytes,
-                    live_exclusive_bytes: f.live_exclusive_bytes,
-                    allocated_inclusive_bytes: f.allocated_inclusive_bytes,
-                    allocated_exclusive_bytes: f.allocated_exclusive_bytes,
-                })
-                .collect(),
+            functions: process.function_totals(),
+            stacks: process.stacks.iter().map(|stack| StackSummary::of(stack, table)).collect(),
+            timeline: process.timeline.clone(),
+            peak: process.peak.as_ref().map(|peak| PeakSummary::of(peak, table)),
+        }
+    }
+}
+
+impl StackSummary {
+    fn of(stack: &StackProfile, table: &mut FrameTable) -> Self {
+        Self {
+            frame_ids: table.ids(&stack.frames),
+            totals: stack.totals,
+            leaked_bytes: stack.leaked_bytes,
+            leaked_allocations: stack.leaked_allocations,
+            oldest_age_s: stack.oldest_age.map(seconds),
+        }
+    }
+}
+
+impl PeakSummary {
+    fn of(peak: &HeapPeak, table: &mut FrameTable) -> Self {
+        Self {
+            live_bytes: peak.heap_live_bytes,
+            at_s: peak.ts_us as f64 / 1e6,
+            stacks: peak.consumers.iter().map(|consumer| PeakStack::of(consumer, table)).collect(),
+        }
+    }
+}
+
+impl PeakStack {
+    fn of(consumer: &PeakConsumer, table: &mut FrameTable) -> Self {
+        Self {
+            live_bytes: consumer.live_bytes,
+            live_allocations: consumer.live_allocations,
+            stack: consumer.frames.iter().map(|frame| frame.name()).collect(),
+            frame_ids: table.ids(&consumer.frames),
         }
     }
 }
@@ -171,19 +229,43 @@ impl Leak {
             allocations: stack.leaked_allocations,
             stack: stack.frames.iter().map(|frame| frame.name()).collect(),
             oldest_age_s: stack.oldest_age.map_or(0.0, seconds),
-            frames: stack
-                .frames
-                .iter()
-                .map(|f| FrameSummary {
-                    function: f.function.clone(),
-                    file: f.file.clone(),
-                    line: f.line,
-                    module: f.module.clone(),
-                    offset: f.offset,
-                })
-                .collect(),
+            frames: stack.frames.iter().map(|frame| Frame::clone(frame)).collect(),
         }
     }
+}
+
+/// The summary's `frame_table`: each distinct frame once, in the order first met.
+#[derive(Default)]
+struct FrameTable {
+    frames: Vec<Frame>,
+    ids: HashMap<Arc<Frame>, u32>,
+}
+
+impl FrameTable {
+    fn ids(&mut self, frames: &[Arc<Frame>]) -> Vec<u32> {
+        frames
+            .iter()
+            .map(|frame| {
+                *self.ids.entry(Arc::clone(frame)).or_insert_with(|| {
+                    self.frames.push(Frame::clone(frame));
+                    (self.frames.len() - 1) as u32
+                })
+            })
+            .collect()
+    }
+}
+
+/// Writes each entry of a long list as one compact line of JSON, in a file otherwise indented for
+/// people to read: a run's thousands of stacks and timeline points stay a line each.
+fn one_line_each<T: Serialize, S: Serializer>(items: &[T], serializer: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error, SerializeSeq};
+    let mut list = serializer.serialize_seq(Some(items.len()))?;
+    for item in items {
+        let line = serde_json::to_string(item).map_err(S::Error::custom)?;
+        let raw = serde_json::value::RawValue::from_string(line).map_err(S::Error::custom)?;
+        list.serialize_element(&raw)?;
+    }
+    list.end()
 }
 
 /// Seconds, to the millisecond.
