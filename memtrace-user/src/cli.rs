@@ -217,6 +217,11 @@ pub struct ReportArgs {
     #[arg(long, value_name = "PATH")]
     pub flamegraph: Option<PathBuf>,
 
+    /// Write a native Perfetto trace here: the memory levels and subsystems at every sample, and
+    /// the heap profile
+    #[arg(long, value_name = "PATH")]
+    pub perfetto: Option<PathBuf>,
+
     /// How many leaking call stacks the reports list
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
@@ -226,7 +231,12 @@ impl ReportArgs {
     /// The summary read and each output file to write, with the argument that names it: no
     /// output may overwrite the summary or another output.
     pub fn files(&self) -> Vec<(&'static str, &std::path::Path)> {
-        let outputs = [("--html", &self.html), ("--pprof", &self.pprof), ("--flamegraph", &self.flamegraph)];
+        let outputs = [
+            ("--html", &self.html),
+            ("--pprof", &self.pprof),
+            ("--flamegraph", &self.flamegraph),
+            ("--perfetto", &self.perfetto),
+        ];
         let outputs = outputs.into_iter().filter_map(|(flag, path)| Some((flag, path.as_deref()?)));
         std::iter::once(("the summary", self.summary.as_path())).chain(outputs).collect()
     }

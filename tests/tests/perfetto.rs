@@ -317,6 +317,32 @@ fn counter_tracks_hold_every_level_at_every_sample() {
 fn heap_profile_callstacks_carry_what_each_call_site_allocated() {
     let (outcome, decoded) = run_with_perfetto(Memtrace::new(), &fixture("leaks"));
     let pid = outcome.process()["pid"].as_i64().unwrap();
+    assert_leaks_heap_profile(&decoded, pid);
+}
+
+/// Record once, report later: `memtrace report RUN.json --perfetto PATH` makes the same Perfetto
+/// trace again from the summary: the same heap profile, the same levels at the same samples.
+#[test]
+fn the_perfetto_trace_is_made_again_from_the_summary() {
+    let (outcome, recorded) = run_with_perfetto(Memtrace::new(), &fixture("leaks"));
+    let pid = outcome.process()["pid"].as_i64().unwrap();
+    let again = outcome.dir().join("again.pftrace");
+    let report = Command::new(memtrace_tests::memtrace_bin())
+        .arg("report")
+        .arg(outcome.dir().join("summary.json"))
+        .arg("--perfetto")
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let remade = read_trace(&again);
+    assert_leaks_heap_profile(&remade, pid);
+    for level in LEVELS {
+        assert_eq!(remade.counter(pid, level), recorded.counter(pid, level), "{level}");
+    }
+}
+
+fn assert_leaks_heap_profile(decoded: &Decoded, pid: i64) {
     let profiles: Vec<&Message> = decoded
         .trace
         .messages("packet")

@@ -21,7 +21,7 @@ use crate::{
     symbolize::Frame,
 };
 
-/// `memtrace report RUN.json [--html PATH] [--pprof PATH] [--flamegraph PATH]`: the summary is
+/// `memtrace report RUN.json [--html PATH] [--pprof PATH] [--flamegraph PATH] [--perfetto PATH]`: the summary is
 /// read whole before any output is opened, so bad input leaves nothing behind (main has checked
 /// that no output is the summary itself, or another output). With no output named, the text
 /// report goes to stderr as at the end of a run.
@@ -36,6 +36,9 @@ pub fn report(args: &ReportArgs) -> Result<ExitCode> {
     }
     if let Some(path) = &args.flamegraph {
         exporters.push(Box::new(FlamegraphFile::create(path)?));
+    }
+    if let Some(path) = &args.perfetto {
+        exporters.push(Box::new(super::perfetto::PerfettoFile::create(path)?));
     }
     if exporters.is_empty() {
         exporters.push(Box::new(TextReport { top: args.top }));
