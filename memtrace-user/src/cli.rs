@@ -10,15 +10,48 @@ use memtrace_common::{DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_LIVE_ALLOCATIONS_LIMIT};
     name = "memtrace",
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
-    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
-    // --comm implies --all; --pid, --all and a command exclude each other.
-    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
     // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true,
     after_help = "Examples:\n  sudo memtrace --pid 4242\n  sudo memtrace -o run.json --summary run-summary.json -- ./server --port 8080"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// `memtrace top`: the run is watched live in the terminal (set by the subcommand, not an option).
+    #[arg(skip)]
+    pub live_view: bool,
+
+    #[command(subcommand)]
+    pub subcommand: Option<Subcommand>,
+}
+
+/// A run reads its options through the `Cli` it was parsed into.
+impl std::ops::Deref for Cli {
+    type Target = RunArgs;
+
+    fn deref(&self) -> &RunArgs {
+        &self.run
+    }
+}
+
+impl std::ops::DerefMut for Cli {
+    fn deref_mut(&mut self) -> &mut RunArgs {
+        &mut self.run
+    }
+}
+
+/// What to trace, for how long, and where the results go: the options of a run, which `memtrace top`
+/// takes as they are.
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+#[command(
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
+    // --comm implies --all; --pid, --all and a command exclude each other.
+    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
+)]
+pub struct RunArgs {
     /// Attach to a running process (repeatable)
     #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
           conflicts_with_all = ["command", "system_wide"])]
@@ -126,12 +159,9 @@ pub struct Cli {
     /// Command to run and trace from its first instruction
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
-
-    #[command(subcommand)]
-    pub subcommand: Option<Subcommand>,
 }
 
-impl Cli {
+impl RunArgs {
     /// Every process on the machine is a candidate: --all, or --comm, which implies it.
     pub fn system_wide(&self) -> bool {
         self.all || !self.comms.is_empty()
@@ -173,6 +203,13 @@ pub enum Subcommand {
     /// Run as an agent: trace until SIGINT/SIGTERM and serve Prometheus metrics (/metrics) and
     /// the live heap profile (/debug/pprof/heap) over HTTP
     Serve(Box<ServeArgs>),
+    /// Watch the traced processes live in the terminal, by live heap, growth, RSS or dark memory,
+    /// with a process's call stacks and subsystems on Enter; takes the options of a run
+    #[command(after_help = "Keys: h/g/r/d sort by live heap, growth, RSS, dark memory; Up/Down select; \
+                            Enter a process's stacks and subsystems, Esc back; q quit (as Ctrl-C ends a \
+                            run)\n\nExamples:\n  sudo memtrace top --all\n  sudo memtrace top \
+                            --summary run.json -- ./server --port 8080")]
+    Top(Box<RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]

@@ -18,6 +18,7 @@ mod stack_table;
 mod symbolize;
 mod target;
 mod threads;
+mod top;
 // Not wired into tracing yet: the BPF unwinder and its loader come next.
 #[allow(dead_code)]
 mod unwind;
@@ -45,6 +46,12 @@ fn main() -> ExitCode {
             cli = args.tracing();
             Some(args.options())
         }
+        // `memtrace top` is a run watched live in the terminal.
+        Some(cli::Subcommand::Top(args)) => {
+            cli.run = *args;
+            cli.live_view = true;
+            None
+        }
         other => {
             cli.subcommand = other;
             None
@@ -60,7 +67,7 @@ fn main() -> ExitCode {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
-        Some(cli::Subcommand::Serve(_)) | None => session::run(cli, serve.as_ref()),
+        Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
         Ok(code) => code,

@@ -21,7 +21,8 @@ const BPF_PACKAGES: &[&str] =
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
-/// which the tests of `memtrace serve` point at the agent.
+/// which the tests of `memtrace serve` point at the agent; tmux, the terminal the tests of
+/// `memtrace top` drive it in.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
@@ -32,6 +33,7 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "libgoogle-perftools-dev",
     "libmimalloc-dev",
     "systemtap-sdt-dev",
+    "tmux",
 ];
 
 pub fn setup() -> Result<()> {

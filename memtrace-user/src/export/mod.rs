@@ -3,6 +3,7 @@
 pub mod flamegraph;
 pub mod output_file;
 pub mod pprof;
+pub mod progress;
 pub mod report;
 pub mod summary;
 pub mod trace;
