@@ -456,6 +456,31 @@ mod tests {
     }
 
     #[test]
+    fn top_takes_the_options_of_a_run() {
+        let cli =
+            Cli::try_parse_from(["memtrace", "top", "--comm", "nginx", "-i", "250ms", "--summary", "s.json"])
+                .unwrap();
+        let Some(Subcommand::Top(run)) = &cli.subcommand else {
+            panic!("no top subcommand");
+        };
+        assert!(run.system_wide() && run.interval == Duration::from_millis(250));
+        assert_eq!(run.summary.as_deref(), Some(std::path::Path::new("s.json")));
+        let cli = Cli::try_parse_from(["memtrace", "top", "--", "./server", "--port", "1"]).unwrap();
+        let Some(Subcommand::Top(run)) = &cli.subcommand else {
+            panic!("no top subcommand");
+        };
+        assert_eq!(run.command, ["./server", "--port", "1"]);
+        assert!(run.follows_children() && !cli.live_view, "the subcommand, not the parser, sets the view");
+        let missing = Cli::try_parse_from(["memtrace", "top"]).unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
+        let both = Cli::try_parse_from(["memtrace", "top", "--pid", "1", "--", "ls"]).unwrap_err();
+        assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "top", "--all"]).is_err());
+        let cli = Cli::try_parse_from(["memtrace", "--", "top"]).unwrap();
+        assert_eq!(cli.command, ["top"], "after -- a command may be called top");
+    }
+
+    #[test]
     fn max_allocations_stops_at_the_kernel_limit() {
         let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
         let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();

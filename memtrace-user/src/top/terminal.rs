@@ -83,8 +83,10 @@ pub struct Held {
     /// stdout's and stderr's bytes, in order per stream.
     bytes: [Vec<u8>; 2],
     dropped: [usize; 2],
-    /// The latest lines of both streams, in the order they came.
+    /// The latest whole lines of both streams, in the order they were ended.
     recent: VecDeque<String>,
+    /// Each stream's line being written (a line may come in several writes).
+    partial: [String; 2],
     /// The terminal is given back: what comes now goes straight through.
     passthrough: bool,
 }
@@ -105,13 +107,15 @@ impl Held {
             bytes.drain(..excess);
             self.dropped[stream] += excess;
         }
-        let text = String::from_utf8_lossy(chunk);
-        let continues = self.recent.back().is_some_and(|last| !last.ends_with('\n'));
-        for (index, piece) in text.split_inclusive('\n').enumerate() {
-            match self.recent.back_mut() {
-                Some(last) if index == 0 && continues => last.push_str(piece),
-                _ => self.recent.push_back(piece.to_owned()),
-            }
+        let partial = &mut self.partial[stream];
+        partial.push_str(&String::from_utf8_lossy(chunk));
+        while let Some(end) = partial.find('\n') {
+            let line: String = partial.drain(..=end).collect();
+            self.recent.push_back(line);
+        }
+        // A line that never ends is shown in pieces of a screen's width.
+        if partial.len() > 256 {
+            self.recent.push_back(std::mem::take(partial));
         }
         while self.recent.len() > RECENT_LINES {
             self.recent.pop_front();
@@ -247,14 +251,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recent_lines_join_pieces_of_a_line() {
+    fn recent_lines_join_the_pieces_of_each_streams_lines() {
         let mut held = Held::default();
         held.take(1, b"memtrace: trac");
-        held.take(1, b"ing pid 7\nready\npartial");
-        held.take(0, b" end\n");
-        assert_eq!(held.recent(2), ["ready", "partial end"]);
-        assert_eq!(held.recent(9), ["memtrace: tracing pid 7", "ready", "partial end"]);
-        assert_eq!(held.bytes[1], b"memtrace: tracing pid 7\nready\npartial");
+        held.take(0, b"ready\nleak");
+        held.take(1, b"ing pid 7\nwarning: ");
+        held.take(0, b"ed\n");
+        assert_eq!(held.recent(9), ["ready", "memtrace: tracing pid 7", "leaked"]);
+        assert_eq!(held.recent(1), ["leaked"]);
+        assert_eq!(held.bytes[1], b"memtrace: tracing pid 7\nwarning: ");
     }
 
     #[test]

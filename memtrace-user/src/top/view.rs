@@ -295,15 +295,16 @@ fn detail_lines<'a>(row: &Row, detail: &Detail, no_stacks: bool) -> Vec<Line<'a>
             format_bytes(stats.freed_bytes),
             stats.frees
         )),
-        Line::raw(
-            row.memory
-                .named()
-                .iter()
-                .map(|(name, bytes)| format!("{} {}", name.trim_end_matches("_bytes"), format_bytes(*bytes)))
-                .collect::<Vec<_>>()
-                .join(" · "),
-        ),
     ];
+    // The OS's levels, then the allocator's and the program's.
+    let levels = row.memory.named();
+    for part in [&levels[..4], &levels[4..]] {
+        let named: Vec<String> = part
+            .iter()
+            .map(|(name, bytes)| format!("{} {}", name.trim_end_matches("_bytes"), format_bytes(*bytes)))
+            .collect();
+        lines.push(Line::raw(named.join(" · ")));
+    }
     let subsystems: Vec<String> = detail
         .subsystems
         .iter()
