@@ -287,3 +287,19 @@ fn no_progress_line_when_stderr_is_not_a_terminal() {
     assert!(!outcome.stderr.contains('\r') && !outcome.stderr.contains('\x1b'), "{:?}", outcome.stderr);
     assert!(!outcome.stderr.contains("running)"), "{}", outcome.stderr);
 }
+
+/// Without a terminal (a new session has none), `memtrace top` says so and exits 1 before
+/// anything is traced; the command is never run.
+#[test]
+fn top_without_a_terminal_says_so() {
+    let outcome = Memtrace::new()
+        .without_default_outputs()
+        .wrapped_in(["setsid", "--wait"])
+        .args(["top", "--"])
+        .arg(fixture("wait_stdin"))
+        .run();
+    outcome.assert_exit_code(1);
+    let error = outcome.error_line();
+    assert!(error.contains("draws on a terminal") && error.contains("/dev/tty"), "{error}");
+    assert!(!outcome.stderr.contains("memtrace: tracing"), "{}", outcome.stderr);
+}
