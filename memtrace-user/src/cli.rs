@@ -205,6 +205,7 @@ pub enum Subcommand {
     Serve(Box<ServeArgs>),
     /// Watch the traced processes live in the terminal, by live heap, growth, RSS or dark memory,
     /// with a process's call stacks and subsystems on Enter; takes the options of a run
+    #[command(mut_arg("output", |arg| arg.help("Also write a trace file (Chrome trace-event JSON) here")))]
     #[command(after_help = "Keys: h/g/r/d sort by live heap, growth, RSS, dark memory; Up/Down select; \
                             Enter a process's stacks and subsystems, Esc back; q quit (as Ctrl-C ends a \
                             run)\n\nExamples:\n  sudo memtrace top --all\n  sudo memtrace top \

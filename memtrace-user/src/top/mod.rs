@@ -32,9 +32,9 @@ use terminal::{Capture, Screen};
 use view::{App, Update};
 
 pub struct TopView {
-    /// The terminal and the view's state until the first sample starts the view's thread (no
-    /// thread runs before a launched command is forked).
-    waiting: Option<(Screen, App)>,
+    /// The view until the first sample starts its thread (no thread runs before a launched
+    /// command is forked).
+    waiting: Option<Waiting>,
     ui: Option<JoinHandle<Screen>>,
     updates: Option<Sender<Update>>,
     /// The process the user opened (0: none), set by the view.
@@ -46,6 +46,12 @@ pub struct TopView {
     capture: Capture,
 }
 
+/// The view before its thread starts: the terminal, and what it shows.
+struct Waiting {
+    screen: Screen,
+    app: App,
+}
+
 impl TopView {
     /// Takes the terminal: memtrace's stdout and stderr are held from now on, and shown in the view.
     pub fn start(cli: &Cli) -> Result<Self> {
@@ -55,7 +61,7 @@ impl TopView {
         let mut app = App::new(Arc::clone(&opened), cli.no_stacks);
         screen.terminal.draw(|frame| app.draw(frame, &[])).context("drawing on the terminal")?;
         Ok(Self {
-            waiting: Some((screen, app)),
+            waiting: Some(Waiting { screen, app }),
             ui: None,
             updates: None,
             opened,
@@ -67,7 +73,7 @@ impl TopView {
     }
 
     fn send(&mut self, update: impl FnOnce(Box<Snapshot>) -> Update, model: &Model, elapsed: Duration) {
-        if let Some((screen, app)) = self.waiting.take() {
+        if let Some(Waiting { screen, app }) = self.waiting.take() {
             let (sender, receiver) = mpsc::channel();
             let held = Arc::clone(&self.capture.held);
             let spawned = std::thread::Builder::new()

@@ -58,24 +58,31 @@ pub struct Detail {
     pub subsystems: BTreeMap<String, i64>,
 }
 
-/// The previous sample's live heap of every process, by pid and the start of its figures (a pid
-/// used again, or an exec, starts afresh).
+/// The previous sample's live heap of every process's figures.
 #[derive(Debug, Default)]
 pub struct Growth {
-    previous: HashMap<(u32, u64), i64>,
+    previous: HashMap<FiguresOf, i64>,
+}
+
+/// Whose figures: a process since its last exec (a pid used again, or an exec, starts afresh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FiguresOf {
+    pid: u32,
+    started_ns: u64,
 }
 
 impl Growth {
     /// Each process's live heap change since the previous call; the live heap itself the first
     /// time a process is seen.
     fn of(&mut self, model: &Model) -> HashMap<u32, i64> {
-        let now: HashMap<(u32, u64), i64> =
-            model.processes.values().map(|p| ((p.pid, p.stats.started_ns), p.stats.live_bytes)).collect();
+        let now: HashMap<FiguresOf, i64> = model
+            .processes
+            .values()
+            .map(|p| (FiguresOf { pid: p.pid, started_ns: p.stats.started_ns }, p.stats.live_bytes))
+            .collect();
         let growth = now
             .iter()
-            .map(|(&(pid, started), &live)| {
-                (pid, live - self.previous.get(&(pid, started)).copied().unwrap_or(0))
-            })
+            .map(|(figures, &live)| (figures.pid, live - self.previous.get(figures).copied().unwrap_or(0)))
             .collect();
         self.previous = now;
         growth
