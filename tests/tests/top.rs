@@ -192,6 +192,11 @@ fn top_shows_a_command_live_and_its_stacks_on_enter() {
     assert!(screen.contains("live heap 5768 B in 8 blocks"), "{screen}");
     tmux.send("Escape");
     tmux.wait_for("PID");
+    // The help line names the keys, and marks the sort in use.
+    tmux.send("d");
+    tmux.wait_for("d dark memory*");
+    tmux.send("h");
+    tmux.wait_for("h live heap*");
     fifo.close();
     tmux.wait_for("tracing ended");
     tmux.send("q");
