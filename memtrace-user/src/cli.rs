@@ -10,15 +10,48 @@ use memtrace_common::{DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_LIVE_ALLOCATIONS_LIMIT};
     name = "memtrace",
     version,
     about = "Trace the heap of Linux processes with eBPF and write a Chrome trace (Perfetto UI, chrome://tracing)",
-    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
-    // --comm implies --all; --pid, --all and a command exclude each other.
-    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
     // `memtrace usdt ...` needs no target, and the tracing options mean nothing to it.
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true,
     after_help = "Examples:\n  sudo memtrace --pid 4242\n  sudo memtrace -o run.json --summary run-summary.json -- ./server --port 8080"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// `memtrace top`: the run is watched live in the terminal (set by the subcommand, not an option).
+    #[arg(skip)]
+    pub live_view: bool,
+
+    #[command(subcommand)]
+    pub subcommand: Option<Subcommand>,
+}
+
+/// A run reads its options through the `Cli` it was parsed into.
+impl std::ops::Deref for Cli {
+    type Target = RunArgs;
+
+    fn deref(&self) -> &RunArgs {
+        &self.run
+    }
+}
+
+impl std::ops::DerefMut for Cli {
+    fn deref_mut(&mut self) -> &mut RunArgs {
+        &mut self.run
+    }
+}
+
+/// What to trace, for how long, and where the results go: the options of a run, which `memtrace top`
+/// takes as they are.
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+#[command(
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
+    // --comm implies --all; --pid, --all and a command exclude each other.
+    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
+)]
+pub struct RunArgs {
     /// Attach to a running process (repeatable)
     #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
           conflicts_with_all = ["command", "system_wide"])]
@@ -140,12 +173,9 @@ pub struct Cli {
     /// Command to run and trace from its first instruction
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
-
-    #[command(subcommand)]
-    pub subcommand: Option<Subcommand>,
 }
 
-impl Cli {
+impl RunArgs {
     /// Every process on the machine is a candidate: --all, or --comm, which implies it.
     pub fn system_wide(&self) -> bool {
         self.all || !self.comms.is_empty()
@@ -190,8 +220,16 @@ pub enum Subcommand {
     /// the live heap profile (/debug/pprof/heap) over HTTP
     Serve(Box<ServeArgs>),
     /// Make the reports again from a saved run (the summary file of `--summary PATH`), without
-    /// tracing: HTML, pprof, flamegraph, or the text report when no output is named
+    /// tracing: HTML, pprof, flamegraph, Perfetto, or the text report when no output is named
     Report(ReportArgs),
+    /// Watch the traced processes live in the terminal, by live heap, growth, RSS or dark memory,
+    /// with a process's call stacks and subsystems on Enter; takes the options of a run
+    #[command(mut_arg("output", |arg| arg.help("Also write a trace file (Chrome trace-event JSON) here")))]
+    #[command(after_help = "Keys: h/g/r/d sort by live heap, growth, RSS, dark memory; Up/Down select; \
+                            Enter a process's stacks and subsystems, Esc back; q quit (as Ctrl-C ends a \
+                            run)\n\nExamples:\n  sudo memtrace top --all\n  sudo memtrace top \
+                            --summary run.json -- ./server --port 8080")]
+    Top(Box<RunArgs>),
 }
 
 #[derive(Debug, clap::Parser)]
@@ -483,6 +521,31 @@ mod tests {
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_from(["memtrace", "serve", "--all", "--max-series-processes", "0"]).is_err());
         assert!(Cli::try_parse_from(["memtrace", "serve", "--all", "--listen", ":9464"]).is_err());
+    }
+
+    #[test]
+    fn top_takes_the_options_of_a_run() {
+        let cli =
+            Cli::try_parse_from(["memtrace", "top", "--comm", "nginx", "-i", "250ms", "--summary", "s.json"])
+                .unwrap();
+        let Some(Subcommand::Top(run)) = &cli.subcommand else {
+            panic!("no top subcommand");
+        };
+        assert!(run.system_wide() && run.interval == Duration::from_millis(250));
+        assert_eq!(run.summary.as_deref(), Some(std::path::Path::new("s.json")));
+        let cli = Cli::try_parse_from(["memtrace", "top", "--", "./server", "--port", "1"]).unwrap();
+        let Some(Subcommand::Top(run)) = &cli.subcommand else {
+            panic!("no top subcommand");
+        };
+        assert_eq!(run.command, ["./server", "--port", "1"]);
+        assert!(run.follows_children() && !cli.live_view, "the subcommand, not the parser, sets the view");
+        let missing = Cli::try_parse_from(["memtrace", "top"]).unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
+        let both = Cli::try_parse_from(["memtrace", "top", "--pid", "1", "--", "ls"]).unwrap_err();
+        assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "top", "--all"]).is_err());
+        let cli = Cli::try_parse_from(["memtrace", "--", "top"]).unwrap();
+        assert_eq!(cli.command, ["top"], "after -- a command may be called top");
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod stack_table;
 mod symbolize;
 mod target;
 mod threads;
+mod top;
 // Not wired into tracing yet: the BPF unwinder and its loader come next.
 #[allow(dead_code)]
 mod unwind;
@@ -46,6 +47,12 @@ fn main() -> ExitCode {
             cli = args.tracing();
             Some(args.options())
         }
+        // `memtrace top` is a run watched live in the terminal.
+        Some(cli::Subcommand::Top(args)) => {
+            cli.run = *args;
+            cli.live_view = true;
+            None
+        }
         other => {
             cli.subcommand = other;
             None
@@ -65,7 +72,7 @@ fn main() -> ExitCode {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => export::saved::report(args),
-        Some(cli::Subcommand::Serve(_)) | None => session::run(cli, serve.as_ref()),
+        Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
         Ok(code) => code,

@@ -24,8 +24,8 @@ use crate::{
     cli::Cli,
     collector::Collector,
     export::{
-        flamegraph::FlamegraphFile, pprof::PprofFile, report::TextReport, summary::SummaryFile,
-        trace::TraceFile, Exporter,
+        flamegraph::FlamegraphFile, pprof::PprofFile, progress::Progress, report::TextReport,
+        summary::SummaryFile, trace::TraceFile, Exporter,
     },
     following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
@@ -148,7 +148,9 @@ type Exporters = Vec<Box<dyn Exporter>>;
 fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, Option<PathBuf>)> {
     let mut exporters: Exporters = Vec::new();
     let mut trace_path = None;
-    if let Some(path) = cli.output.clone().or_else(|| serve.is_none().then(default_output_path)) {
+    // The agent and the live view write a trace only when -o names one.
+    let default_trace = serve.is_none() && !cli.live_view;
+    if let Some(path) = cli.output.clone().or_else(|| default_trace.then(default_output_path)) {
         let trace = TraceFile::create(&path)?.with_heap_subsystems(cli.heap_subsystems.clone());
         trace_path = Some(trace.path().to_owned());
         exporters.push(Box::new(trace));
@@ -170,7 +172,16 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
     }
     match serve {
         Some(options) => exporters.push(Box::new(Agent::start(options)?)),
-        None => exporters.push(Box::new(TextReport { top: cli.top })),
+        None => {
+            if cli.live_view {
+                // After the files, so they are written before the view holds the final figures.
+                exporters.push(Box::new(crate::top::TopView::start(cli)?));
+            } else if let Some(progress) = Progress::on_terminal() {
+                // First, so the line is cleared before any output says it is written.
+                exporters.insert(0, Box::new(progress));
+            }
+            exporters.push(Box::new(TextReport { top: cli.top }));
+        }
     }
     Ok((exporters, trace_path))
 }

@@ -23,7 +23,8 @@ const BPF_PACKAGES: &[&str] =
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
-/// Chromium, which the tests of `--html` load the report in.
+/// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
+/// `memtrace top` drive it in.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
@@ -36,6 +37,7 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "libmimalloc-dev",
     "systemtap-sdt-dev",
     "protobuf-compiler",
+    "tmux",
 ];
 
 pub fn setup() -> Result<()> {

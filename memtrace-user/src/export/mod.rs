@@ -6,6 +6,7 @@ pub mod output_file;
 pub mod perfetto;
 mod perfetto_proto;
 pub mod pprof;
+pub mod progress;
 pub mod report;
 pub mod saved;
 pub mod summary;

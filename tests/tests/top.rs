@@ -1,0 +1,310 @@
+//! `memtrace top` driven in a real terminal (tmux, a server of its own per test): it says when
+//! every probe is attached, shows the fixture's exact live heap, its call stacks on Enter, and q
+//! ends the run with every requested output written. And the progress line of a plain run: on a
+//! terminal only, cleared before the final report.
+//!
+//! fixtures/leaks.c with "linger": says `ready`, waits for a byte on stdin, leaks 5768 bytes in 8
+//! blocks (5000 from leak_textures, 768 from leak_cache), says `leaked`, and stays alive until
+//! stdin reaches end of file; then exits 0.
+
+use std::{
+    ffi::CString,
+    fs::{self, File, OpenOptions},
+    io::Write,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::atomic::{AtomicUsize, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use memtrace_tests::{fixture, memtrace_bin, Memtrace, Spawned, DEADLINE, INTERVAL};
+use serde_json::Value;
+
+/// A tmux server of the test's own, with one session running `command` in a terminal of a fixed
+/// size, which stays once the command has ended. Killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Self {
+        static SERVERS: AtomicUsize = AtomicUsize::new(0);
+        let socket =
+            format!("memtrace-test-{}-{}", std::process::id(), SERVERS.fetch_add(1, Ordering::Relaxed));
+        let tmux = Self { socket };
+        // No user configuration; the pane stays once its command has ended, to be read.
+        let options =
+            ["-f", "/dev/null", "start-server", ";", "set-option", "-g", "remain-on-exit", "on", ";"];
+        let session = ["new-session", "-d", "-x", "160", "-y", "50", "-s", "top", command];
+        tmux.run(&[&options[..], &session[..]].concat());
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .unwrap_or_else(|err| panic!("running tmux (install it with `cargo xtask setup`): {err}"));
+        assert!(output.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        output
+    }
+
+    /// What the terminal shows now, or None once the session has ended.
+    fn screen(&self) -> Option<String> {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-t", "top"])
+            .output()
+            .expect("running tmux");
+        output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Polls the terminal until `wanted` holds for what it shows, for at most [`DEADLINE`].
+    fn wait_until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        let mut last = String::new();
+        loop {
+            match self.screen() {
+                Some(screen) if wanted(&screen) => return screen,
+                Some(screen) => last = screen,
+                None => panic!("the terminal closed before it showed {what}; it last showed:\n{last}"),
+            }
+            assert!(Instant::now() < deadline, "the terminal never showed {what}; it shows:\n{last}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_for(&self, text: &str) -> String {
+        self.wait_until(&format!("{text:?}"), |screen| screen.contains(text))
+    }
+
+    fn send(&self, key: &str) {
+        self.run(&["send-keys", "-t", "top", key]);
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
+    }
+}
+
+/// A named pipe a command reads as its stdin, held open for writing by the test: the command
+/// reads end of file when it is dropped.
+struct Fifo {
+    path: PathBuf,
+    writer: Option<File>,
+}
+
+impl Fifo {
+    fn create(path: PathBuf) -> Self {
+        let name = CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
+        // SAFETY: mkfifo reads a NUL-terminated path and creates a file; no memory is shared.
+        let made = unsafe { libc::mkfifo(name.as_ptr(), 0o600) };
+        assert_eq!(made, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+        // Read and write: the open does not wait for a reader.
+        let writer = OpenOptions::new().read(true).write(true).open(&path).expect("opening the fifo");
+        Self { path, writer: Some(writer) }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.writer.as_mut().expect("the fifo is open").write_all(bytes).expect("writing to the fifo");
+    }
+
+    fn close(&mut self) {
+        self.writer = None;
+    }
+}
+
+/// Quotes a path for the shell tmux runs the command in.
+fn quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+/// Waits for the shell in tmux to write memtrace's exit status into `path`.
+fn exit_status(path: &Path, tmux: &Tmux) -> i32 {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = fs::read_to_string(path).ok().filter(|text| text.ends_with('\n')) {
+            return status.trim().parse().expect("an exit status");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memtrace did not exit; the terminal shows:\n{}",
+            tmux.screen().unwrap_or_default()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The process row of the list: its pid, command and exact live heap on one line.
+fn shows_live_heap(screen: &str, pid: &str, live: &str) -> bool {
+    screen
+        .lines()
+        .any(|line| line.trim_start().starts_with(pid) && line.contains(" leaks ") && line.contains(live))
+}
+
+fn summary_process(dir: &Path) -> Value {
+    let text = fs::read_to_string(dir.join("summary.json")).expect("memtrace wrote the summary");
+    let summary: Value = serde_json::from_str(&text).expect("the summary is whole JSON");
+    let processes = summary["processes"].as_array().expect("processes").clone();
+    assert_eq!(processes.len(), 1, "{summary:#}");
+    processes[0].clone()
+}
+
+fn assert_leaks_figures(process: &Value) {
+    assert_eq!(process["comm"], "leaks");
+    assert_eq!(process["live_bytes"], 5768, "{process:#}");
+    assert_eq!(process["live_allocations"], 8, "{process:#}");
+    assert_eq!(process["allocations"], 28, "{process:#}");
+    let leaks = process["leaks"].to_string();
+    assert!(leaks.contains("leak_textures") && leaks.contains("leak_cache"), "{process:#}");
+}
+
+/// `memtrace top -- leaks linger`: the status line, the exact live heap, the stacks on Enter; the
+/// command ends, the view keeps the final figures, q leaves with the command's status (0) and
+/// the summary written.
+#[test]
+fn top_shows_a_command_live_and_its_stacks_on_enter() {
+    let memtrace = Memtrace::new();
+    let dir = memtrace.dir().to_owned();
+    let mut fifo = Fifo::create(dir.join("stdin"));
+    let command = format!(
+        "{} top -i {INTERVAL} --summary {} -- {} linger < {} > {} 2> {}; echo $? > {}",
+        quoted(&memtrace_bin()),
+        quoted(&dir.join("summary.json")),
+        quoted(&fixture("leaks")),
+        quoted(&fifo.path),
+        quoted(&dir.join("stdout")),
+        quoted(&dir.join("stderr")),
+        quoted(&dir.join("status")),
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_for("every probe attached");
+    fifo.send(b"g");
+    let screen = tmux.wait_until("the live heap of leaks", |screen| shows_live_heap(screen, "", "5768 B"));
+    assert!(screen.contains("LIVE HEAP") && screen.contains("q quit"), "{screen}");
+    tmux.send("Enter");
+    let screen = tmux.wait_for("leak_textures");
+    assert!(screen.contains("5000 B") && screen.contains("leak_cache"), "{screen}");
+    assert!(screen.contains("live heap 5768 B in 8 blocks"), "{screen}");
+    tmux.send("Escape");
+    tmux.wait_for("PID");
+    // The help line names the keys, and marks the sort in use.
+    tmux.send("d");
+    tmux.wait_for("d dark memory*");
+    tmux.send("h");
+    tmux.wait_for("h live heap*");
+    fifo.close();
+    tmux.wait_for("tracing ended");
+    tmux.send("q");
+    let status = exit_status(&dir.join("status"), &tmux);
+    let stderr = fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    assert_eq!(status, 0, "stderr:\n{stderr}");
+    // What memtrace and the command wrote while the view ran is written out once it has gone.
+    assert!(stderr.contains("memtrace: tracing pid") && stderr.contains("summary written"), "{stderr}");
+    let stdout = fs::read_to_string(dir.join("stdout")).unwrap_or_default();
+    assert_eq!(stdout, "ready\nleaked\n", "the command's output");
+    assert_leaks_figures(&summary_process(&dir));
+}
+
+/// `memtrace top --pid`: q ends the run as SIGINT does, with every output written, exit 0.
+#[test]
+fn q_ends_the_run_with_the_outputs_written() {
+    let memtrace = Memtrace::new();
+    let dir = memtrace.dir().to_owned();
+    let mut leaks = Spawned::spawn({
+        let mut command = Command::new(fixture("leaks"));
+        command.arg("linger");
+        command
+    });
+    leaks.wait_for_stdout("ready");
+    let pid = leaks.pid().to_string();
+    let command = format!(
+        "{} top -i {INTERVAL} --summary {} --pid {pid} 2> {}; echo $? > {}",
+        quoted(&memtrace_bin()),
+        quoted(&dir.join("summary.json")),
+        quoted(&dir.join("stderr")),
+        quoted(&dir.join("status")),
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_for("every probe attached");
+    leaks.send(b"g");
+    leaks.wait_for_stdout("leaked");
+    tmux.wait_until("the live heap of leaks", |screen| shows_live_heap(screen, &pid, "5768 B"));
+    tmux.send("q");
+    let status = exit_status(&dir.join("status"), &tmux);
+    let stderr = fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    assert_eq!(status, 0, "stderr:\n{stderr}");
+    assert!(leaks.try_wait().is_none(), "q ended the traced process, not only the run");
+    let process = summary_process(&dir);
+    assert_leaks_figures(&process);
+    assert_eq!(process["pid"].to_string(), pid);
+}
+
+/// A plain run on a terminal shows its progress on one line once it has gone on for 2 s, and
+/// clears it before the final report.
+#[test]
+fn a_long_run_on_a_terminal_shows_its_progress() {
+    let memtrace = Memtrace::new();
+    let dir = memtrace.dir().to_owned();
+    let mut fifo = Fifo::create(dir.join("stdin"));
+    let command = format!(
+        "{} -i {INTERVAL} -o {} -- {} linger < {}; echo $? > {}",
+        quoted(&memtrace_bin()),
+        quoted(&dir.join("trace.json")),
+        quoted(&fixture("leaks")),
+        quoted(&fifo.path),
+        quoted(&dir.join("status")),
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_for("memtrace: tracing");
+    fifo.send(b"g");
+    let progress =
+        |screen: &str| screen.lines().any(|l| l.starts_with("memtrace: ") && l.contains("(1 running)"));
+    let screen =
+        tmux.wait_until("the progress line", |screen| progress(screen) && screen.contains(" 48 events"));
+    assert!(
+        screen.contains("1 process (1 running)")
+            && screen.contains(" 48 events ")
+            && screen.contains(" 0 lost"),
+        "{screen}"
+    );
+    fifo.close();
+    assert_eq!(exit_status(&dir.join("status"), &tmux), 0);
+    let screen = tmux.screen().expect("the pane stays once its command has ended");
+    assert!(screen.contains("memtrace: traced 1 process"), "{screen}");
+    assert!(!progress(&screen), "the progress line was not cleared:\n{screen}");
+}
+
+/// Where stderr is not a terminal (a pipe here, as in CI) no progress line is written, however
+/// long the run: stderr holds whole lines only.
+#[test]
+fn no_progress_line_when_stderr_is_not_a_terminal() {
+    let mut running = Memtrace::new().args(["-d", "2500ms"]).command(&fixture("wait_stdin")).spawn();
+    running.wait_for_stdout("ready ");
+    running.wait_for_stderr_containing("still waiting for wait_stdin");
+    running.close_stdin();
+    let outcome = running.finish();
+    outcome.assert_exit_code(0);
+    assert!(!outcome.stderr.contains('\r') && !outcome.stderr.contains('\x1b'), "{:?}", outcome.stderr);
+    assert!(!outcome.stderr.contains("running)"), "{}", outcome.stderr);
+}
+
+/// Without a terminal (a new session has none), `memtrace top` says so and exits 1 before
+/// anything is traced; the command is never run.
+#[test]
+fn top_without_a_terminal_says_so() {
+    let outcome = Memtrace::new()
+        .without_default_outputs()
+        .wrapped_in(["setsid", "--wait"])
+        .args(["top", "--"])
+        .arg(fixture("wait_stdin"))
+        .run();
+    outcome.assert_exit_code(1);
+    let error = outcome.error_line();
+    assert!(error.contains("draws on a terminal") && error.contains("/dev/tty"), "{error}");
+    assert!(!outcome.stderr.contains("memtrace: tracing"), "{}", outcome.stderr);
+}
