@@ -42,11 +42,11 @@ pub fn enabled() -> bool {
 /// <sys/sdt.h>'s STAP_PROBE2 does. `$name` is the probe's name, a string literal.
 macro_rules! memtrace_probe2 {
     ($name:literal, $subsystem:expr, $value:expr) => {
-        // SAFETY: a nop at the site (the 5-byte nopl 0x0(%rax,%rax,1), which kernels from 6.18 probe
-        // without a trap), and data in non-allocated note sections; no register or memory changes.
+        // SAFETY: a nop at the site, and data in non-allocated note sections; no register or memory
+        // changes.
         unsafe {
             core::arch::asm!(
-                "990: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+                "990: nop",
                 ".pushsection .note.stapsdt, \"\", \"note\"",
                 ".balign 4",
                 ".4byte 992f-991f, 994f-993f, 3",
