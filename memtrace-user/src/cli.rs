@@ -109,6 +109,12 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
     pub max_stacks: u32,
 
+    /// How many exited processes keep a report of their own; those that exited before them are
+    /// folded into per-command totals (the summary's `folded`), so a long run stays in bounded
+    /// memory
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub keep_exited: usize,
+
     /// The allocator's symbol prefix or name: glibc, jemalloc, tcmalloc, mimalloc, je_, tc_, mi_,
     /// _rjem_ (Rust's jemallocator), or any prefix [default: found per process]
     #[arg(long, value_name = "NAME")]

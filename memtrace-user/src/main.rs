@@ -4,6 +4,7 @@ mod cli;
 mod collector;
 mod elf;
 mod export;
+mod folding;
 mod following;
 mod held_execs;
 mod levels;

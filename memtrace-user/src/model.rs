@@ -130,6 +130,10 @@ pub struct Model {
     pub kernel_maps: Option<KernelMaps>,
     /// `--sample`: live figures, frees, peaks and stacks are estimates from sampled allocations.
     pub sampling: Option<Sampling>,
+    /// Exited processes beyond `--keep-exited`, summed per command (folding.rs).
+    pub folded: crate::folding::Folded,
+    /// The pids of released processes, in the order they were released, for folding.
+    pub released_order: std::collections::VecDeque<u32>,
 }
 
 /// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this
@@ -228,6 +232,7 @@ impl Model {
         self.unattributed_lost_events
             + self.usdt_lost_events
             + self.every_process().map(|p| p.stats.lost_events).sum::<u64>()
+            + self.folded.values().map(|folded| folded.lost_events).sum::<u64>()
     }
 
     /// Every process traced, each once, in the order they were seen (pids may repeat: a pid used

@@ -596,7 +596,11 @@ impl Run<'_> {
         }
         self.probes.release(&exited)?;
         self.collector.forget(&self.probes, &exited)?;
+        let mut exited: Vec<u32> = exited.into_iter().collect();
+        // In pid order: those released at one sample fold in an order that does not vary.
+        exited.sort_unstable();
         for pid in &exited {
+            self.model.note_released(*pid);
             if let Some(process) = self.model.processes.get_mut(pid) {
                 process.released = true;
                 // Over a long system-wide run, thousands of processes come and go: each keeps
@@ -609,6 +613,7 @@ impl Run<'_> {
         if let Some(maps) = &mut self.model.kernel_maps {
             maps.released_processes += exited.len();
         }
+        self.model.fold_exited(self.cli.keep_exited);
         Ok(())
     }
 

@@ -93,6 +93,28 @@ fn no_children_keeps_to_the_command() {
     assert_figures_of(&processes(&outcome)[0], PARENT);
 }
 
+/// `--keep-exited 1`: of the three exited processes, the two released first are summed under their
+/// command (all three are `forking`); what the three did adds up to the same either way.
+#[test]
+fn exited_processes_beyond_keep_exited_are_summed_per_command() {
+    let (outcome, _, _) = trace_forking_command(&["--keep-exited", "1"]);
+    assert_eq!(processes(&outcome).len(), 1, "{:#}", outcome.summary());
+    let folded = outcome.summary()["folded"].as_array().expect("a folded list");
+    assert_eq!(folded.len(), 1, "{folded:?}");
+    assert_eq!(folded[0]["comm"], "forking");
+    assert_eq!(folded[0]["processes"], 2);
+    let kept = &processes(&outcome)[0];
+    let sum = |field: &str| folded[0][field].as_u64().unwrap() + kept[field].as_u64().unwrap();
+    let all = [PARENT, EARLY_CHILD, LATE_CHILD];
+    assert_eq!(sum("allocations"), all.iter().map(|f| f.allocations).sum::<u64>());
+    assert_eq!(sum("allocated_bytes"), all.iter().map(|f| f.allocated_bytes).sum::<u64>());
+    assert_eq!(sum("untracked_frees"), all.iter().map(|f| f.untracked_frees).sum::<u64>());
+    let live = folded[0]["live_bytes_at_exit"].as_i64().unwrap() + kept["live_bytes"].as_i64().unwrap();
+    assert_eq!(live, all.iter().map(|f| f.live_bytes).sum::<i64>());
+    outcome
+        .assert_stderr_mentions(&["2 earlier exited processes, summed per command (--keep-exited): forking"]);
+}
+
 /// Starts `forking hold`, attaches `memtrace --pid PARENT [args]` while its early child waits,
 /// then lets it go on; returns the outcome and the pids of the parent and its children.
 fn trace_forking_by_pid(args: &[&str]) -> (Outcome, u32, u32, u32) {

@@ -34,6 +34,7 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         write_usdt(&mut text, process);
         write_stacks(&mut text, process, top);
     }
+    write_folded(&mut text, model);
     if let Some(sampling) = model.sampling {
         let _ = writeln!(
             text,
@@ -52,6 +53,27 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         );
     }
     text
+}
+
+/// The exited processes folded into per-command totals (`--keep-exited`), the largest few.
+fn write_folded(text: &mut String, model: &Model) {
+    let folded = model.folded_by_count();
+    if folded.is_empty() {
+        return;
+    }
+    let processes: u64 = folded.iter().map(|f| f.processes).sum();
+    let commands: Vec<String> = folded
+        .iter()
+        .take(5)
+        .map(|f| format!("{} ({} processes, {} allocated)", f.comm, f.processes, bytes(f.allocated_bytes)))
+        .collect();
+    let more =
+        if folded.len() > 5 { format!(" and {} more commands", folded.len() - 5) } else { String::new() };
+    let _ = writeln!(
+        text,
+        "  {processes} earlier exited processes, summed per command (--keep-exited): {}{more}",
+        commands.join(", ")
+    );
 }
 
 fn write_figures(text: &mut String, process: &Process) {

@@ -115,6 +115,10 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
             model.processes.insert(process.pid, process);
         }
     }
+    for folded in summary.folded {
+        attributed += folded.lost_events;
+        model.folded.insert(folded.comm.clone(), folded);
+    }
     model.unattributed_lost_events = summary.lost_events.saturating_sub(attributed);
     let duration = Duration::try_from_secs_f64(summary.duration_s)
         .with_context(|| format!("`duration_s` {} is not a duration", summary.duration_s))?;

@@ -17,6 +17,7 @@ use memtrace_common::{unwind_stop, StackTotals};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::{output_file::OutputFile, Exporter};
+use crate::folding::FoldedProcesses;
 use crate::levels::MemoryLevels;
 use crate::model::{
     FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling, StackProfile,
@@ -41,6 +42,9 @@ pub struct Summary {
     /// Every distinct stack frame of the run, once: the `frame_ids` of stacks index it.
     #[serde(default, serialize_with = "one_line_each")]
     pub frame_table: Vec<Frame>,
+    /// Exited processes beyond `--keep-exited`, summed per command, most processes first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub folded: Vec<FoldedProcesses>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -146,6 +150,7 @@ impl Summary {
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
             frame_table: table.frames,
+            folded: model.folded_by_count().into_iter().cloned().collect(),
         }
     }
 }

@@ -301,7 +301,7 @@ impl Departures {
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
             // Exited processes leave the exposition after one scrape (`departing`).
-            retired: Vec::new(),
+            ..Model::default()
         }
     }
 }
