@@ -148,27 +148,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
 
-    /// Write a gzipped pprof profile (alloc_objects, alloc_space, inuse_objects, inuse_space)
-    #[arg(long, value_name = "PATH")]
-    pub pprof: Option<PathBuf>,
-
-    /// Write an SVG flamegraph of live bytes by call stack
-    #[arg(long, value_name = "PATH")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// Write a native Perfetto trace (protobuf) at the end: counter tracks for every memory level
-    /// and subsystem, and the heap profile (a native-heap flamegraph in Perfetto UI)
-    #[arg(long, value_name = "PATH")]
-    pub perfetto: Option<PathBuf>,
+    #[command(flatten)]
+    pub reports: ReportOutputs,
 
     /// This USDT subsystem's memory comes out of malloc (repeatable): in the trace's memory dumps
     /// it owns part of `malloc`, so no total counts it twice
     #[arg(long = "heap-subsystem", value_name = "NAME")]
     pub heap_subsystems: Vec<String>,
-    /// Write an HTML report (one self-contained file, works offline): timeline, treemap,
-    /// flamegraphs, leaks, temporary allocations, the heap peak
-    #[arg(long, value_name = "PATH")]
-    pub html: Option<PathBuf>,
 
     /// Count hits of a USDT probe, or track its argument N (arg0 is the first) as a counter; PATH
     /// limits it to one executable or library (repeatable), e.g. myapp:request or ./libfoo.so:foo:alloc=arg1
@@ -206,15 +192,8 @@ impl RunArgs {
 
     /// Each output file the run writes, with the option that names it.
     pub fn output_files(&self) -> Vec<(&'static str, &std::path::Path)> {
-        let named = [
-            ("-o/--output", self.output.as_deref()),
-            ("--summary", self.summary.as_deref()),
-            ("--pprof", self.pprof.as_deref()),
-            ("--flamegraph", self.flamegraph.as_deref()),
-            ("--perfetto", self.perfetto.as_deref()),
-            ("--html", self.html.as_deref()),
-        ];
-        named.into_iter().filter_map(|(flag, path)| Some((flag, path?))).collect()
+        let named = [("-o/--output", self.output.as_deref()), ("--summary", self.summary.as_deref())];
+        named.into_iter().chain(self.reports.named()).filter_map(|(flag, path)| Some((flag, path?))).collect()
     }
 }
 
@@ -249,22 +228,8 @@ pub struct ReportArgs {
     #[arg(value_name = "RUN.json")]
     pub summary: PathBuf,
 
-    /// Write the HTML report here
-    #[arg(long, value_name = "PATH")]
-    pub html: Option<PathBuf>,
-
-    /// Write a gzipped pprof profile here
-    #[arg(long, value_name = "PATH")]
-    pub pprof: Option<PathBuf>,
-
-    /// Write an SVG flamegraph of live bytes by call stack here
-    #[arg(long, value_name = "PATH")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// Write a native Perfetto trace here: the memory levels and subsystems at every sample, and
-    /// the heap profile
-    #[arg(long, value_name = "PATH")]
-    pub perfetto: Option<PathBuf>,
+    #[command(flatten)]
+    pub reports: ReportOutputs,
 
     /// How many leaking call stacks the reports list
     #[arg(long, value_name = "N", default_value_t = 10)]
@@ -275,14 +240,42 @@ impl ReportArgs {
     /// The summary read and each output file to write, with the argument that names it: no
     /// output may overwrite the summary or another output.
     pub fn files(&self) -> Vec<(&'static str, &std::path::Path)> {
-        let outputs = [
-            ("--html", &self.html),
-            ("--pprof", &self.pprof),
-            ("--flamegraph", &self.flamegraph),
-            ("--perfetto", &self.perfetto),
-        ];
-        let outputs = outputs.into_iter().filter_map(|(flag, path)| Some((flag, path.as_deref()?)));
+        let outputs = self.reports.named().into_iter().filter_map(|(flag, path)| Some((flag, path?)));
         std::iter::once(("the summary", self.summary.as_path())).chain(outputs).collect()
+    }
+}
+
+/// The reports a run writes at its end, and `memtrace report` writes again from a summary.
+#[derive(Debug, Default, clap::Args)]
+pub struct ReportOutputs {
+    /// Write a gzipped pprof profile (alloc_objects, alloc_space, inuse_objects, inuse_space)
+    #[arg(long, value_name = "PATH")]
+    pub pprof: Option<PathBuf>,
+
+    /// Write an SVG flamegraph of live bytes by call stack
+    #[arg(long, value_name = "PATH")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// Write a native Perfetto trace (protobuf): counter tracks for every memory level and
+    /// subsystem at every sample, and the heap profile (a native-heap flamegraph in Perfetto UI)
+    #[arg(long, value_name = "PATH")]
+    pub perfetto: Option<PathBuf>,
+
+    /// Write an HTML report (one self-contained file, works offline): timeline, treemap,
+    /// flamegraphs, leaks, temporary allocations, the heap peak
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+}
+
+impl ReportOutputs {
+    /// Each report's option and the path it names, if any.
+    pub fn named(&self) -> [(&'static str, Option<&std::path::Path>); 4] {
+        [
+            ("--pprof", self.pprof.as_deref()),
+            ("--flamegraph", self.flamegraph.as_deref()),
+            ("--perfetto", self.perfetto.as_deref()),
+            ("--html", self.html.as_deref()),
+        ]
     }
 }
 

@@ -23,10 +23,7 @@ use crate::{
     allocator::{Allocator, Overrides},
     cli::Cli,
     collector::Collector,
-    export::{
-        flamegraph::FlamegraphFile, pprof::PprofFile, progress::Progress, report::TextReport,
-        summary::SummaryFile, trace::TraceFile, Exporter,
-    },
+    export::{progress::Progress, report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter},
     following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
@@ -158,18 +155,7 @@ fn open_outputs(cli: &Cli, serve: Option<&ServeOptions>) -> Result<(Exporters, O
     if let Some(path) = &cli.summary {
         exporters.push(Box::new(SummaryFile::create(path, cli.top)?));
     }
-    if let Some(path) = &cli.pprof {
-        exporters.push(Box::new(PprofFile::create(path)?));
-    }
-    if let Some(path) = &cli.flamegraph {
-        exporters.push(Box::new(FlamegraphFile::create(path)?));
-    }
-    if let Some(path) = &cli.perfetto {
-        exporters.push(Box::new(crate::export::perfetto::PerfettoFile::create(path)?));
-    }
-    if let Some(path) = &cli.html {
-        exporters.push(Box::new(crate::export::html::HtmlFile::create(path, cli.top)?));
-    }
+    exporters.extend(crate::export::reports(&cli.reports, cli.top)?);
     match serve {
         Some(options) => exporters.push(Box::new(Agent::start(options)?)),
         None => {

@@ -16,6 +16,25 @@ use anyhow::Result;
 
 use crate::model::{Model, RunEnd, Sample};
 
+/// The exporters of the reports `outputs` names (pprof, flamegraph, Perfetto, HTML), each with its
+/// file opened now, so that an unwritable path is said before anything is traced or read.
+pub fn reports(outputs: &crate::cli::ReportOutputs, top: usize) -> Result<Vec<Box<dyn Exporter>>> {
+    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
+    if let Some(path) = &outputs.pprof {
+        exporters.push(Box::new(pprof::PprofFile::create(path)?));
+    }
+    if let Some(path) = &outputs.flamegraph {
+        exporters.push(Box::new(flamegraph::FlamegraphFile::create(path)?));
+    }
+    if let Some(path) = &outputs.perfetto {
+        exporters.push(Box::new(perfetto::PerfettoFile::create(path)?));
+    }
+    if let Some(path) = &outputs.html {
+        exporters.push(Box::new(html::HtmlFile::create(path, top)?));
+    }
+    Ok(exporters)
+}
+
 pub trait Exporter {
     /// Called after every sample with the model as of that moment.
     fn sample(&mut self, _model: &Model, _sample: Sample) -> Result<()> {

@@ -8,12 +8,8 @@ use anyhow::{bail, Context, Result};
 use memtrace_common::{unwind_stop, ProcessStats};
 
 use super::{
-    flamegraph::FlamegraphFile,
-    html::HtmlFile,
-    pprof::PprofFile,
     report::TextReport,
     summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
-    Exporter,
 };
 use crate::{
     cli::ReportArgs,
@@ -27,19 +23,7 @@ use crate::{
 /// report goes to stderr as at the end of a run.
 pub fn report(args: &ReportArgs) -> Result<ExitCode> {
     let (model, end) = load(&args.summary)?;
-    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
-    if let Some(path) = &args.html {
-        exporters.push(Box::new(HtmlFile::create(path, args.top)?));
-    }
-    if let Some(path) = &args.pprof {
-        exporters.push(Box::new(PprofFile::create(path)?));
-    }
-    if let Some(path) = &args.flamegraph {
-        exporters.push(Box::new(FlamegraphFile::create(path)?));
-    }
-    if let Some(path) = &args.perfetto {
-        exporters.push(Box::new(super::perfetto::PerfettoFile::create(path)?));
-    }
+    let mut exporters = super::reports(&args.reports, args.top)?;
     if exporters.is_empty() {
         exporters.push(Box::new(TextReport { top: args.top }));
     }
