@@ -115,16 +115,20 @@ fn demo() -> Result<()> {
     let out = workspace_root().join("target/demo");
     let trace = out.join("demo-trace.json");
     let summary = out.join("demo-summary.json");
+    let html = out.join("demo-report.html");
     eprintln!("xtask: tracing the demo program with memtrace");
     run(as_root(&memtrace)
         .args(["--interval", "250ms", "--output"])
         .arg(&trace)
         .arg("--summary")
         .arg(&summary)
+        .arg("--html")
+        .arg(&html)
         .arg("--")
         .arg(&demo))?;
     println!("trace:   {}  (open it in Perfetto UI or chrome://tracing)", trace.display());
     println!("summary: {}", summary.display());
+    println!("report:  {}  (open it in a browser: it works offline)", html.display());
     Ok(())
 }
 
