@@ -131,7 +131,7 @@ pub struct Mapping {
 }
 
 pub fn mappings(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse_maps(&fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(maps(pid)?.files)
 }
 
 /// What one read of /proc/PID/maps tells: the file mappings, and the size of the brk heap.
