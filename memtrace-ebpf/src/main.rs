@@ -74,6 +74,26 @@ pub(crate) fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
     slot.map(|slot| unsafe { &mut *slot })
 }
 
+/// The calling thread's slot if its process is traced. A slot is made on a thread's first event in
+/// a traced process and removed when the thread exits or execs (processes.rs), so a thread that
+/// has one is traced: the common case is one lookup, with no second one in the process filter.
+fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
+    if let Some(slot) = THREADS.get_ptr_mut(caller.tid) {
+        // SAFETY: as in thread_state.
+        return Some(unsafe { &mut *slot });
+    }
+    if !is_traced(caller.tgid) {
+        return None;
+    }
+    let thread = thread_state(caller.tid);
+    if thread.is_none() {
+        if let Some(stats) = stats_of(caller.tgid) {
+            add(&stats.lost_events, 1);
+        }
+    }
+    thread
+}
+
 /// What a free means to the freeing thread.
 enum FreeBy {
     /// A free inside an allocator call (glibc's realloc(p, 0)): the outer call accounts for it.
@@ -83,11 +103,7 @@ enum FreeBy {
 }
 
 /// How the thread that frees `address` stands to it; forgets its latest block if this is it.
-fn free_by(tid: u32, address: u64) -> FreeBy {
-    // SAFETY: as in thread_state.
-    let Some(thread) = THREADS.get_ptr_mut(tid).map(|slot| unsafe { &mut *slot }) else {
-        return FreeBy::Program { temporary: false };
-    };
+fn free_by(thread: &mut ThreadState, address: u64) -> FreeBy {
     if thread.depth != 0 {
         return FreeBy::Allocator;
     }
@@ -99,14 +115,7 @@ fn free_by(tid: u32, address: u64) -> FreeBy {
 }
 
 fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
-    let Caller { tgid, tid } = caller();
-    if !is_traced(tgid) {
-        return 0;
-    }
-    let Some(thread) = thread_state(tid) else {
-        if let Some(stats) = stats_of(tgid) {
-            add(&stats.lost_events, 1);
-        }
+    let Some(thread) = traced_thread(&caller()) else {
         return 0;
     };
     thread.depth += 1;
@@ -333,15 +342,16 @@ pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
 /// free needs no return probe. It may be attached past a leading `test %rdi,%rdi` (which the kernel
 /// would single-step); the pointer is still in the first argument register there.
 fn on_free(ctx: &ProbeContext) -> u32 {
-    let Caller { tgid, tid } = caller();
-    if !is_traced(tgid) {
-        return 0;
-    }
-    let address = arg(ctx, 0);
-    // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
-    let FreeBy::Program { temporary } = free_by(tid, address) else {
+    let caller = caller();
+    let Some(thread) = traced_thread(&caller) else {
         return 0;
     };
+    let address = arg(ctx, 0);
+    // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
+    let FreeBy::Program { temporary } = free_by(thread, address) else {
+        return 0;
+    };
+    let tgid = caller.tgid;
     let Some(stats) = stats_of(tgid) else {
         return 0;
     };

@@ -198,8 +198,14 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
 /// shell that forked it, is not the new program's), and userspace hears of it: the program may bring
 /// an allocator not probed yet.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
+pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, .. } = caller();
+    // TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm): a thread that
+    // execs takes the process id; its slot goes, so that whether the new image is traced (its
+    // command name may not be) is asked again on its first event.
+    let old_pid: u64 = ctx.arg(1);
+    let _ = crate::THREADS.remove(old_pid as u32);
+    let _ = crate::THREADS.remove(tgid);
     let _ = STATS.remove(tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);

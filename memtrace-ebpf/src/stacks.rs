@@ -23,7 +23,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{bpf_get_stack, bpf_loop},
+        generated::{self, bpf_get_stack, bpf_loop},
     },
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -109,6 +109,34 @@ struct UnwindState {
 
 #[map]
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Words of the traced stack read at once. A call of bpf_probe_read_user costs about 110 ns here
+/// whatever its size up to a page, and a frame takes one or two reads: one window read serves the
+/// frames of a kilobyte of stack.
+const WINDOW_WORDS: usize = 128;
+
+/// A copy of the traced stack from `base` up, refilled where a read falls outside it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StackWindow {
+    base: u64,
+    /// `window_state`.
+    state: u64,
+    /// The window, and a spare word that no read fills: a read of two words starting at the last
+    /// stays inside the value for the verifier (the test that rejects it is on another register).
+    words: [u64; WINDOW_WORDS + 1],
+}
+
+mod window_state {
+    /// Nothing read yet in this walk.
+    pub const EMPTY: u64 = 0;
+    pub const FILLED: u64 = 1;
+    /// A window read failed (the stack ends within a window): the walk reads word by word.
+    pub const EXHAUSTED: u64 = 2;
+}
+
+#[map]
+static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
@@ -197,7 +225,12 @@ fn unwind(
     };
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
-    let mut walk = Walk { mappings, raw, locations, state };
+    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as above.
+    unsafe { write_volatile(&mut (*window).state, window_state::EMPTY) };
+    let mut walk = Walk { mappings, raw, locations, state, window };
     // The frame step is verified once, as the callback, rather than once per frame of a loop.
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
     // program's stack for the whole call, as bpf_loop requires.
@@ -212,17 +245,18 @@ struct Walk {
     raw: *mut RawStack,
     locations: *mut Locations,
     state: *mut UnwindState,
+    window: *mut StackWindow,
 }
 
 /// bpf_loop's callback: one frame; 1 ends the loop.
 extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Walk` that `unwind` passed, whose pointers are map values
     // that live as long as the program runs.
-    let (mappings, raw, locations, state) = unsafe {
+    let (mappings, raw, locations, state, window) = unsafe {
         let walk = &*(walk as *const Walk);
-        (&*walk.mappings, &mut *walk.raw, &mut *walk.locations, walk.state)
+        (&*walk.mappings, &mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window)
     };
-    i64::from(!unwind_frame(mappings, raw, locations, state))
+    i64::from(!unwind_frame(mappings, raw, locations, state, window))
 }
 
 /// Takes one frame and steps to its caller; false when the walk ends (the reason in `state`).
@@ -232,6 +266,7 @@ fn unwind_frame(
     raw: &mut RawStack,
     locations: &mut Locations,
     state: *mut UnwindState,
+    window: &mut StackWindow,
 ) -> bool {
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
@@ -261,7 +296,7 @@ fn unwind_frame(
     *slot = regs.rip;
     let base = mapping.file_offset.wrapping_sub(mapping.start);
     *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
-    match step(&regs, mapping.file, pc.wrapping_add(base)) {
+    match step(&regs, mapping.file, pc.wrapping_add(base), window) {
         Ok(caller) => {
             // SAFETY: as above.
             unsafe {
@@ -300,16 +335,16 @@ fn find_mapping(mappings: &UnwindMappings, pc: u64) -> Option<&UnwindMapping> {
 
 /// The caller's registers, or why there is none: by the file's row at `offset`, else by frame
 /// pointers where the file has no unwind information or no row covers the address.
-fn step(regs: &Registers, file: u32, offset: u64) -> Result<Registers, usize> {
+fn step(regs: &Registers, file: u32, offset: u64, window: &mut StackWindow) -> Result<Registers, usize> {
     let Some(file) = UNWIND_FILES.get(file) else {
         return Err(unwind_stop::NO_TABLE);
     };
     match file.state {
         unwind_file_state::LOADED => match find_row(&file.table, offset) {
-            Some(row) => step_by_row(row, regs),
-            None => step_by_frame_pointer(regs),
+            Some(row) => step_by_row(row, regs, window),
+            None => step_by_frame_pointer(regs, window),
         },
-        unwind_file_state::FRAME_POINTERS => step_by_frame_pointer(regs),
+        unwind_file_state::FRAME_POINTERS => step_by_frame_pointer(regs, window),
         _ => Err(unwind_stop::NO_TABLE),
     }
 }
@@ -345,14 +380,58 @@ fn find_row(table: &UnwindTableInfo, pc: u64) -> Option<UnwindRow> {
     (row.kind != unwind_kind::NONE).then_some(row)
 }
 
+impl StackWindow {
+    /// `N` words of the traced stack at `address`: from the window, else after refilling it there.
+    fn read<const N: usize>(&mut self, address: u64) -> Result<[u64; N], usize> {
+        if let Some(words) = self.cached(address) {
+            return Ok(words);
+        }
+        if self.state != window_state::EXHAUSTED {
+            let size = core::mem::size_of::<[u64; WINDOW_WORDS]>() as u32;
+            // Straight into the map value (a kilobyte is more than the BPF stack holds).
+            // SAFETY: the helper writes at most `size` bytes into `words` (zeroes on failure) and
+            // checks the user addresses, failing rather than faulting.
+            let read = unsafe {
+                generated::bpf_probe_read_user(self.words.as_mut_ptr().cast(), size, address as *const c_void)
+            };
+            if read == 0 {
+                self.base = address;
+                self.state = window_state::FILLED;
+                return self.cached(address).ok_or(unwind_stop::READ_FAULT);
+            }
+            self.state = window_state::EXHAUSTED;
+        }
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_user(address as *const [u64; N]) }.map_err(|_| unwind_stop::READ_FAULT)
+    }
+
+    /// The words at `address` if the window holds them all.
+    fn cached<const N: usize>(&self, address: u64) -> Option<[u64; N]> {
+        const { assert!(N <= 2, "the window has one spare word") };
+        let offset = address.wrapping_sub(self.base);
+        if self.state != window_state::FILLED
+            || offset % 8 != 0
+            || offset / 8 + N as u64 > WINDOW_WORDS as u64
+        {
+            return None;
+        }
+        // Masked for the verifier, which does not carry the test above over to this register.
+        let first = (offset / 8) as usize & (WINDOW_WORDS - 1);
+        let mut words = [0u64; N];
+        for (i, word) in words.iter_mut().enumerate() {
+            *word = *self.words.get(first + i)?;
+        }
+        Some(words)
+    }
+}
+
 /// One 8-byte read of the traced stack.
-fn read_stack(address: u64) -> Result<u64, usize> {
-    // SAFETY: the helper checks the user address and fails rather than faults.
-    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)
+fn read_stack(window: &mut StackWindow, address: u64) -> Result<u64, usize> {
+    window.read::<1>(address).map(|[word]| word)
 }
 
 /// The steps on `UnwindRow`.
-fn step_by_row(row: UnwindRow, regs: &Registers) -> Result<Registers, usize> {
+fn step_by_row(row: UnwindRow, regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
     let offset = u64::from(row.cfa_offset);
     let cfa = match row.kind {
         unwind_kind::CFA_RSP => regs.rsp.wrapping_add(offset),
@@ -364,17 +443,14 @@ fn step_by_row(row: UnwindRow, regs: &Registers) -> Result<Registers, usize> {
     let (return_address, rbp, rbp_known) = match row.rbp {
         // rbp pushed right below the return address (every `push %rbp` prologue): one read.
         -2 => {
-            // SAFETY: the helper checks the user address and fails rather than faults.
-            let [rbp, return_address] =
-                unsafe { bpf_probe_read_user(cfa.wrapping_sub(16) as *const [u64; 2]) }
-                    .map_err(|_| unwind_stop::READ_FAULT)?;
+            let [rbp, return_address] = window.read::<2>(cfa.wrapping_sub(16))?;
             (return_address, rbp, 1)
         }
-        0 => (read_stack(cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
-        UNWIND_RBP_LOST => (read_stack(cfa.wrapping_sub(8))?, 0, 0),
+        0 => (read_stack(window, cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
+        UNWIND_RBP_LOST => (read_stack(window, cfa.wrapping_sub(8))?, 0, 0),
         units => (
-            read_stack(cfa.wrapping_sub(8))?,
-            read_stack(cfa.wrapping_add((i64::from(units) * 8) as u64))?,
+            read_stack(window, cfa.wrapping_sub(8))?,
+            read_stack(window, cfa.wrapping_add((i64::from(units) * 8) as u64))?,
             1,
         ),
     };
@@ -385,14 +461,12 @@ fn step_by_row(row: UnwindRow, regs: &Registers) -> Result<Registers, usize> {
 }
 
 /// CFA = rbp + 16, where rbp must point into the stack above this frame.
-fn step_by_frame_pointer(regs: &Registers) -> Result<Registers, usize> {
+fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
     if regs.rbp_known == 0 || regs.rbp == 0 || regs.rbp < regs.rsp {
         return Err(unwind_stop::NO_ROW);
     }
     // [rbp] is the caller's rbp, [rbp + 8] the return address into the caller.
-    // SAFETY: the helper checks the user address and fails rather than faults.
-    let [caller_rbp, return_address] =
-        unsafe { bpf_probe_read_user(regs.rbp as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)?;
+    let [caller_rbp, return_address] = window.read::<2>(regs.rbp)?;
     if return_address == 0 {
         return Err(unwind_stop::WHOLE);
     }
