@@ -6,7 +6,10 @@
 //! Then what following a process tree costs everyone else: the same loop, untraced, in a process
 //! outside the tree while memtrace follows one (its probes then fire in every process that maps
 //! libc); the traced cost of a subsystem report on a 5-byte and on a 1-byte nop site; and how long
-//! a whole run of `memtrace -- true` takes.
+//! a whole run of `memtrace -- true` takes. Then scale: two threads at once on two cores, traced
+//! (no event may be lost, and each thread's figure is set against the single thread's); and the
+//! collector's own CPU use while 100 quiet processes are traced. Last, bpftrace running a
+//! memleak-style script on the same loop, where bpftrace is installed or can be.
 
 use std::{
     io::{BufRead, BufReader},
@@ -31,7 +34,7 @@ struct Variant {
 }
 
 pub fn run(memtrace: &Path) -> Result<()> {
-    let program = compile_c("bench/malloc_loop.c", "bench", &[])?;
+    let program = compile_c("bench/malloc_loop.c", "bench", &["-pthread"])?;
     let trace = workspace_root().join("target/bench/trace.json");
     let mut variants = [
         Variant { name: "untraced", memtrace_args: None, best_ns: f64::MAX },
@@ -87,6 +90,36 @@ pub fn run(memtrace: &Path) -> Result<()> {
         outside,
         outside / untraced
     );
+    let single = variants[2].best_ns;
+    let threads = two_threads(memtrace, &program, &trace)?;
+    println!(
+        "two threads at once, each {PAIRS} pairs (best of {ROUNDS}): untraced {:.1} ns, memtrace {:.1} ns per \
+         pair and thread = x{:.2} the single thread's; {} events lost",
+        threads.untraced,
+        threads.traced,
+        threads.traced / single,
+        threads.lost_events
+    );
+    match collector_cpu(memtrace, &trace)? {
+        Some(share) => println!(
+            "the collector's CPU with {QUIET_PROCESSES} quiet processes traced (default interval): {:.1}% of a core",
+            share * 100.0
+        ),
+        None => println!("the collector's CPU: not measured (needs xtask to run as root)"),
+    }
+    match bpftrace_ns(&program)? {
+        Some(ns) => println!(
+            "  {:<24} {:>8.1} ns   x untraced {:>6.1}   x floor {:>5.2}   (memtrace is x{:.2} cheaper; \
+             above the floor, x{:.2})",
+            "bpftrace memleak-style",
+            ns,
+            ns / untraced,
+            ns / floor,
+            ns / single,
+            (ns - floor) / (single - floor)
+        ),
+        None => println!("bpftrace: not installed and could not be installed; its row is left out"),
+    }
     let [nop5, nop1] = usdt_report_ns(memtrace, &trace)?;
     println!(
         "subsystem report traced ({REPORTS} MEMTRACE_REPORT_DELTA, best of {ROUNDS}): 5-byte nop site \
@@ -125,6 +158,116 @@ fn ns_outside_a_followed_tree(memtrace: &Path, program: &Path, trace: &Path) -> 
     lines.for_each(drop);
     let _ = follower.wait();
     Ok(measured?.into_iter().fold(f64::MAX, f64::min))
+}
+
+/// The loop's figures with two threads at once.
+struct TwoThreads {
+    untraced: f64,
+    traced: f64,
+    /// What memtrace's summary counted as lost over every traced run.
+    lost_events: u64,
+}
+
+fn two_threads(memtrace: &Path, program: &Path, trace: &Path) -> Result<TwoThreads> {
+    let summary = trace.with_file_name("summary.json");
+    let mut figures = TwoThreads { untraced: f64::MAX, traced: f64::MAX, lost_events: 0 };
+    for _ in 0..ROUNDS {
+        figures.untraced = figures.untraced.min(ns_per_pair(Command::new(program).args([PAIRS, "2"]))?);
+        let mut traced = as_root(memtrace);
+        traced.arg("-o").arg(trace).arg("--summary").arg(&summary).arg("--").arg(program).args([PAIRS, "2"]);
+        figures.traced = figures.traced.min(ns_per_pair(&mut traced)?);
+        figures.lost_events += lost_events(&summary)?;
+    }
+    Ok(figures)
+}
+
+/// Every event a summary counts as lost, over the run and its processes.
+fn lost_events(summary: &Path) -> Result<u64> {
+    let text = std::fs::read_to_string(summary).with_context(|| format!("reading {}", summary.display()))?;
+    let summary: serde_json::Value = serde_json::from_str(&text)?;
+    let processes = summary["processes"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let per_process: u64 = processes.iter().filter_map(|process| process["lost_events"].as_u64()).sum();
+    Ok(summary["lost_events"].as_u64().unwrap_or(0) + per_process)
+}
+
+const QUIET_PROCESSES: usize = 100;
+/// How long the collector's CPU time is counted, once every quiet process runs.
+const CPU_WINDOW: Duration = Duration::from_secs(8);
+
+/// The share of one core memtrace's own threads use while QUIET_PROCESSES processes are traced,
+/// from its utime + stime in /proc over CPU_WINDOW. None unless xtask runs as root (through sudo,
+/// the child would be sudo, not memtrace).
+fn collector_cpu(memtrace: &Path, trace: &Path) -> Result<Option<f64>> {
+    if !crate::is_root() {
+        return Ok(None);
+    }
+    let idle = compile_c("bench/idle_allocator.c", "bench", &[])?;
+    let seconds = CPU_WINDOW.as_secs() + 6;
+    let script = format!("for i in $(seq {QUIET_PROCESSES}); do {} {seconds} & done; wait", idle.display());
+    let mut run = Command::new(memtrace)
+        .arg("-o")
+        .arg(trace)
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting memtrace over the quiet processes")?;
+    let stderr = run.stderr.take().context("memtrace's stderr")?;
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    anyhow::ensure!(
+        lines.any(|line| line.starts_with("memtrace: tracing")),
+        "memtrace over the quiet processes never said it was tracing"
+    );
+    // Let the shell start them all and memtrace take them in (a benchmark's settling time).
+    std::thread::sleep(Duration::from_secs(2));
+    let before = cpu_ticks(run.id())?;
+    std::thread::sleep(CPU_WINDOW);
+    let after = cpu_ticks(run.id())?;
+    lines.for_each(drop);
+    run.wait()?;
+    let ticks_per_second = 100.0; // USER_HZ on Linux
+    Ok(Some((after - before) as f64 / ticks_per_second / CPU_WINDOW.as_secs_f64()))
+}
+
+/// utime + stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15).
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name, in parentheses, may hold spaces: count fields after its closing one.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').context("no command in /proc/PID/stat")?.1.split_whitespace().collect();
+    let field =
+        |n: usize| -> Result<u64> { Ok(fields.get(n - 3).context("a short /proc/PID/stat")?.parse()?) };
+    Ok(field(14)? + field(15)?)
+}
+
+/// bpftrace with a memleak-style script (sizes at entry, live blocks and their user stacks at
+/// return, forgotten at free, which bpftrace probes at entry) on the loop; best of two runs.
+/// None where bpftrace is missing and cannot be installed.
+fn bpftrace_ns(program: &Path) -> Result<Option<f64>> {
+    if crate::toolchain::ensure_packages(&["bpftrace"]).is_err() || !crate::toolchain::on_path("bpftrace") {
+        return Ok(None);
+    }
+    let libc = "/lib/x86_64-linux-gnu/libc.so.6";
+    let script = format!(
+        "uprobe:{libc}:malloc /pid == cpid/ {{ @size[tid] = arg0; }}
+         uretprobe:{libc}:malloc /@size[tid]/ {{ @live[retval] = @size[tid]; @stack[retval] = ustack; delete(@size[tid]); }}
+         uprobe:{libc}:free /pid == cpid/ {{ delete(@live[arg0]); delete(@stack[arg0]); }}
+         END {{ clear(@size); clear(@live); clear(@stack); }}"
+    );
+    let mut best = f64::MAX;
+    for _ in 0..2 {
+        let output = Command::new("bpftrace")
+            .arg("-e")
+            .arg(&script)
+            .arg("-c")
+            .arg(format!("{} {PAIRS}", program.display()))
+            .output()
+            .context("running bpftrace")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        // bpftrace's own lines come around the loop's figure.
+        let ns = text.lines().find_map(|line| line.trim().parse::<f64>().ok());
+        best = best.min(ns.with_context(|| format!("bpftrace printed no figure: {text}"))?);
+    }
+    Ok(Some(best))
 }
 
 const REPORTS: &str = "400000";

@@ -63,6 +63,15 @@ pub fn setup() -> Result<()> {
     Ok(())
 }
 
+/// Installs the Debian packages of `packages` that are missing (for the benchmark's peers).
+pub fn ensure_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|package| !is_installed(package)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing)
+}
+
 fn apt_install(packages: &[&str]) -> Result<()> {
     if !is_root() {
         bail!(
