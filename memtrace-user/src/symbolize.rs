@@ -182,12 +182,13 @@ fn underscores(name: &str) -> usize {
     name.len() - name.trim_start_matches('_').len()
 }
 
-/// The defined functions of a file's .dynsym, the least reserved name per address.
+/// The defined functions of a file's .dynsym, the least reserved name per address. Only the
+/// headers and the dynamic symbol and string tables are read (librustc_driver is 150 MB).
 fn exported_names(path: &Path) -> HashMap<u64, String> {
     use object::{Object, ObjectSymbol, SymbolKind};
     let mut names: HashMap<u64, String> = HashMap::new();
-    let Ok(data) = std::fs::read(path) else { return names };
-    let Ok(file) = object::File::parse(&*data) else { return names };
+    let Ok(data) = std::fs::File::open(path).map(object::ReadCache::new) else { return names };
+    let Ok(file) = object::File::parse(&data) else { return names };
     for symbol in file.dynamic_symbols().filter(|s| s.is_definition() && s.kind() == SymbolKind::Text) {
         let Ok(name) = symbol.name() else { continue };
         let entry = names.entry(symbol.address()).or_insert_with(|| name.to_owned());

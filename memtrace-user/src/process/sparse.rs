@@ -1,5 +1,5 @@
-//! A sparse image of an ELF file: a zeroed buffer the size of the file (untouched pages cost no
-//! memory) into which only the headers and the sections memtrace parses are read: symbol and
+//! A sparse image of an ELF file: an anonymous mapping the size of the file (untouched pages cost
+//! no memory; a zeroed heap allocation would not do, as an allocator zeroes memory it reuses) into which only the headers and the sections memtrace parses are read: symbol and
 //! string tables, the dynamic section, notes, hash and version tables. The code and data of a
 //! 200 MB library (libLLVM, librustc_driver) are never read, and no per-string read happens while
 //! symbols are scanned. Code bytes an answer needs (an allocator's first instruction) are read on
@@ -36,7 +36,7 @@ pub const NOTES: &[u32] = &[elf::SHT_NOTE];
 type ReadAt<'a> = Box<dyn Fn(&mut [u8], u64) -> io::Result<()> + 'a>;
 
 pub struct SparseImage<'a> {
-    data: Vec<u8>,
+    data: memmap2::MmapMut,
     read_at: ReadAt<'a>,
 }
 
@@ -60,8 +60,12 @@ impl<'a> SparseImage<'a> {
         if len > MAX_OBJECT_BYTES {
             bail!("larger than {MAX_OBJECT_BYTES} bytes");
         }
-        // Zeroed allocations this large are fresh pages: only what is read below is touched.
-        let mut image = Self { data: vec![0u8; len as usize], read_at: Box::new(read_at) };
+        if len == 0 {
+            bail!("an empty file");
+        }
+        // Fresh zero pages from the kernel: only what is read below is touched.
+        let data = memmap2::MmapOptions::new().len(len as usize).map_anon()?;
+        let mut image = Self { data, read_at: Box::new(read_at) };
         image.fill(0, size_of::<FileHeader>() as u64)?;
         let header = *FileHeader::parse(&*image.data).map_err(|_| anyhow!("not a 64-bit ELF file"))?;
         let endian = header.endian()?;

@@ -54,12 +54,45 @@ struct CodeSegment {
     offset: u64,
 }
 
-/// A range of virtual addresses `start..end` and how to step out of a frame there.
+/// A range of file offsets `row.pc..end` and how to step out of a frame there: 12 bytes, placed in
+/// the file as each FDE row is read, since a large binary has millions of them.
 #[derive(Debug, Clone, Copy)]
 struct Span {
-    start: u64,
-    end: u64,
-    rule: UnwindRow,
+    row: UnwindRow,
+    end: u32,
+}
+
+impl Span {
+    fn start(&self) -> u64 {
+        u64::from(self.row.pc)
+    }
+}
+
+/// Places virtual address ranges in the file: in the executable segment holding a range's start,
+/// clipped to it and to the file.
+struct Placement {
+    segments: Vec<CodeSegment>,
+    file_len: u64,
+}
+
+impl Placement {
+    /// The span of `start..end` with `rule`; None (counted) outside every segment or past 4 GiB.
+    fn span(&self, start: u64, end: u64, rule: UnwindRow, stats: &mut BuildStats) -> Option<Span> {
+        let placed = self.file_range(start, end);
+        if placed.is_none() {
+            stats.outside_code += 1;
+        }
+        let (start, end) = placed?;
+        Some(Span { row: UnwindRow { pc: start, ..rule }, end })
+    }
+
+    fn file_range(&self, start: u64, end: u64) -> Option<(u32, u32)> {
+        let segment = self.segments.iter().find(|s| start >= s.vaddr && start - s.vaddr < s.size)?;
+        let end = end.min(segment.vaddr + segment.size);
+        let start = segment.offset.checked_add(start - segment.vaddr)?;
+        let end = segment.offset.checked_add(end - segment.vaddr)?.min(self.file_len);
+        (start < end).then_some((u32::try_from(start).ok()?, u32::try_from(end).ok()?))
+    }
 }
 
 /// Builds the merged, sorted rows of an ELF file (the `pc` of every row is a file offset; see
@@ -75,6 +108,7 @@ pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, 
     if segments.len() > MAX_CODE_SEGMENTS {
         bail!("{} executable segments (at most {MAX_CODE_SEGMENTS} are accepted)", segments.len());
     }
+    let placement = Placement { segments, file_len };
     let mut stats = BuildStats::default();
     let mut spans = Vec::new();
     if let Some(section) = file.section_by_name(".eh_frame") {
@@ -82,17 +116,16 @@ pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, 
             let mut eh_frame = EhFrame::new(bytes, LittleEndian);
             eh_frame.set_address_size(8);
             let bases = eh_frame_bases(&file, section.address());
-            collect_spans(&eh_frame, &bases, &mut spans, &mut stats);
+            collect_spans(&eh_frame, &bases, &placement, &mut spans, &mut stats);
         }
     }
     if let Some(section) = file.section_by_name(".debug_frame") {
         if let Some(bytes) = section_bytes(&section) {
             let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
             debug_frame.set_address_size(8);
-            collect_spans(&debug_frame, &BaseAddresses::default(), &mut spans, &mut stats);
+            collect_spans(&debug_frame, &BaseAddresses::default(), &placement, &mut spans, &mut stats);
         }
     }
-    let spans = to_file_offsets(spans, &segments, file_len, &mut stats);
     Ok((sweep(spans, &mut stats), stats))
 }
 
@@ -140,8 +173,13 @@ fn code_segments<'data, R: ReadRef<'data>>(file: &ElfFile64<'data, Endianness, R
 
 /// Appends the spans of every FDE of one CFI section. A corrupt entry header ends the section (the
 /// next entry's position is unknown); a corrupt FDE is skipped.
-fn collect_spans<'data, S>(section: &S, bases: &BaseAddresses, spans: &mut Vec<Span>, stats: &mut BuildStats)
-where
+fn collect_spans<'data, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    placement: &Placement,
+    spans: &mut Vec<Span>,
+    stats: &mut BuildStats,
+) where
     S: UnwindSection<Slice<'data>>,
     S::Offset: std::hash::Hash + Eq,
 {
@@ -176,7 +214,7 @@ where
                 }
                 if row.start_address() < row.end_address() {
                     let rule = rule_of(row, section);
-                    spans.push(Span { start: row.start_address(), end: row.end_address(), rule });
+                    spans.extend(placement.span(row.start_address(), row.end_address(), rule, stats));
                 }
             }
             Ok(())
@@ -244,56 +282,28 @@ fn plt_offset(mut expression: Slice<'_>) -> Option<i64> {
     (expression.slice() == TAIL).then_some(offset)
 }
 
-/// Spans in file offsets: each is placed in the executable segment holding its start and clipped
-/// to it and to the file; spans outside every segment, or past 4 GiB, are dropped.
-fn to_file_offsets(
-    spans: Vec<Span>,
-    segments: &[CodeSegment],
-    file_len: u64,
-    stats: &mut BuildStats,
-) -> Vec<Span> {
-    let mut placed = Vec::with_capacity(spans.len());
-    for span in spans {
-        let segment = segments.iter().find(|s| span.start >= s.vaddr && span.start - s.vaddr < s.size);
-        let Some(segment) = segment else {
-            stats.outside_code += 1;
-            continue;
-        };
-        let end = span.end.min(segment.vaddr + (segment.size));
-        let start = segment.offset.checked_add(span.start - segment.vaddr);
-        let end = segment.offset.checked_add(end - segment.vaddr);
-        match (start, end.map(|end| end.min(file_len))) {
-            (Some(start), Some(end)) if start < end && end <= u64::from(u32::MAX) => {
-                placed.push(Span { start, end, ..span })
-            }
-            _ => stats.outside_code += 1,
-        }
-    }
-    placed
-}
-
 /// Sorted, non-overlapping rows: earlier sections win over later ones at the same address (the
 /// sort is stable), gaps between spans become NONE rows, and equal neighbours merge.
 fn sweep(mut spans: Vec<Span>, stats: &mut BuildStats) -> Vec<UnwindRow> {
-    spans.sort_by_key(|span| span.start);
+    spans.sort_by_key(Span::start);
     let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len() + spans.len() / 4);
     let mut covered_until = 0u64;
     for span in spans {
-        let start = span.start.max(covered_until);
-        if start >= span.end {
+        let start = span.start().max(covered_until);
+        if start >= u64::from(span.end) {
             stats.overlapping += 1;
             continue;
         }
         if start > covered_until && !rows.is_empty() {
             push_merged(&mut rows, row_at(covered_until, UnwindRow::default()));
         }
-        match span.rule.kind {
+        match span.row.kind {
             unwind_kind::UNSUPPORTED => stats.unsupported += 1,
             unwind_kind::END => stats.outermost += 1,
             _ => {}
         }
-        push_merged(&mut rows, row_at(start, span.rule));
-        covered_until = span.end;
+        push_merged(&mut rows, row_at(start, span.row));
+        covered_until = u64::from(span.end);
     }
     if !rows.is_empty() {
         push_merged(&mut rows, row_at(covered_until, UnwindRow::default()));
@@ -327,22 +337,21 @@ fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
 #[cfg(test)]
 pub(super) fn check_against_gimli(data: &[u8], table: &super::UnwindTable) -> Result<usize> {
     let file = ElfFile64::<Endianness>::parse(data)?;
-    let segments = code_segments(&file);
+    let placement = Placement { segments: code_segments(&file), file_len: data.len() as u64 };
     let section = file.section_by_name(".eh_frame").context("no .eh_frame")?;
     let mut eh_frame = EhFrame::new(section.data()?, LittleEndian);
     eh_frame.set_address_size(8);
     let bases = eh_frame_bases(&file, section.address());
     let mut spans = Vec::new();
     let mut stats = BuildStats::default();
-    collect_spans(&eh_frame, &bases, &mut spans, &mut stats);
-    let spans = to_file_offsets(spans, &segments, data.len() as u64, &mut stats);
+    collect_spans(&eh_frame, &bases, &placement, &mut spans, &mut stats);
     let mut checked = 0;
     for span in spans {
-        for pc in [span.start, span.end - 1] {
+        for pc in [span.start(), u64::from(span.end) - 1] {
             let found = table.lookup(pc).unwrap_or_default();
             let same = (found.kind, found.cfa_offset, found.rbp)
-                == (span.rule.kind, span.rule.cfa_offset, span.rule.rbp);
-            anyhow::ensure!(same, "at {pc:#x}: table {found:?}, gimli {:?}", span.rule);
+                == (span.row.kind, span.row.cfa_offset, span.row.rbp);
+            anyhow::ensure!(same, "at {pc:#x}: table {found:?}, gimli {:?}", span.row);
             checked += 1;
         }
     }
@@ -378,9 +387,9 @@ mod tests {
     fn gaps_become_none_rows_and_duplicates_are_dropped() {
         let rule = UnwindRow { kind: unwind_kind::CFA_RSP, cfa_offset: 8, ..UnwindRow::default() };
         let spans = vec![
-            Span { start: 0x100, end: 0x110, rule },
-            Span { start: 0x200, end: 0x210, rule },
-            Span { start: 0x100, end: 0x110, rule: UnwindRow { cfa_offset: 16, ..rule } },
+            Span { row: UnwindRow { pc: 0x100, ..rule }, end: 0x110 },
+            Span { row: UnwindRow { pc: 0x200, ..rule }, end: 0x210 },
+            Span { row: UnwindRow { pc: 0x100, cfa_offset: 16, ..rule }, end: 0x110 },
         ];
         let mut stats = BuildStats::default();
         let rows = sweep(spans, &mut stats);
