@@ -202,7 +202,8 @@ pub enum Subcommand {
     /// List the USDT probes of a running process or of a file, with their argument specs
     Usdt(UsdtListArgs),
     /// Run as an agent: trace until SIGINT/SIGTERM and serve Prometheus metrics (/metrics) and
-    /// the live heap profile (/debug/pprof/heap) over HTTP
+    /// the live heap profile (/debug/pprof/heap) over HTTP; takes the options of a run
+    #[command(mut_arg("output", |arg| arg.help("Also write a trace file (Chrome trace-event JSON) here")))]
     Serve(Box<ServeArgs>),
     /// Make the reports again from a saved run (the summary file of `--summary PATH`), without
     /// tracing: HTML, pprof, flamegraph, Perfetto, or the text report when no output is named
@@ -279,13 +280,17 @@ impl ReportOutputs {
     }
 }
 
+/// `memtrace serve`: a run (every option of one: what to trace, the kernel tables, the outputs
+/// written at its end) whose live output is the agent's endpoints. With `-- COMMAND` it serves
+/// while the command runs; a trace file is written only when `-o` names one.
 #[derive(Debug, clap::Args)]
 #[command(
-    group(ArgGroup::new("target").required(true).args(["pids", "all", "comms"]).multiple(true)),
-    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
-    after_help = "Examples:\n  sudo memtrace serve --all\n  sudo memtrace serve --listen 127.0.0.1:9464 --comm nginx"
+    after_help = "Examples:\n  sudo memtrace serve --all\n  sudo memtrace serve --listen 127.0.0.1:9464 --comm nginx\n  sudo memtrace serve --pid 4242 --children"
 )]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
     /// Address to serve on: IP:PORT, or a port alone for 127.0.0.1. Anything but loopback must
     /// be written out in full, e.g. 0.0.0.0:9464; the endpoints have no authentication
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = crate::serve::parse_listen)]
@@ -304,84 +309,19 @@ pub struct ServeArgs {
     /// How often to push with --push
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
     pub push_interval: Duration,
-
-    /// Trace a running process (repeatable)
-    #[arg(short, long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..),
-          conflicts_with = "system_wide")]
-    pub pids: Vec<u32>,
-
-    /// Trace every process on the machine, including those started later
-    #[arg(short, long)]
-    pub all: bool,
-
-    /// Trace only processes with this command name (repeatable; implies --all)
-    #[arg(long = "comm", value_name = "NAME", value_parser = parse_comm)]
-    pub comms: Vec<String>,
-
-    /// With --all or --comm: leave this process out (repeatable)
-    #[arg(long = "exclude-pid", value_name = "PID", requires = "system_wide")]
-    pub exclude_pids: Vec<u32>,
-
-    /// How often to read the counters, e.g. 1s, 5s
-    #[arg(short, long, value_name = "DUR", default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
-
-    /// Also write a trace file (Chrome trace-event JSON) here
-    #[arg(short, long, value_name = "PATH")]
-    pub output: Option<PathBuf>,
-
-    /// Capacity of the kernel's live-allocation table, as for a run
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_LIVE_ALLOCATIONS,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
-    pub max_allocations: u32,
-
-    /// The allocator's symbol prefix or name, as for a run [default: found per process]
-    #[arg(long, value_name = "NAME")]
-    pub allocator: Option<String>,
-
-    /// The object file that holds the allocator, as for a run [default: found per process]
-    #[arg(long, value_name = "PATH")]
-    pub lib: Option<PathBuf>,
-
-    /// Do not record call stacks (cheaper; the heap profile is then empty)
-    #[arg(long)]
-    pub no_stacks: bool,
-
-    /// Sample allocations, a mean of BYTES apart, as for a run
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
-    pub sample: Option<u64>,
 }
 
 impl ServeArgs {
-    /// The tracing run the agent is: these options, every other one at its default.
-    pub fn tracing(&self) -> Cli {
-        let mut cli = Cli::try_parse_from(["memtrace", "--all"]).expect("`memtrace --all` parses");
-        cli.all = self.all;
-        cli.pids = self.pids.clone();
-        cli.comms = self.comms.clone();
-        cli.exclude_pids = self.exclude_pids.clone();
-        cli.interval = self.interval;
-        cli.output = self.output.clone();
-        cli.max_allocations = self.max_allocations;
-        cli.allocator = self.allocator.clone();
-        cli.lib = self.lib.clone();
-        cli.no_stacks = self.no_stacks;
-        cli.sample = self.sample;
-        cli
-    }
-
-    /// What serving adds to the run.
-    pub fn options(&self) -> crate::serve::ServeOptions {
-        crate::serve::ServeOptions {
+    /// The run the agent is, and what serving adds to it.
+    pub fn into_parts(self) -> (RunArgs, crate::serve::ServeOptions) {
+        let options = crate::serve::ServeOptions {
             listen: self.listen,
             max_series_processes: self.max_series_processes as usize,
-            interval: self.interval,
-            max_allocations: self.max_allocations,
-            push: self
-                .push
-                .clone()
-                .map(|base| crate::serve::push::PushTarget { base, interval: self.push_interval }),
-        }
+            interval: self.run.interval,
+            max_allocations: self.run.max_allocations,
+            push: self.push.map(|base| crate::serve::push::PushTarget { base, interval: self.push_interval }),
+        };
+        (self.run, options)
     }
 }
 
@@ -504,16 +444,39 @@ mod tests {
         };
         assert_eq!(args.listen.to_string(), "127.0.0.1:9464");
         assert_eq!(args.max_series_processes, 100);
-        let tracing = args.tracing();
+        let tracing = &args.run;
         assert_eq!((tracing.pids.as_slice(), tracing.interval), ([7].as_slice(), Duration::from_millis(250)));
         assert!(!tracing.all && tracing.output.is_none() && tracing.summary.is_none());
         let cli = Cli::try_parse_from(["memtrace", "serve", "--comm", "nginx", "--listen", "0.0.0.0:9100"])
             .unwrap();
+        let Some(Subcommand::Serve(args)) = cli.subcommand else {
+            panic!("no serve subcommand");
+        };
+        assert!(args.run.system_wide());
+        assert_eq!(args.into_parts().1.listen.to_string(), "0.0.0.0:9100");
+        // Every option of a run: a tree, the stack table, the exited processes kept, a command.
+        let cli = Cli::try_parse_from([
+            "memtrace",
+            "serve",
+            "--pid",
+            "7",
+            "--children",
+            "--max-stacks",
+            "4096",
+            "--keep-exited",
+            "5",
+        ])
+        .unwrap();
         let Some(Subcommand::Serve(args)) = &cli.subcommand else {
             panic!("no serve subcommand");
         };
-        assert!(args.tracing().system_wide());
-        assert_eq!(args.options().listen.to_string(), "0.0.0.0:9100");
+        assert!(args.run.children);
+        assert_eq!((args.run.max_stacks, args.run.keep_exited), (4096, 5));
+        let cli = Cli::try_parse_from(["memtrace", "serve", "--", "./app", "--port", "1"]).unwrap();
+        let Some(Subcommand::Serve(args)) = &cli.subcommand else {
+            panic!("no serve subcommand");
+        };
+        assert_eq!(args.run.command, ["./app", "--port", "1"]);
         let missing = Cli::try_parse_from(["memtrace", "serve"]).unwrap_err();
         assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
         let both = Cli::try_parse_from(["memtrace", "serve", "--pid", "1", "--all"]).unwrap_err();

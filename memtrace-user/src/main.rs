@@ -54,8 +54,9 @@ fn main() -> ExitCode {
     // `memtrace serve` is a tracing run with the agent as its output.
     let serve = match cli.subcommand.take() {
         Some(cli::Subcommand::Serve(args)) => {
-            cli = args.tracing();
-            Some(args.options())
+            let (run, options) = args.into_parts();
+            cli.run = run;
+            Some(options)
         }
         // `memtrace top` is a run watched live in the terminal.
         Some(cli::Subcommand::Top(args)) => {

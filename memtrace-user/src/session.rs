@@ -115,7 +115,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
         forwarded_signal: false,
         failed_outputs: 0,
         early_refresh,
-        serving: serve.is_some(),
+        serving: serve.is_some() && cli.command.is_empty(),
     };
     let ending = run.trace()?;
     let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
@@ -391,8 +391,9 @@ struct Run<'a> {
     /// REFRESH_CEILING, so that its stacks are unwound long before its first sample and a library
     /// it dlopens is unwound soon after (reading /proc/PID/maps takes about 0.1 ms).
     early_refresh: Option<Duration>,
-    /// `memtrace serve`: tracing goes on after the targets exit, and processes released
-    /// system-wide leave the model, so that its memory stays bounded over days.
+    /// `memtrace serve` without a command: tracing goes on after the targets exit, and processes
+    /// released leave the model, so that its memory stays bounded over days. (With a command,
+    /// serve is a run with live endpoints: it ends with the command and reports like a run.)
     serving: bool,
 }
 
@@ -438,7 +439,10 @@ impl Run<'_> {
                     next_sample += self.cli.interval;
                 }
             }
-            if !self.serving && !self.cli.system_wide() && self.targets.iter().all(|target| target.exited) {
+            // The agent outlives the processes it was pointed at, but not a command it launched.
+            let outlives_targets = self.serving && self.cli.command.is_empty();
+            if !outlives_targets && !self.cli.system_wide() && self.targets.iter().all(|target| target.exited)
+            {
                 return Ok(Ending::TargetsExited);
             }
             if deadline.is_some_and(|deadline| now >= deadline) {

@@ -343,6 +343,37 @@ fn sigint_ends_the_agent_with_status_0_and_no_trace_file() {
     assert!(written.is_empty(), "memtrace serve wrote {written:?} without -o");
 }
 
+/// `serve -- COMMAND` is a run whose live output is the agent: it takes every option of a run,
+/// ends with the command (status 0, no signal needed), and writes what a run writes at its end.
+#[test]
+fn serving_a_command_ends_with_it_and_writes_the_run_outputs() {
+    let memtrace = Memtrace::new().without_default_outputs();
+    let summary = memtrace.dir().join("summary.json");
+    let outcome = memtrace
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "-i",
+            INTERVAL,
+            "--max-stacks",
+            "4096",
+            "--keep-exited",
+            "5",
+        ])
+        .arg("--summary")
+        .arg(&summary)
+        .arg("--")
+        .arg(fixture("leaks"))
+        .run();
+    outcome.assert_exit_code(0);
+    outcome.assert_stderr_mentions(&["memtrace: serving http://127.0.0.1:", "memtrace: tracing"]);
+    let processes = outcome.summary()["processes"].as_array().expect("processes");
+    let leaks = processes.iter().find(|process| process["comm"] == "leaks").expect("the fixture's report");
+    assert_eq!(leaks["live_bytes"], LIVE_BYTES);
+    assert_eq!(leaks["live_allocations"], LIVE_ALLOCATIONS);
+}
+
 #[test]
 fn listening_beyond_loopback_needs_the_address_in_full() {
     let outcome =
