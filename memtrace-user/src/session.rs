@@ -23,7 +23,10 @@ use crate::{
     allocator::{Allocator, Overrides},
     cli::Cli,
     collector::Collector,
-    export::{progress::Progress, report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter},
+    export::{
+        progress::Progress, report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter,
+        StacksWanted,
+    },
     following::Following,
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
@@ -526,13 +529,18 @@ impl Run<'_> {
         self.model.record_timeline(sample.ts_us);
         self.report_new_losses();
         // Every exporter is asked (no short cut): each learns that its request is being served.
-        let stacks =
-            self.exporters.iter_mut().fold(false, |wanted, exporter| exporter.wants_stacks() | wanted);
-        let occupancy =
-            self.exporters.iter_mut().fold(stacks, |wanted, exporter| exporter.wants_occupancy() | wanted);
-        if stacks {
-            let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
-            self.read_stacks(&unreleased)?;
+        let stacks = self
+            .exporters
+            .iter_mut()
+            .fold(StacksWanted::None, |wanted, exporter| wanted.and(exporter.wants_stacks()));
+        let occupancy = self
+            .exporters
+            .iter_mut()
+            .fold(stacks != StacksWanted::None, |wanted, exporter| exporter.wants_occupancy() | wanted);
+        if stacks != StacksWanted::None {
+            let wanted = self.model.processes.values().filter(|p| !p.released && stacks.includes(p.pid));
+            let wanted = wanted.map(|p| p.pid).collect();
+            self.read_stacks(&wanted)?;
         }
         if occupancy {
             self.record_occupancy()?;

@@ -120,6 +120,7 @@ pub fn run(memtrace: &Path) -> Result<()> {
         ),
         None => println!("bpftrace: not installed and could not be installed; its row is left out"),
     }
+    unwinder_cost(memtrace, &trace, floor)?;
     let [nop5, nop1] = usdt_report_ns(memtrace, &trace)?;
     println!(
         "subsystem report traced ({REPORTS} MEMTRACE_REPORT_DELTA, best of {ROUNDS}): 5-byte nop site \
@@ -268,6 +269,56 @@ fn bpftrace_ns(program: &Path) -> Result<Option<f64>> {
         best = best.min(ns.with_context(|| format!("bpftrace printed no figure: {text}"))?);
     }
     Ok(Some(best))
+}
+
+/// Pairs per run of the deep loop.
+const DEEP_PAIRS: &str = "200000";
+/// Frames of a deep-loop stack beyond its descent: turn_over, the last descend, main, and libc's
+/// __libc_start_call_main, __libc_start_main and _start.
+const DEEP_BASE_FRAMES: u32 = 6;
+const DEEP: u32 = 16;
+
+/// The unwinder's cost per allocation (memtrace with stacks less memtrace --no-stacks, a pair
+/// taking one stack) on a stack DEEP_BASE_FRAMES deep and one DEEP frames deeper, on code built
+/// with frame pointers and without; per frame from the difference. Best of ROUNDS each.
+fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
+    let builds = [
+        ("frame pointers", compile_c("bench/deep_loop.c", "bench", &[])?),
+        ("no frame pointers", compile_c("bench/deep_loop.c", "bench-nofp", &["-fomit-frame-pointer"])?),
+    ];
+    println!(
+        "the unwinder, per allocation (memtrace less --no-stacks; {DEEP_PAIRS} pairs, best of {ROUNDS}; floor {floor:.0} ns a pair):"
+    );
+    for (name, program) in &builds {
+        let mut stack_ns = [0.0; 2];
+        for (depth, cost) in [0, DEEP].into_iter().zip(&mut stack_ns) {
+            let mut best = [f64::MAX; 2];
+            for _ in 0..ROUNDS {
+                for (stacks, best) in [true, false].into_iter().zip(&mut best) {
+                    let mut command = as_root(memtrace);
+                    command.arg("-o").arg(trace);
+                    if !stacks {
+                        command.arg("--no-stacks");
+                    }
+                    command.arg("--").arg(program).args([DEEP_PAIRS, &depth.to_string()]);
+                    *best = best.min(ns_per_pair(&mut command)?);
+                }
+            }
+            *cost = best[0] - best[1];
+        }
+        let per_frame = (stack_ns[1] - stack_ns[0]) / f64::from(DEEP);
+        println!(
+            "  {name:<18} {:>2}-frame stack {:>6.0} ns ({:.2} x floor), {:>2}-frame stack {:>6.0} ns ({:.2} x floor); {:.0} ns a frame",
+            DEEP_BASE_FRAMES,
+            stack_ns[0],
+            stack_ns[0] / floor,
+            DEEP_BASE_FRAMES + DEEP,
+            stack_ns[1],
+            stack_ns[1] / floor,
+            per_frame
+        );
+    }
+    Ok(())
 }
 
 const REPORTS: &str = "400000";

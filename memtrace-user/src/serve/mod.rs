@@ -22,7 +22,7 @@ use anyhow::Result;
 use tokio::sync::watch;
 
 use crate::{
-    export::Exporter,
+    export::{Exporter, StacksWanted},
     model::{Model, Process, RunEnd, Sample},
     procfs,
 };
@@ -174,13 +174,13 @@ impl Agent {
 }
 
 impl Exporter for Agent {
-    fn wants_stacks(&mut self) -> bool {
+    fn wants_stacks(&mut self) -> StacksWanted {
         let requested = self.shared.profile_requests.load(Ordering::Acquire);
         if requested > self.profile_ticket {
             self.stacks_for = Some(requested);
-            return true;
+            return StacksWanted::All;
         }
-        false
+        StacksWanted::None
     }
 
     fn wants_occupancy(&mut self) -> bool {

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     cli::Cli,
-    export::Exporter,
+    export::{Exporter, StacksWanted},
     model::{Model, RunEnd, Sample},
 };
 pub use snapshot::format_elapsed;
@@ -106,9 +106,14 @@ impl TopView {
 }
 
 impl Exporter for TopView {
-    fn wants_stacks(&mut self) -> bool {
-        self.stacks_asked = !self.no_stacks && self.opened.load(Ordering::Relaxed) != 0;
-        self.stacks_asked
+    fn wants_stacks(&mut self) -> StacksWanted {
+        let opened = self.opened.load(Ordering::Relaxed);
+        self.stacks_asked = !self.no_stacks && opened != 0;
+        if self.stacks_asked {
+            StacksWanted::Process(opened)
+        } else {
+            StacksWanted::None
+        }
     }
 
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
