@@ -4,26 +4,9 @@
  * nanoseconds per pair to stdout. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
-#define SLOTS 64
-
-static const size_t sizes[] = {16, 24, 40, 64, 100, 256, 1000};
-
-static __attribute__((noinline)) double turn_over(long pairs) {
-    void *volatile slots[SLOTS] = {0};
-    struct timespec start, end;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (long i = 0; i < pairs; i++) {
-        free(slots[i % SLOTS]);
-        slots[i % SLOTS] = malloc(sizes[i % (sizeof sizes / sizeof sizes[0])]);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    for (int i = 0; i < SLOTS; i++)
-        free(slots[i]);
-    return ((end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec)) / pairs;
-}
+#include "turn_over.h"
 
 /* The volatile local and the use of the result after the call keep each level a frame of its own. */
 static __attribute__((noinline)) double descend(int depth, long pairs) {

@@ -1,32 +1,19 @@
 /* `cargo xtask bench`: times N malloc/free pairs and writes the nanoseconds per pair to stdout.
- * A thread turns over 64 live slots with mixed sizes, as an allocation-heavy program does: every
- * iteration frees the block in one slot and allocates a new one there. With a second argument T,
+ * One thread runs turn_over.h's loop; with a second argument T,
  * T threads do so at once, each N pairs, and the figure is the mean of the threads' own figures. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
-#define SLOTS 64
+#include "turn_over.h"
+
 #define MAX_THREADS 64
 
-static const size_t sizes[] = {16, 24, 40, 64, 100, 256, 1000};
 static long pairs;
 
-static void *turn_over(void *ns_per_pair) {
-    void *volatile slots[SLOTS] = {0};
-    struct timespec start, end;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (long i = 0; i < pairs; i++) {
-        free(slots[i % SLOTS]);
-        slots[i % SLOTS] = malloc(sizes[i % (sizeof sizes / sizeof sizes[0])]);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    for (int i = 0; i < SLOTS; i++)
-        free(slots[i]);
-    double ns = (end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec);
-    *(double *)ns_per_pair = ns / pairs;
+static void *run_thread(void *ns_per_pair) {
+    *(double *)ns_per_pair = turn_over(pairs);
     return NULL;
 }
 
@@ -40,12 +27,11 @@ int main(int argc, char **argv) {
     double ns[MAX_THREADS];
     double sum = 0;
     if (threads == 1) {
-        turn_over(&ns[0]);
-        sum = ns[0];
+        sum = turn_over(pairs);
     } else {
         pthread_t ids[MAX_THREADS];
         for (int t = 0; t < threads; t++)
-            pthread_create(&ids[t], NULL, turn_over, &ns[t]);
+            pthread_create(&ids[t], NULL, run_thread, &ns[t]);
         for (int t = 0; t < threads; t++) {
             pthread_join(ids[t], NULL);
             sum += ns[t];
