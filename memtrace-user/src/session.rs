@@ -442,10 +442,7 @@ impl Run<'_> {
                     next_sample += self.cli.interval;
                 }
             }
-            // The agent outlives the processes it was pointed at, but not a command it launched.
-            let outlives_targets = self.serving && self.cli.command.is_empty();
-            if !outlives_targets && !self.cli.system_wide() && self.targets.iter().all(|target| target.exited)
-            {
+            if !self.serving && !self.cli.system_wide() && self.targets.iter().all(|target| target.exited) {
                 return Ok(Ending::TargetsExited);
             }
             if deadline.is_some_and(|deadline| now >= deadline) {
