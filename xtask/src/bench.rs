@@ -61,8 +61,8 @@ pub fn run(memtrace: &Path) -> Result<()> {
             let mut command = match variant.memtrace_args {
                 None => Command::new(&program),
                 Some(args) => {
-                    let mut command = as_root(memtrace);
-                    command.arg("-o").arg(&trace).args(args).arg("--").arg(&program);
+                    let mut command = memtrace_writing(memtrace, &trace);
+                    command.args(args).arg("--").arg(&program);
                     command
                 }
             };
@@ -138,9 +138,7 @@ pub fn run(memtrace: &Path) -> Result<()> {
 /// The loop run outside memtrace's tree while memtrace follows `sleep` and its descendants: the
 /// probes fire in the loop's process too and are filtered out in the kernel. Best of ROUNDS.
 fn ns_outside_a_followed_tree(memtrace: &Path, program: &Path, trace: &Path) -> Result<f64> {
-    let mut follower = as_root(memtrace)
-        .arg("-o")
-        .arg(trace)
+    let mut follower = memtrace_writing(memtrace, trace)
         .args(["--", "sleep", "600"])
         .stderr(Stdio::piped())
         .spawn()
@@ -174,8 +172,8 @@ fn two_threads(memtrace: &Path, program: &Path, trace: &Path) -> Result<TwoThrea
     let mut figures = TwoThreads { untraced: f64::MAX, traced: f64::MAX, lost_events: 0 };
     for _ in 0..ROUNDS {
         figures.untraced = figures.untraced.min(ns_per_pair(Command::new(program).args([PAIRS, "2"]))?);
-        let mut traced = as_root(memtrace);
-        traced.arg("-o").arg(trace).arg("--summary").arg(&summary).arg("--").arg(program).args([PAIRS, "2"]);
+        let mut traced = memtrace_writing(memtrace, trace);
+        traced.arg("--summary").arg(&summary).arg("--").arg(program).args([PAIRS, "2"]);
         figures.traced = figures.traced.min(ns_per_pair(&mut traced)?);
         figures.lost_events += lost_events(&summary)?;
     }
@@ -205,9 +203,7 @@ fn collector_cpu(memtrace: &Path, trace: &Path) -> Result<Option<f64>> {
     let idle = compile_c("bench/idle_allocator.c", "bench", &[])?;
     let seconds = CPU_WINDOW.as_secs() + 6;
     let script = format!("for i in $(seq {QUIET_PROCESSES}); do {} {seconds} & done; wait", idle.display());
-    let mut run = Command::new(memtrace)
-        .arg("-o")
-        .arg(trace)
+    let mut run = memtrace_writing(memtrace, trace)
         .args(["--", "sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
@@ -295,8 +291,7 @@ fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
             let mut best = [f64::MAX; 2];
             for _ in 0..ROUNDS {
                 for (stacks, best) in [true, false].into_iter().zip(&mut best) {
-                    let mut command = as_root(memtrace);
-                    command.arg("-o").arg(trace);
+                    let mut command = memtrace_writing(memtrace, trace);
                     if !stacks {
                         command.arg("--no-stacks");
                     }
@@ -334,12 +329,19 @@ fn usdt_report_ns(memtrace: &Path, trace: &Path) -> Result<[f64; 2]> {
     let mut best = [f64::MAX; 2];
     for _ in 0..ROUNDS {
         for (program, best) in programs.iter().zip(&mut best) {
-            let mut command = as_root(memtrace);
-            command.arg("-o").arg(trace).arg("--").arg(program).arg(REPORTS);
+            let mut command = memtrace_writing(memtrace, trace);
+            command.arg("--").arg(program).arg(REPORTS);
             *best = best.min(ns_per_pair(&mut command)?);
         }
     }
     Ok(best)
+}
+
+/// memtrace, as root, writing its trace to `trace` (every run of the bench overwrites the one file).
+fn memtrace_writing(memtrace: &Path, trace: &Path) -> Command {
+    let mut command = as_root(memtrace);
+    command.arg("-o").arg(trace);
+    command
 }
 
 fn ns_per_pair(command: &mut Command) -> Result<f64> {
@@ -357,7 +359,7 @@ fn ns_per_pair(command: &mut Command) -> Result<f64> {
 /// detach and the outputs.
 fn whole_run_time(memtrace: &Path, trace: &Path) -> Result<Duration> {
     let started = Instant::now();
-    let status = as_root(memtrace).arg("-o").arg(trace).args(["--", "true"]).output()?.status;
+    let status = memtrace_writing(memtrace, trace).args(["--", "true"]).output()?.status;
     anyhow::ensure!(status.success(), "memtrace -- true failed");
     Ok(started.elapsed())
 }
