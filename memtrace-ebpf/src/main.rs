@@ -15,7 +15,9 @@ mod os_memory;
 mod processes;
 mod sampling;
 mod stacks;
+mod threads;
 mod usdt;
+mod window;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -27,7 +29,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     Allocation, AllocationKey, AllocatorFunction, PendingCall, ProbeCookie, ProcessStats, ThreadState,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_THREADS, NO_STACK,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, NO_STACK,
 };
 
 use counters::{add, add_signed, compare_exchange};
@@ -37,10 +39,6 @@ use stacks::{capture_stack, count_in_stack, StackChange};
 #[map]
 static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
     HashMap::with_max_entries(DEFAULT_MAX_LIVE_ALLOCATIONS, 0);
-
-/// Each thread's allocator state, updated in place; process_exit removes a thread's slot.
-#[map]
-pub(crate) static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREADS, 0);
 
 const EEXIST: i32 = 17;
 
@@ -61,31 +59,16 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
     }
 }
 
-/// The calling thread's slot, made on its first allocator call.
-pub(crate) fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
-    let mut slot = THREADS.get_ptr_mut(tid);
-    if slot.is_none() {
-        let fresh = ThreadState { until_sample: sampling::next_distance(), ..ThreadState::default() };
-        let _ = THREADS.insert(tid, fresh, u64::from(BPF_NOEXIST));
-        slot = THREADS.get_ptr_mut(tid);
-    }
-    // SAFETY: a map value, valid while the program runs; only this thread's probes touch it, and
-    // they never run at once.
-    slot.map(|slot| unsafe { &mut *slot })
-}
-
-/// The calling thread's slot if its process is traced. A slot is made on a thread's first event in
-/// a traced process and removed when the thread exits or execs (processes.rs), so a thread that
-/// has one is traced: the common case is one lookup, with no second one in the process filter.
+/// The calling thread's slot if its process is traced. The common case is one array lookup, with
+/// no second one in the process filter (threads.rs).
 fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
-    if let Some(slot) = THREADS.get_ptr_mut(caller.tid) {
-        // SAFETY: as in thread_state.
-        return Some(unsafe { &mut *slot });
+    if let Some(thread) = threads::find(caller.tid) {
+        return Some(thread);
     }
     if !is_traced(caller.tgid) {
         return None;
     }
-    let thread = thread_state(caller.tid);
+    let thread = threads::find_or_make(caller.tid);
     if thread.is_none() {
         if let Some(stats) = stats_of(caller.tgid) {
             add(&stats.lost_events, 1);
@@ -129,8 +112,7 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
 /// The thread of an outermost allocator call that is returning now.
 fn take_pending(function: AllocatorFunction) -> Option<(u32, &'static mut ThreadState)> {
     let Caller { tgid, tid } = caller();
-    // SAFETY: as in thread_state.
-    let thread = unsafe { &mut *THREADS.get_ptr_mut(tid)? };
+    let thread = threads::find(tid)?;
     if thread.depth == 0 {
         return None;
     }

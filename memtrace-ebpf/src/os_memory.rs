@@ -19,7 +19,7 @@ use crate::{
     counters::{add, add_signed},
     kernel::{current_task, layout, read_at},
     processes::{caller, is_traced_process, stats_of, Caller},
-    thread_state,
+    threads,
 };
 
 #[map]
@@ -70,7 +70,7 @@ pub fn memory_syscall_enter(ctx: RawTracePointContext) -> u32 {
     for (arg, offset) in args.iter_mut().zip(ARG_OFFSETS) {
         *arg = read_at(regs, offset).unwrap_or(0);
     }
-    let Some(thread) = thread_state(tid) else {
+    let Some(thread) = threads::find_or_make(tid) else {
         return 0;
     };
     let inside_allocator = u64::from(thread.depth != 0);
@@ -94,8 +94,7 @@ pub fn memory_syscall_exit(ctx: RawTracePointContext) -> u32 {
         return 0;
     }
     let Caller { tgid, tid } = caller();
-    // SAFETY: as in thread_state: only this thread's programs touch its slot.
-    let Some(thread) = crate::THREADS.get_ptr_mut(tid).map(|slot| unsafe { &mut *slot }) else {
+    let Some(thread) = crate::threads::find(tid) else {
         return 0;
     };
     if thread.syscall.nr == 0 {

@@ -143,7 +143,7 @@ pub(crate) fn note_allocator(ctx: &impl EbpfContext, stats: &ProcessStats) {
 pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, tid } = caller();
     // Every exiting thread gives back its allocator slot.
-    let _ = crate::THREADS.remove(tid);
+    crate::threads::release(tid);
     if tgid != tid {
         return 0;
     }
@@ -204,8 +204,8 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // execs takes the process id; its slot goes, so that whether the new image is traced (its
     // command name may not be) is asked again on its first event.
     let old_pid: u64 = ctx.arg(1);
-    let _ = crate::THREADS.remove(old_pid as u32);
-    let _ = crate::THREADS.remove(tgid);
+    crate::threads::release(old_pid as u32);
+    crate::threads::release(tgid);
     let _ = STATS.remove(tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);

@@ -38,7 +38,10 @@ use memtrace_common::{
     UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
-use crate::counters::{add, add_signed};
+use crate::{
+    counters::{add, add_signed},
+    window::{stack_window, tables_epoch, Registers, StackWindow, WalkStart},
+};
 
 /// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
 #[map]
@@ -110,59 +113,48 @@ struct UnwindState {
 #[map]
 static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Words of the traced stack read at once. A call of bpf_probe_read_user costs about 110 ns here
-/// whatever its size up to a page, and a frame takes one or two reads: one window read serves the
-/// frames of a kilobyte of stack.
-const WINDOW_WORDS: usize = 128;
-
-/// A copy of the traced stack from `base` up, refilled where a read falls outside it.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct StackWindow {
-    base: u64,
-    /// `window_state`.
-    state: u64,
-    /// The window, and a spare word that no read fills: a read of two words starting at the last
-    /// stays inside the value for the verifier (the test that rejects it is on another register).
-    words: [u64; WINDOW_WORDS + 1],
-}
-
-mod window_state {
-    /// Nothing read yet in this walk.
-    pub const EMPTY: u64 = 0;
-    pub const FILLED: u64 = 1;
-    /// A window read failed (the stack ends within a window): the walk reads word by word.
-    pub const EXHAUSTED: u64 = 2;
-}
-
-#[map]
-static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
-
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 pub(crate) static CAPTURE_STACKS: u8 = 1;
 
 /// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
-/// registers are the allocator's caller's. The raw return addresses are cheap to take and name the
-/// stack within one program image; its build-ID form, which outlives the process, is written once
-/// per distinct raw stack and cached in RAW_STACKS.
+/// registers are the allocator's caller's. A walk that repeats this CPU's last one is not done
+/// again (window.rs); otherwise the raw return addresses are cheap to take and name the stack
+/// within one program image, and its build-ID form, which outlives the process, is written once per
+/// distinct raw stack and cached in RAW_STACKS.
 pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats) -> u64 {
     // SAFETY: a global the loader sets before the programs load.
     if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
         return NO_STACK;
     }
-    let (Some(raw), Some(locations)) = (RAW_SCRATCH.get_ptr_mut(0), LOCATION_SCRATCH.get_ptr_mut(0)) else {
+    let Some(window) = stack_window() else {
+        return NO_STACK;
+    };
+    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
+    let regs = unsafe {
+        Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
+    };
+    // The epoch is read before any table the walk reads.
+    let start =
+        WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
+    if let Some((key, stop)) = window.recall(&start) {
+        count_stop(stats, stop as usize);
+        return key;
+    }
+    let (Some(raw), Some(locations), Some(state)) =
+        (RAW_SCRATCH.get_ptr_mut(0), LOCATION_SCRATCH.get_ptr_mut(0), UNWIND_STATE.get_ptr_mut(0))
+    else {
         return NO_STACK;
     };
     // SAFETY: the per-CPU scratch values are ours until the program ends.
     let (raw, locations) = unsafe { (&mut *raw, &mut *locations) };
-    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else {
-        return NO_STACK;
-    };
     let mappings = UNWIND_MAPPINGS.get_ptr(tgid);
     match mappings {
-        // SAFETY: a map value, valid while the program runs.
-        Some(mappings) => unwind(ctx, unsafe { &*mappings }, raw, locations, state),
+        Some(mappings) => {
+            window.begin(&start);
+            // SAFETY: a map value, valid while the program runs.
+            unwind(unsafe { &*mappings }, raw, locations, state, window, regs);
+        }
         None => {
             let depth = walk_frame_pointers(ctx, raw) as u64;
             // SAFETY: the per-CPU scratch value is ours until the program ends.
@@ -175,61 +167,53 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
     // SAFETY: as above; read back through memory so that every path's state is one.
     let (depth, stop) =
         unsafe { (read_volatile(&(*state).depth) as usize, read_volatile(&(*state).stop) as usize) };
-    let depth = depth.min(STACK_DEPTH);
-    if let Some(counter) = stats.unwind_stops.get(stop & (unwind_stop::COUNT - 1)) {
-        add(counter, 1);
-    }
+    count_stop(stats, stop);
     // The same addresses in another process, or in this one after an exec, are another stack.
-    let seed = fnv1a(FNV_OFFSET, u64::from(tgid));
-    let raw_key = hash_words(fnv1a(seed, stats.started_ns), raw, depth);
-    if let Some(key) = RAW_STACKS.get_ptr(raw_key) {
+    let seed = fnv1a(fnv1a(FNV_OFFSET, start.tgid), start.started_ns);
+    let raw_key = hash_words(seed, raw, depth.min(STACK_DEPTH));
+    let key = match RAW_STACKS.get_ptr(raw_key) {
         // SAFETY: a map value, valid while the program runs.
-        return unsafe { *key };
-    }
-    let key = match mappings {
-        Some(_) => record_locations(stats, raw, locations, state),
-        // SAFETY: as above.
-        None => resolve_build_ids(ctx, stats, unsafe { read_volatile(&(*state).depth) } as usize),
+        Some(key) => unsafe { *key },
+        None => {
+            let key = match mappings {
+                Some(_) => record_locations(stats, raw, locations, state),
+                None => resolve_build_ids(ctx, stats, depth),
+            };
+            if key != NO_STACK {
+                // A full cache evicts its least recently used entry: nothing is lost, only
+                // resolved again.
+                let _ = RAW_STACKS.insert(raw_key, key, 0);
+            }
+            key
+        }
     };
-    if key != NO_STACK {
-        // A full cache evicts its least recently used entry: nothing is lost, only resolved again.
-        let _ = RAW_STACKS.insert(raw_key, key, 0);
+    // Only a walk by the tables is memoized (it read the stack through the window).
+    if mappings.is_some() && key != NO_STACK {
+        window.remember(key, stop as u64);
     }
     key
 }
 
-/// A frame's registers as far as unwinding needs them.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Registers {
-    rip: u64,
-    rsp: u64,
-    rbp: u64,
-    /// 0 once a frame's row said the caller's rbp cannot be recovered.
-    rbp_known: u64,
+/// Counts why a stack ended.
+fn count_stop(stats: &ProcessStats, stop: usize) {
+    if let Some(counter) = stats.unwind_stops.get(stop & (unwind_stop::COUNT - 1)) {
+        add(counter, 1);
+    }
 }
 
-/// Unwinds from a return probe's registers (the allocator's caller first) with the process's
-/// mapping table and the files' tables, into `raw` and `locations`; leaves the depth and why the
-/// walk ended (`unwind_stop`) in `state`.
+/// Unwinds from `regs` (the allocator's caller first) with the process's mapping table and the
+/// files' tables, into `raw` and `locations`; leaves the depth and why the walk ended
+/// (`unwind_stop`) in `state`.
 fn unwind(
-    ctx: &RetProbeContext,
     mappings: &UnwindMappings,
     raw: &mut RawStack,
     locations: &mut Locations,
     state: *mut UnwindState,
+    window: &mut StackWindow,
+    regs: Registers,
 ) {
-    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
-    let regs = unsafe {
-        Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
-    };
     // SAFETY: the per-CPU scratch value is ours until the program ends.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
-    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: as above.
-    unsafe { write_volatile(&mut (*window).state, window_state::EMPTY) };
     let mut walk = Walk { mappings, raw, locations, state, window };
     // The frame step is verified once, as the callback, rather than once per frame of a loop.
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
@@ -378,51 +362,6 @@ fn find_row(table: &UnwindTableInfo, pc: u64) -> Option<UnwindRow> {
     }
     let row = *UNWIND_ROWS.get(table.rows_start.wrapping_add(lo))?;
     (row.kind != unwind_kind::NONE).then_some(row)
-}
-
-impl StackWindow {
-    /// `N` words of the traced stack at `address`: from the window, else after refilling it there.
-    fn read<const N: usize>(&mut self, address: u64) -> Result<[u64; N], usize> {
-        if let Some(words) = self.cached(address) {
-            return Ok(words);
-        }
-        if self.state != window_state::EXHAUSTED {
-            let size = core::mem::size_of::<[u64; WINDOW_WORDS]>() as u32;
-            // Straight into the map value (a kilobyte is more than the BPF stack holds).
-            // SAFETY: the helper writes at most `size` bytes into `words` (zeroes on failure) and
-            // checks the user addresses, failing rather than faulting.
-            let read = unsafe {
-                generated::bpf_probe_read_user(self.words.as_mut_ptr().cast(), size, address as *const c_void)
-            };
-            if read == 0 {
-                self.base = address;
-                self.state = window_state::FILLED;
-                return self.cached(address).ok_or(unwind_stop::READ_FAULT);
-            }
-            self.state = window_state::EXHAUSTED;
-        }
-        // SAFETY: as above.
-        unsafe { bpf_probe_read_user(address as *const [u64; N]) }.map_err(|_| unwind_stop::READ_FAULT)
-    }
-
-    /// The words at `address` if the window holds them all.
-    fn cached<const N: usize>(&self, address: u64) -> Option<[u64; N]> {
-        const { assert!(N <= 2, "the window has one spare word") };
-        let offset = address.wrapping_sub(self.base);
-        if self.state != window_state::FILLED
-            || offset % 8 != 0
-            || offset / 8 + N as u64 > WINDOW_WORDS as u64
-        {
-            return None;
-        }
-        // Masked for the verifier, which does not carry the test above over to this register.
-        let first = (offset / 8) as usize & (WINDOW_WORDS - 1);
-        let mut words = [0u64; N];
-        for (i, word) in words.iter_mut().enumerate() {
-            *word = *self.words.get(first + i)?;
-        }
-        Some(words)
-    }
 }
 
 /// One 8-byte read of the traced stack.

@@ -269,14 +269,16 @@ fn bpftrace_ns(program: &Path) -> Result<Option<f64>> {
 
 /// Pairs per run of the deep loop.
 const DEEP_PAIRS: &str = "200000";
-/// Frames of a deep-loop stack beyond its descent: turn_over, the last descend, main, and libc's
-/// __libc_start_call_main, __libc_start_main and _start.
-const DEEP_BASE_FRAMES: u32 = 6;
+/// Frames of a deep-loop stack beyond its descent: the allocating call site, turn_over, the last
+/// descend, main, and libc's __libc_start_call_main, __libc_start_main and _start.
+const DEEP_BASE_FRAMES: u32 = 7;
 const DEEP: u32 = 16;
 
 /// The unwinder's cost per allocation (memtrace with stacks less memtrace --no-stacks, a pair
 /// taking one stack) on a stack DEEP_BASE_FRAMES deep and one DEEP frames deeper, on code built
-/// with frame pointers and without; per frame from the difference. Best of ROUNDS each.
+/// with frame pointers and without; per frame from the difference. Each twice: every stack the
+/// same as the one before (taken from the memo of the CPU's last walk), and stacks alternating
+/// between two call sites (each walked in full). Best of ROUNDS each.
 fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
     let builds = [
         ("frame pointers", compile_c("bench/deep_loop.c", "bench", &[])?),
@@ -285,35 +287,43 @@ fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
     println!(
         "the unwinder, per allocation (memtrace less --no-stacks; {DEEP_PAIRS} pairs, best of {ROUNDS}; floor {floor:.0} ns a pair):"
     );
-    for (name, program) in &builds {
-        let mut stack_ns = [0.0; 2];
-        for (depth, cost) in [0, DEEP].into_iter().zip(&mut stack_ns) {
-            let mut best = [f64::MAX; 2];
-            for _ in 0..ROUNDS {
-                for (stacks, best) in [true, false].into_iter().zip(&mut best) {
-                    let mut command = memtrace_writing(memtrace, trace);
-                    if !stacks {
-                        command.arg("--no-stacks");
-                    }
-                    command.arg("--").arg(program).args([DEEP_PAIRS, &depth.to_string()]);
-                    *best = best.min(ns_per_pair(&mut command)?);
-                }
+    for (sites, kind) in [("2", "walked"), ("1", "repeated")] {
+        for (name, program) in &builds {
+            let mut stack_ns = [0.0; 2];
+            for (depth, cost) in [0, DEEP].into_iter().zip(&mut stack_ns) {
+                *cost = stack_cost(memtrace, trace, program, depth, sites)?;
             }
-            *cost = best[0] - best[1];
+            let per_frame = (stack_ns[1] - stack_ns[0]) / f64::from(DEEP);
+            println!(
+                "  {kind:<8} {name:<18} {:>2}-frame stack {:>6.0} ns ({:.2} x floor), {:>2}-frame stack {:>6.0} ns ({:.2} x floor); {:.0} ns a frame",
+                DEEP_BASE_FRAMES,
+                stack_ns[0],
+                stack_ns[0] / floor,
+                DEEP_BASE_FRAMES + DEEP,
+                stack_ns[1],
+                stack_ns[1] / floor,
+                per_frame
+            );
         }
-        let per_frame = (stack_ns[1] - stack_ns[0]) / f64::from(DEEP);
-        println!(
-            "  {name:<18} {:>2}-frame stack {:>6.0} ns ({:.2} x floor), {:>2}-frame stack {:>6.0} ns ({:.2} x floor); {:.0} ns a frame",
-            DEEP_BASE_FRAMES,
-            stack_ns[0],
-            stack_ns[0] / floor,
-            DEEP_BASE_FRAMES + DEEP,
-            stack_ns[1],
-            stack_ns[1] / floor,
-            per_frame
-        );
     }
     Ok(())
+}
+
+/// What taking a stack adds to a pair in the deep loop (`depth`, `sites` as deep_loop.c takes
+/// them): with stacks and --no-stacks alternately, best of ROUNDS each.
+fn stack_cost(memtrace: &Path, trace: &Path, program: &Path, depth: u32, sites: &str) -> Result<f64> {
+    let mut best = [f64::MAX; 2];
+    for _ in 0..ROUNDS {
+        for (stacks, best) in [true, false].into_iter().zip(&mut best) {
+            let mut command = memtrace_writing(memtrace, trace);
+            if !stacks {
+                command.arg("--no-stacks");
+            }
+            command.arg("--").arg(program).args([DEEP_PAIRS, &depth.to_string(), sites]);
+            *best = best.min(ns_per_pair(&mut command)?);
+        }
+    }
+    Ok(best[0] - best[1])
 }
 
 const REPORTS: &str = "400000";

@@ -36,6 +36,7 @@ const MAPPINGS_MAP: &str = "UNWIND_MAPPINGS";
 const FILES_MAP: &str = "UNWIND_FILES";
 const ROWS_MAP: &str = "UNWIND_ROWS";
 const PAGES_MAP: &str = "UNWIND_PAGES";
+const EPOCH_MAP: &str = "UNWIND_EPOCH";
 
 /// What the kernel has for one file slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +77,9 @@ pub struct KernelTables {
     processes: HashMap<u32, ProcessTable>,
     facts: FileCache,
     worker: Option<Worker>,
+    /// The tables' epoch (`UNWIND_EPOCH`), and whether a table changed since it was last bumped.
+    epoch: u64,
+    changed: bool,
 }
 
 impl KernelTables {
@@ -92,6 +96,8 @@ impl KernelTables {
             processes: HashMap::new(),
             facts: FileCache::default(),
             worker,
+            epoch: 0,
+            changed: false,
         }
     }
 
@@ -110,7 +116,7 @@ impl KernelTables {
         for object in objects {
             self.slot_of(probes, object)?;
         }
-        Ok(())
+        self.publish(probes)
     }
 
     /// Loads the tables the worker finished, and writes the mapping table of every process whose
@@ -147,8 +153,20 @@ impl KernelTables {
                 self.processes.remove(&pid);
                 let _ = mappings.remove(&pid);
             }
+            self.changed = true;
         }
-        Ok(())
+        self.publish(probes)
+    }
+
+    /// Bumps the epoch after tables changed: the kernel's memo of the last walk on each CPU
+    /// (memtrace-ebpf/src/window.rs) holds only while nothing the walk read has changed.
+    fn publish(&mut self, probes: &mut Probes) -> Result<()> {
+        if !std::mem::take(&mut self.changed) {
+            return Ok(());
+        }
+        self.epoch += 1;
+        let mut epoch: Array<&mut MapData, u64> = Array::try_from(probes.map_mut(EPOCH_MAP)?)?;
+        epoch.set(0, self.epoch, 0).context("bumping the unwind tables' epoch")
     }
 
     /// Writes a process's mapping table, giving each new file a slot (and a table).
@@ -186,6 +204,7 @@ impl KernelTables {
             BpfHashMap::try_from(probes.map_mut(MAPPINGS_MAP)?)?;
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
         let _ = mappings.insert(pid, value, 0);
+        self.changed = true;
         table.mappings = executable;
         table.announced = false;
         self.processes.insert(pid, table);
@@ -211,7 +230,7 @@ impl KernelTables {
             build_id: build_id.unwrap_or_default(),
             ..UnwindFile::default()
         };
-        write_file(probes, slot, &file)?;
+        self.write_file(probes, slot, &file)?;
         match &self.worker {
             Some((requests, _)) => {
                 // The worker only ends with memtrace.
@@ -232,7 +251,7 @@ impl KernelTables {
         let Some(mut table) = table.filter(|table| !table.rows.is_empty()) else {
             file.state = unwind_file_state::FRAME_POINTERS;
             self.states[slot as usize] = SlotState::FramePointers;
-            return write_file(probes, slot, &file);
+            return self.write_file(probes, slot, &file);
         };
         let rows_end = u64::from(self.next_row) + table.rows.len() as u64;
         let pages_end = u64::from(self.next_page) + table.pages.len() as u64;
@@ -255,7 +274,14 @@ impl KernelTables {
         file.table = table.info;
         file.state = unwind_file_state::LOADED;
         self.states[slot as usize] = SlotState::Loaded;
-        write_file(probes, slot, &file)
+        self.write_file(probes, slot, &file)
+    }
+
+    fn write_file(&mut self, probes: &mut Probes, slot: u32, file: &UnwindFile) -> Result<()> {
+        let mut files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
+        files.set(slot, file, 0).context("writing an unwind file slot")?;
+        self.changed = true;
+        Ok(())
     }
 
     /// Says once per change of a process's mappings that all its files are ready.
@@ -297,9 +323,4 @@ fn spawn_worker() -> Worker {
 fn read_file(probes: &mut Probes, slot: u32) -> Result<UnwindFile> {
     let files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
     files.get(&slot, 0).context("reading an unwind file slot")
-}
-
-fn write_file(probes: &mut Probes, slot: u32, file: &UnwindFile) -> Result<()> {
-    let mut files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
-    files.set(slot, file, 0).context("writing an unwind file slot")
 }
