@@ -73,6 +73,31 @@ fn chain_without_frame_pointers_is_whole_and_one_group() {
     assert_eq!(outcome.summary()["lost_events"], 0);
 }
 
+/// Stacks that differ from the CPU's last walk only in a word on the stack are told apart; stacks
+/// that repeat it are taken whole (unwind_memo.c: alternating callers, then runs of each).
+#[test]
+fn stacks_that_differ_only_in_a_return_address_stay_apart() {
+    let program = fixture_variant("unwind_memo", "nofp", &NO_FRAME_POINTERS);
+    let (mut target, memtrace) = attach(&program, &[]);
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["allocations"], 2000, "{process:#}");
+    assert_eq!(leaks(process).len(), 2, "one group per caller: {:#}", process["leaks"]);
+    for caller in ["caller_a", "caller_b"] {
+        let leak = leaks(process)
+            .iter()
+            .find(|leak| stack_names(leak).get(1) == Some(&caller))
+            .unwrap_or_else(|| panic!("no leak through {caller}: {:#}", process["leaks"]));
+        assert_eq!(leak["allocations"], 1000, "{leak:#}");
+        assert_eq!(leak["bytes"], 48_000, "{leak:#}");
+        assert_chain(leak, &["record", caller, "main"]);
+    }
+    assert_eq!(process["unwind_stops"]["whole"], 2000, "{:#}", process["unwind_stops"]);
+}
+
 #[test]
 fn leak_through_strdup_names_strdup_then_its_caller() {
     let outcome = run_chain();
