@@ -10,6 +10,7 @@
 #![feature(asm_experimental_arch)]
 
 mod counters;
+mod debug;
 mod kernel;
 mod os_memory;
 mod processes;
@@ -149,11 +150,13 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
             }
             if ALLOCATIONS.insert(key, allocation, 0).is_err() {
                 add(&stats.lost_events, 1);
+                debug::memtrace_allocation_lost(tgid, size, address);
                 return;
             }
         }
         Err(_) => {
             add(&stats.lost_events, 1);
+            debug::memtrace_allocation_lost(tgid, size, address);
             return;
         }
     }

@@ -175,6 +175,8 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
         // SAFETY: a map value, valid while the program runs.
         Some(key) => unsafe { *key },
         None => {
+            let last = raw[depth.wrapping_sub(1) & (STACK_DEPTH - 1)];
+            crate::debug::memtrace_short_stack(tgid, depth as u64, stop as u64, raw[0], last);
             let key = match mappings {
                 Some(_) => record_locations(stats, raw, locations, state),
                 None => resolve_build_ids(ctx, stats, depth),
@@ -638,6 +640,7 @@ pub(crate) fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, change
                 Some(totals) => totals,
                 None => {
                     add(&stats.lost_events, 1);
+                    crate::debug::memtrace_stack_totals_lost(tgid, stack);
                     return;
                 }
             }

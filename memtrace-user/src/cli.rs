@@ -129,6 +129,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_stacks: bool,
 
+    /// Print the kernel side's own diagnostics on stderr as they happen (`memtrace: bpf: ...`):
+    /// why a new stack ends short (the reason, as `unwind_stops` counts it, and the last frame's
+    /// address), and each event a full table loses
+    #[arg(long)]
+    pub debug_bpf: bool,
+
     /// Sample allocations, a mean of BYTES apart (e.g. 512KiB): only sampled ones take a stack and
     /// a live record, and live figures, frees, peaks and stacks become unbiased estimates
     /// (allocations and allocated bytes stay exact)

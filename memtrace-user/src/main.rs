@@ -1,5 +1,6 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
+mod bpf_log;
 mod cli;
 mod collector;
 mod elf;

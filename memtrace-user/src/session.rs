@@ -54,6 +54,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
         empty_probes: cli.empty_probes,
         sample_mean: cli.sample.unwrap_or(0),
         reach: reach.clone(),
+        debug_bpf: cli.debug_bpf,
     })?;
     // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
     // uprobe_multi links need only what loading needed.

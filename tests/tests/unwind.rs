@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use memtrace_tests::{fixture_variant, Memtrace, Outcome, Spawned};
+use memtrace_tests::{fixture, fixture_variant, Memtrace, Outcome, Spawned};
 use serde_json::Value;
 
 const NO_FRAME_POINTERS: [&str; 2] = ["-O2", "-fomit-frame-pointer"];
@@ -34,17 +34,27 @@ fn assert_chain(leak: &Value, chain: &[&str]) {
 
 /// The fixture, held on stdin; memtrace attached to it with its tables loaded.
 fn attach(fixture: &std::path::Path, args: &[&str]) -> (Spawned, memtrace_tests::Running) {
+    let (target, memtrace, _) = attach_with(fixture, args, &[]);
+    (target, memtrace)
+}
+
+/// `attach`, with more memtrace options; also the fixture's "ready" line.
+fn attach_with(
+    fixture: &std::path::Path,
+    args: &[&str],
+    options: &[&str],
+) -> (Spawned, memtrace_tests::Running, String) {
     let mut target = Spawned::spawn({
         let mut command = Command::new(fixture);
         command.args(args);
         command
     });
-    target.wait_for_stdout("ready");
+    let ready = target.wait_for_stdout("ready");
     let pid = target.pid().to_string();
-    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).args(options).spawn();
     memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
     memtrace.wait_for_stderr("memtrace: tracing");
-    (target, memtrace)
+    (target, memtrace, ready)
 }
 
 /// unwind_chain.c built with -O2 -fomit-frame-pointer, traced by pid to its end.
@@ -96,6 +106,29 @@ fn stacks_that_differ_only_in_a_return_address_stay_apart() {
         assert_chain(leak, &["record", caller, "main"]);
     }
     assert_eq!(process["unwind_stops"]["whole"], 2000, "{:#}", process["unwind_stops"]);
+}
+
+/// `--debug-bpf` says why a stack ends short, once per new stack: jit_alloc.c allocates 10 times
+/// from code in no file (an anonymous executable page), where the walk must stop.
+#[test]
+fn debug_bpf_says_why_a_new_stack_ends_short() {
+    let (mut target, memtrace, ready) = attach_with(&fixture("jit_alloc"), &[], &["--debug-bpf"]);
+    let page = u64::from_str_radix(ready.trim_start_matches("ready ").trim(), 16).expect("ready <page>");
+    let pid = target.pid();
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["allocations"], 10, "{process:#}");
+    assert_eq!(process["unwind_stops"]["no_mapping"], 10, "{:#}", process["unwind_stops"]);
+    // The return address into the page: past its `call *%rax`, 16 bytes in.
+    let expected = format!(
+        "memtrace: bpf: pid {pid}: a new stack ends after 1 frames: no_mapping (last frame at {:x})",
+        page + 16
+    );
+    let said: Vec<&str> = outcome.stderr.lines().filter(|line| line.starts_with("memtrace: bpf:")).collect();
+    assert_eq!(said, [expected.as_str()], "stderr:\n{}", outcome.stderr);
 }
 
 #[test]

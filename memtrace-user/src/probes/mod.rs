@@ -27,7 +27,7 @@ use links::Links;
 pub use links::{Direction, LinkKind, Scope, Site};
 use loader::MultiPrograms;
 
-use crate::allocator::Allocator;
+use crate::{allocator::Allocator, bpf_log::BpfLog};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
@@ -59,6 +59,8 @@ pub struct ProbeConfig {
     pub sample_mean: u64,
     /// Which processes count.
     pub reach: Reach,
+    /// `--debug-bpf`: print the kernel side's diagnostics.
+    pub debug_bpf: bool,
 }
 
 /// Which processes a run traces, as the kernel side filters them.
@@ -130,6 +132,8 @@ pub struct Probes {
     pub usdt: crate::usdt::UsdtProbes,
     /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<(String, std::path::PathBuf)>,
+    /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
+    _bpf_log: Option<BpfLog>,
 }
 
 impl Probes {
@@ -157,6 +161,7 @@ impl Probes {
             .override_global("KERNEL_LAYOUT", &layout, true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
             .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
+            .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
             .load(BPF_OBJECT)
             .with_context(|| loading_failed(config.max_allocations))?;
         let multi = load_multi(&ebpf)?;
@@ -169,6 +174,7 @@ impl Probes {
             }
             .with_context(|| format!("verifying BPF program {name}"))?;
         }
+        let bpf_log = config.debug_bpf.then(|| BpfLog::start(&mut ebpf)).transpose()?;
         let mut excluded: HashMap<&mut MapData, u32, u8> =
             HashMap::try_from(ebpf.map_mut("EXCLUDED_PIDS").context("no map EXCLUDED_PIDS")?)?;
         for pid in &filter.excluded_pids {
@@ -190,6 +196,7 @@ impl Probes {
             },
             usdt: crate::usdt::UsdtProbes::default(),
             allocators: Vec::new(),
+            _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
