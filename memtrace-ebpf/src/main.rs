@@ -15,6 +15,7 @@ mod kernel;
 mod os_memory;
 mod processes;
 mod sampling;
+mod slots;
 mod stacks;
 mod threads;
 mod usdt;
