@@ -45,6 +45,25 @@ impl AllocatorFunction {
     pub const fn has_return(self) -> bool {
         !matches!(self, AllocatorFunction::Free)
     }
+
+    /// The entry point whose discriminant is `value`. A match, not an index into a table: BPF code
+    /// must not carry a bounds-check panic, which the verifier refuses.
+    pub const fn from_discriminant(value: u64) -> Option<Self> {
+        use AllocatorFunction::*;
+        Some(match value {
+            1 => Malloc,
+            2 => Calloc,
+            3 => Realloc,
+            4 => Reallocarray,
+            5 => PosixMemalign,
+            6 => AlignedAlloc,
+            7 => Memalign,
+            8 => Valloc,
+            9 => Pvalloc,
+            10 => Free,
+            _ => return None,
+        })
+    }
 }
 
 /// The BPF cookie of an allocator probe: which allocator (its index among those probed, from 1)
@@ -65,23 +84,9 @@ impl ProbeCookie {
         self.0 >> Self::FUNCTION_BITS
     }
 
-    /// A match, not an index into `AllocatorFunction::ALL`: BPF code must not carry a bounds-check
-    /// panic, which the verifier refuses.
+    /// The entry point, from the low byte.
     pub const fn function(self) -> Option<AllocatorFunction> {
-        use AllocatorFunction::*;
-        Some(match self.0 & 0xff {
-            1 => Malloc,
-            2 => Calloc,
-            3 => Realloc,
-            4 => Reallocarray,
-            5 => PosixMemalign,
-            6 => AlignedAlloc,
-            7 => Memalign,
-            8 => Valloc,
-            9 => Pvalloc,
-            10 => Free,
-            _ => return None,
-        })
+        AllocatorFunction::from_discriminant(self.0 & 0xff)
     }
 }
 

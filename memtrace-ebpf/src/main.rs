@@ -111,15 +111,21 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     0
 }
 
-/// The thread of an outermost allocator call that is returning now.
-fn take_pending(function: AllocatorFunction) -> Option<(u32, &'static mut ThreadState)> {
+/// The outermost allocator call of the calling thread, returning now: its process, its thread's
+/// slot and which entry point it is (as its entry probe recorded it: inner calls of the allocator
+/// only count depth, so the return that brings the depth to 0 is the outermost call's).
+fn take_pending() -> Option<(u32, &'static mut ThreadState, AllocatorFunction)> {
     let Caller { tgid, tid } = caller();
     let thread = threads::find(tid)?;
     if thread.depth == 0 {
         return None;
     }
     thread.depth -= 1;
-    (thread.depth == 0 && thread.function == function as u32).then_some((tgid, thread))
+    if thread.depth != 0 {
+        return None;
+    }
+    let function = AllocatorFunction::from_discriminant(u64::from(thread.function))?;
+    function.has_return().then_some((tgid, thread, function))
 }
 
 fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, stack: u64) {
@@ -237,8 +243,8 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-fn on_return(ctx: &RetProbeContext, function: AllocatorFunction) -> u32 {
-    let Some((tgid, thread)) = take_pending(function) else {
+fn on_return(ctx: &RetProbeContext) -> u32 {
+    let Some((tgid, thread, function)) = take_pending() else {
         return 0;
     };
     let call = thread.call;
@@ -316,13 +322,11 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     on_enter(function, size, address)
 }
 
-/// The return of every allocator entry point but free.
+/// The return of every allocator entry point but free. Which one returns is the thread's to say
+/// (`take_pending`), not the cookie's: one helper call less.
 #[uretprobe]
 pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
-    match probed_function(&ctx) {
-        Some(function) if function.has_return() => on_return(&ctx, function),
-        _ => 0,
-    }
+    on_return(&ctx)
 }
 
 /// free needs no return probe. It may be attached past a leading `test %rdi,%rdi` (which the kernel

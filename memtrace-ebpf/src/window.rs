@@ -19,6 +19,9 @@ use aya_ebpf::{
 /// Words of the traced stack read at once.
 const WINDOW_WORDS: usize = 128;
 
+/// User pages: a stack mapping ends on a page boundary.
+const PAGE_SIZE: u64 = 4096;
+
 /// Words a memoized walk may have read (two a frame to `STACK_DEPTH` frames).
 const MEMO_WORDS: usize = 64;
 
@@ -118,6 +121,8 @@ pub(crate) struct StackWindow {
     state: u64,
     /// Window fills in this walk.
     fills: u64,
+    /// Words the last fill read (the window, or less at the end of the stack).
+    valid: u64,
     /// The window, and a spare word that no read fills: a read of two words starting at the last
     /// stays inside the value for the verifier (the test that rejects it is on another register).
     words: [u64; WINDOW_WORDS + 1],
@@ -233,18 +238,7 @@ impl StackWindow {
             return Ok(words);
         }
         if self.state != window_state::EXHAUSTED {
-            let size = core::mem::size_of::<[u64; WINDOW_WORDS]>() as u32;
-            // Straight into the map value (a kilobyte is more than the BPF stack holds).
-            // SAFETY: the helper writes at most `size` bytes into `words` (zeroes on failure) and
-            // checks the user addresses, failing rather than faulting.
-            let read = unsafe {
-                generated::bpf_probe_read_user(self.words.as_mut_ptr().cast(), size, address as *const c_void)
-            };
-            if read == 0 {
-                self.base = address;
-                self.state = window_state::FILLED;
-                self.fills += 1;
-                self.memo.regions[self.region()] = Region { base: address, span: 0 };
+            if self.fill(address) {
                 let words = self.cached(address).ok_or(memtrace_common::unwind_stop::READ_FAULT)?;
                 self.log(address, words);
                 return Ok(words);
@@ -254,6 +248,38 @@ impl StackWindow {
         // SAFETY: as above.
         unsafe { bpf_probe_read_user(address as *const [u64; N]) }
             .map_err(|_| memtrace_common::unwind_stop::READ_FAULT)
+    }
+
+    /// Refills the window from `address`: a kilobyte, or, where that runs past the end of the
+    /// stack's mapping (the outermost frames lie within a kilobyte of it), to the end of the page.
+    /// False if neither can be read.
+    fn fill(&mut self, address: u64) -> bool {
+        let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
+        for size in [(WINDOW_WORDS * 8) as u64, to_page_end] {
+            let size = size.min((WINDOW_WORDS * 8) as u64) & !7;
+            if size < 8 || size > (WINDOW_WORDS * 8) as u64 {
+                continue;
+            }
+            // Straight into the map value (a kilobyte is more than the BPF stack holds).
+            // SAFETY: the helper writes at most `size` bytes (at most the window) into `words`
+            // and checks the user addresses, failing rather than faulting.
+            let read = unsafe {
+                generated::bpf_probe_read_user(
+                    self.words.as_mut_ptr().cast(),
+                    size as u32,
+                    address as *const c_void,
+                )
+            };
+            if read == 0 {
+                self.base = address;
+                self.valid = size / 8;
+                self.state = window_state::FILLED;
+                self.fills += 1;
+                self.memo.regions[self.region()] = Region { base: address, span: 0 };
+                return true;
+            }
+        }
+        false
     }
 
     /// The memo's region of the current window fill (the first again past `MEMO_REGIONS` fills,
@@ -283,7 +309,8 @@ impl StackWindow {
         let offset = address.wrapping_sub(self.base);
         if self.state != window_state::FILLED
             || offset % 8 != 0
-            || offset / 8 + N as u64 > WINDOW_WORDS as u64
+            || offset / 8 + N as u64 > self.valid
+            || self.valid > WINDOW_WORDS as u64
         {
             return None;
         }
