@@ -90,20 +90,6 @@ impl ProbeCookie {
     }
 }
 
-/// A slot of the kernel's process array (`PROCESS_SLOTS`): the tgid that holds it (0 when free)
-/// and its figures. A process holds one of the `PROCESS_SLOT_PROBES` slots from
-/// `tgid % MAX_PROCESSES`; the array is memory-mapped by userspace, which reads every slot at each
-/// interval without a system call, and frees a slot by zeroing its figures and then its tgid.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessSlot {
-    pub tgid: u64,
-    pub stats: ProcessStats,
-}
-
-/// Slots a process may hold: `tgid % MAX_PROCESSES` and the next ones.
-pub const PROCESS_SLOT_PROBES: u32 = 4;
-
 /// Per-process totals, updated atomically in the kernel on every allocator call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -373,7 +359,6 @@ pub struct PendingCall {
 mod pod {
     // SAFETY: all of these are #[repr(C)] plain integers without padding holes that matter to the kernel.
     unsafe impl aya::Pod for super::ProcessStats {}
-    unsafe impl aya::Pod for super::ProcessSlot {}
     unsafe impl aya::Pod for super::AllocationKey {}
     unsafe impl aya::Pod for super::Allocation {}
     unsafe impl aya::Pod for super::ThreadState {}

@@ -15,7 +15,6 @@ mod kernel;
 mod os_memory;
 mod processes;
 mod sampling;
-mod slots;
 mod stacks;
 mod threads;
 mod usdt;

@@ -1,7 +1,7 @@
 //! Which processes are traced, their per-process totals, and what happens when they exec or exit.
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
     },
@@ -11,23 +11,17 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    reach, ExecEvent, ProbeCookie, ProcessSlot, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
+    reach, ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
     MAX_EXCLUDED_PIDS, MAX_PROCESSES,
 };
 
 use crate::{
     counters::{add, compare_exchange},
     kernel::{layout, read_at},
-    slots::{self, Found, Tagged},
 };
 
-/// Each traced process's figures, in slots tagged by tgid (slots.rs), memory-mapped by userspace
-/// (`memtrace_common::ProcessSlot`).
 #[map]
-static PROCESS_SLOTS: Array<ProcessSlot> = Array::with_max_entries(MAX_PROCESSES, BPF_F_MMAPABLE);
-
-// SAFETY: #[repr(C)], the tgid first, a u64.
-unsafe impl Tagged for ProcessSlot {}
+pub(crate) static STATS: HashMap<u32, ProcessStats> = HashMap::with_max_entries(MAX_PROCESSES, 0);
 
 #[map]
 pub(crate) static LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
@@ -73,50 +67,24 @@ pub(crate) fn count_global_loss() {
     }
 }
 
-/// The totals of a process, made on its first event (its command name and the time its figures
-/// start: a slot is taken zeroed). None (and a global loss) when its slots are all held.
+/// The totals of a process, created on its first event. None (and a global loss) when the map is full.
 pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
-    let stats = match slots::find(&PROCESS_SLOTS, MAX_PROCESSES, tgid, true) {
-        Some(Found::Held(slot)) => &mut slot.stats,
-        Some(Found::Taken(slot)) => {
-            slot.stats.comm = bpf_get_current_comm().unwrap_or_default();
-            &mut slot.stats
-        }
+    if let Some(stats) = STATS.get_ptr(tgid) {
+        return Some(unsafe { &*stats });
+    }
+    let fresh = ProcessStats {
+        comm: bpf_get_current_comm().unwrap_or_default(),
+        started_ns: unsafe { bpf_ktime_get_ns() },
+        ..ProcessStats::default()
+    };
+    let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
+    match STATS.get_ptr(tgid) {
+        Some(stats) => Some(unsafe { &*stats }),
         None => {
             count_global_loss();
-            return None;
+            None
         }
-    };
-    // Another thread of the process may use the slot before its taker sets the start: whichever
-    // comes first sets it, before any event is counted.
-    // SAFETY: a field of a map value.
-    if unsafe { core::ptr::read_volatile(&stats.started_ns) } == 0 {
-        // SAFETY: the helper has no preconditions.
-        compare_exchange(&stats.started_ns, 0, unsafe { bpf_ktime_get_ns() });
     }
-    Some(&*stats)
-}
-
-/// The figures of a process that has a slot.
-fn held_stats(tgid: u32) -> Option<&'static mut ProcessStats> {
-    slots::held(&PROCESS_SLOTS, MAX_PROCESSES, tgid).map(|slot| &mut slot.stats)
-}
-
-/// Frees a process's slot, its figures zeroed for the next holder, word by word (a whole-struct
-/// store would be a call to a byte loop, which the verifier walks byte by byte).
-fn release_stats(tgid: u32) {
-    let Some(slot) = slots::held(&PROCESS_SLOTS, MAX_PROCESSES, tgid) else {
-        return;
-    };
-    const WORDS: usize = core::mem::size_of::<ProcessStats>() / 8;
-    const { assert!(core::mem::size_of::<ProcessStats>() % 8 == 0) };
-    // SAFETY: ProcessStats is #[repr(C)] plain integers, a whole number of u64 words.
-    let words = unsafe { &mut *(&mut slot.stats as *mut ProcessStats as *mut [u64; WORDS]) };
-    for word in words.iter_mut() {
-        // SAFETY: a word of the map value.
-        unsafe { core::ptr::write_volatile(word, 0) };
-    }
-    slots::free(slot);
 }
 
 /// Which processes count, as the loader set it.
@@ -182,10 +150,14 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     let _ = TARGETS.remove(&tgid);
     // It takes no more stacks.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
-    if let Some(stats) = held_stats(tgid) {
-        stats.comm = bpf_get_current_comm().unwrap_or(stats.comm);
-        stats.exit_memory = crate::os_memory::exit_memory().unwrap_or_default();
-        stats.exited = 1;
+    if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        let exit_memory = crate::os_memory::exit_memory().unwrap_or_default();
+        // SAFETY: a map value, valid while the program runs.
+        unsafe {
+            (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
+            (*stats).exit_memory = exit_memory;
+            (*stats).exited = 1;
+        }
     }
     0
 }
@@ -234,7 +206,7 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     let old_pid: u64 = ctx.arg(1);
     crate::threads::release(old_pid as u32);
     crate::threads::release(tgid);
-    release_stats(tgid);
+    let _ = STATS.remove(tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
     if !is_traced_process(tgid) {

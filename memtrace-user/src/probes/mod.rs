@@ -6,7 +6,6 @@ mod kernel_btf;
 mod links;
 mod loader;
 mod map_ops;
-mod process_slots;
 pub use map_ops::KeyLookup;
 pub use map_ops::Taken;
 
@@ -27,7 +26,6 @@ use memtrace_common::{
 use links::Links;
 pub use links::{Direction, LinkKind, Scope, Site};
 use loader::MultiPrograms;
-use process_slots::{ProcessSlots, PROCESS_SLOTS_MAP};
 
 use crate::{allocator::Allocator, bpf_log::BpfLog};
 
@@ -134,8 +132,6 @@ pub struct Probes {
     pub usdt: crate::usdt::UsdtProbes,
     /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<(String, std::path::PathBuf)>,
-    /// The kernel's per-process figures, mapped.
-    process_slots: ProcessSlots,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
     _bpf_log: Option<BpfLog>,
 }
@@ -189,9 +185,7 @@ impl Probes {
         for comm in &only_comms {
             comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
         }
-        let process_slots = ProcessSlots::new(ebpf.map(PROCESS_SLOTS_MAP).context("no map PROCESS_SLOTS")?)?;
         let mut probes = Self {
-            process_slots,
             ebpf,
             multi,
             links: Links::default(),
@@ -324,7 +318,8 @@ impl Probes {
 
     /// Every process the kernel has figures for.
     pub fn traced_processes(&self) -> Result<Vec<(u32, ProcessStats)>> {
-        Ok(self.process_slots.held())
+        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
+        collect_entries(stats.iter(), "the per-process statistics map")
     }
 
     /// Forgets exited processes in the kernel, so the tables do not fill up over a long run.
@@ -332,8 +327,10 @@ impl Probes {
         if tgids.is_empty() {
             return Ok(());
         }
+        let mut stats: HashMap<&mut MapData, u32, ProcessStats> =
+            HashMap::try_from(self.ebpf.map_mut("STATS").context("no map STATS")?)?;
         for tgid in tgids {
-            self.process_slots.release(*tgid);
+            let _ = stats.remove(tgid);
         }
         self.release_entries::<AllocationKey, Allocation>("ALLOCATIONS", tgids, |key| key.tgid)?;
         self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
@@ -358,11 +355,12 @@ impl Probes {
     }
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {
+        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
         let allocations: HashMap<&MapData, AllocationKey, Allocation> =
             HashMap::try_from(self.map("ALLOCATIONS")?)?;
         let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
         Ok(MapOccupancy {
-            processes: self.process_slots.count(),
+            processes: stats.keys().count(),
             live_allocations: allocations.keys().count(),
             stack_totals: totals.keys().count(),
             usdt_entries: crate::usdt::occupancy(self)?,
@@ -371,7 +369,12 @@ impl Probes {
 
     /// The kernel's totals for a process; zero before its first allocator call.
     pub fn stats(&self, pid: u32) -> Result<ProcessStats> {
-        Ok(self.process_slots.stats(pid).unwrap_or_default())
+        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
+        match stats.get(&pid, 0) {
+            Ok(stats) => Ok(stats),
+            Err(MapError::KeyNotFound) => Ok(ProcessStats::default()),
+            Err(err) => Err(err).context("reading the per-process statistics map"),
+        }
     }
 
     /// Events that could not be charged to any process (the statistics map was full).
@@ -435,6 +438,16 @@ fn load_multi(ebpf: &Ebpf) -> Result<Option<MultiPrograms>> {
         Err(_) => {}
     }
     Ok(MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).ok())
+}
+
+fn collect_entries<K, V>(
+    entries: impl Iterator<Item = Result<(K, V), MapError>>,
+    what: &str,
+) -> Result<Vec<(K, V)>> {
+    entries
+        .filter(|entry| !matches!(entry, Err(MapError::KeyNotFound)))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("reading {what}"))
 }
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual
