@@ -57,15 +57,21 @@ fn attach_with(
     (target, memtrace, ready)
 }
 
-/// unwind_chain.c built with -O2 -fomit-frame-pointer, traced by pid to its end.
-fn run_chain() -> Outcome {
-    let program = fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS);
-    let (mut target, memtrace) = attach(&program, &[]);
+/// The fixture traced by pid (with memtrace's `options`) from its "ready" line to its end: the
+/// outcome, the fixture's pid and its "ready" line.
+fn run_attached(program: &std::path::Path, options: &[&str]) -> (Outcome, u32, String) {
+    let (mut target, memtrace, ready) = attach_with(program, &[], options);
+    let pid = target.pid();
     target.send(b"g");
     assert!(target.wait().success());
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
-    outcome
+    (outcome, pid, ready)
+}
+
+/// unwind_chain.c built with -O2 -fomit-frame-pointer, traced by pid to its end.
+fn run_chain() -> Outcome {
+    run_attached(&fixture_variant("unwind_chain", "nofp", &NO_FRAME_POINTERS), &[]).0
 }
 
 #[test]
@@ -87,12 +93,7 @@ fn chain_without_frame_pointers_is_whole_and_one_group() {
 /// that repeat it are taken whole (unwind_memo.c: alternating callers, then runs of each).
 #[test]
 fn stacks_that_differ_only_in_a_return_address_stay_apart() {
-    let program = fixture_variant("unwind_memo", "nofp", &NO_FRAME_POINTERS);
-    let (mut target, memtrace) = attach(&program, &[]);
-    target.send(b"g");
-    assert!(target.wait().success());
-    let outcome = memtrace.finish();
-    outcome.assert_exit_code(0);
+    let (outcome, ..) = run_attached(&fixture_variant("unwind_memo", "nofp", &NO_FRAME_POINTERS), &[]);
     let process = outcome.process();
     assert_eq!(process["allocations"], 2000, "{process:#}");
     assert_eq!(leaks(process).len(), 2, "one group per caller: {:#}", process["leaks"]);
@@ -112,13 +113,8 @@ fn stacks_that_differ_only_in_a_return_address_stay_apart() {
 /// from code in no file (an anonymous executable page), where the walk must stop.
 #[test]
 fn debug_bpf_says_why_a_new_stack_ends_short() {
-    let (mut target, memtrace, ready) = attach_with(&fixture("jit_alloc"), &[], &["--debug-bpf"]);
+    let (outcome, pid, ready) = run_attached(&fixture("jit_alloc"), &["--debug-bpf"]);
     let page = u64::from_str_radix(ready.trim_start_matches("ready ").trim(), 16).expect("ready <page>");
-    let pid = target.pid();
-    target.send(b"g");
-    assert!(target.wait().success());
-    let outcome = memtrace.finish();
-    outcome.assert_exit_code(0);
     let process = outcome.process();
     assert_eq!(process["allocations"], 10, "{process:#}");
     assert_eq!(process["unwind_stops"]["no_mapping"], 10, "{:#}", process["unwind_stops"]);

@@ -120,7 +120,7 @@ pub fn run(memtrace: &Path) -> Result<()> {
         ),
         None => println!("bpftrace: not installed and could not be installed; its row is left out"),
     }
-    unwinder_cost(memtrace, &trace, floor)?;
+    unwinder_cost(memtrace, &trace, Baseline { untraced, floor })?;
     let [nop5, nop1] = usdt_report_ns(memtrace, &trace)?;
     println!(
         "subsystem report traced ({REPORTS} MEMTRACE_REPORT_DELTA, best of {ROUNDS}): 5-byte nop site \
@@ -267,6 +267,13 @@ fn bpftrace_ns(program: &Path) -> Result<Option<f64>> {
     Ok(Some(best))
 }
 
+/// What the unwinder's cost is set against: a pair untraced and under empty programs, in ns.
+#[derive(Clone, Copy)]
+struct Baseline {
+    untraced: f64,
+    floor: f64,
+}
+
 /// Pairs per run of the deep loop.
 const DEEP_PAIRS: &str = "200000";
 /// Frames of a deep-loop stack beyond its descent: the allocating call site, turn_over, the last
@@ -279,13 +286,14 @@ const DEEP: u32 = 16;
 /// with frame pointers and without; per frame from the difference. Each twice: every stack the
 /// same as the one before (taken from the memo of the CPU's last walk), and stacks alternating
 /// between two call sites (each walked in full). Best of ROUNDS each.
-fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
+fn unwinder_cost(memtrace: &Path, trace: &Path, baseline: Baseline) -> Result<()> {
+    let Baseline { untraced, floor } = baseline;
     let builds = [
         ("frame pointers", compile_c("bench/deep_loop.c", "bench", &[])?),
         ("no frame pointers", compile_c("bench/deep_loop.c", "bench-nofp", &["-fomit-frame-pointer"])?),
     ];
     println!(
-        "the unwinder, per allocation (memtrace less --no-stacks; {DEEP_PAIRS} pairs, best of {ROUNDS}; floor {floor:.0} ns a pair):"
+        "the unwinder, per allocation (memtrace less --no-stacks; {DEEP_PAIRS} pairs, best of {ROUNDS}; a pair takes {untraced:.0} ns untraced, {floor:.0} ns under empty programs):"
     );
     for (sites, kind) in [("2", "walked"), ("1", "repeated")] {
         for (name, program) in &builds {
@@ -295,13 +303,15 @@ fn unwinder_cost(memtrace: &Path, trace: &Path, floor: f64) -> Result<()> {
             }
             let per_frame = (stack_ns[1] - stack_ns[0]) / f64::from(DEEP);
             println!(
-                "  {kind:<8} {name:<18} {:>2}-frame stack {:>6.0} ns ({:.2} x floor), {:>2}-frame stack {:>6.0} ns ({:.2} x floor); {:.0} ns a frame",
+                "  {kind:<8} {name:<18} {:>2}-frame stack {:>6.0} ns ({:.2} x floor, {:.0} x untraced), {:>2}-frame stack {:>6.0} ns ({:.2} x floor, {:.0} x untraced); {:.0} ns a frame",
                 DEEP_BASE_FRAMES,
                 stack_ns[0],
                 stack_ns[0] / floor,
+                stack_ns[0] / untraced,
                 DEEP_BASE_FRAMES + DEEP,
                 stack_ns[1],
                 stack_ns[1] / floor,
+                stack_ns[1] / untraced,
                 per_frame
             );
         }
