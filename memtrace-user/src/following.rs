@@ -201,12 +201,11 @@ impl Following {
             }
         }
         // The kernel marks a process exited in its figures; a process without any (it has not
-        // allocated since its last exec, or the table was full) is seen to be gone here.
+        // allocated since its last exec, or the table was full), or whose figures the kernel made
+        // again after its exit (a thread that allocated after its leader exited), is seen to be
+        // gone here.
         for process in model.processes.values_mut() {
-            if !process.exited
-                && process.stats.started_ns == 0
-                && !Path::new(&format!("/proc/{}", process.pid)).exists()
-            {
+            if !process.exited && !Path::new(&format!("/proc/{}", process.pid)).exists() {
                 process.exited = true;
             }
         }
