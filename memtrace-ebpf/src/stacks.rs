@@ -23,7 +23,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{self, bpf_get_stack, bpf_loop},
+        generated::{bpf_get_stack, bpf_loop},
     },
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
