@@ -15,6 +15,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, PerCpuArray},
 };
+use memtrace_common::unwind_stop::READ_FAULT;
 
 /// Words of the traced stack read at once.
 const WINDOW_WORDS: usize = 128;
@@ -194,16 +195,23 @@ impl StackWindow {
 
     /// Reads `region` of the traced stack into the window; false if it cannot be read.
     fn load(&mut self, region: Region) -> bool {
-        if region.span == 0 || region.span > (WINDOW_WORDS * 8) as u64 {
+        self.copy_in(region.base, region.span)
+    }
+
+    /// Copies `bytes` of the traced stack at `address` into the window (8 to a kilobyte); false if
+    /// they cannot be read, or are no size the window takes.
+    fn copy_in(&mut self, address: u64, bytes: u64) -> bool {
+        if !(8..=(WINDOW_WORDS * 8) as u64).contains(&bytes) {
             return false;
         }
-        // SAFETY: the helper writes at most `span` bytes (at most the window) into `words` and
+        // Straight into the map value (a kilobyte is more than the BPF stack holds).
+        // SAFETY: the helper writes at most `bytes` bytes (at most the window) into `words` and
         // checks the user addresses, failing rather than faulting.
         let read = unsafe {
             generated::bpf_probe_read_user(
                 self.words.as_mut_ptr().cast(),
-                region.span as u32,
-                region.base as *const c_void,
+                bytes as u32,
+                address as *const c_void,
             )
         };
         read == 0
@@ -239,15 +247,14 @@ impl StackWindow {
         }
         if self.state != window_state::EXHAUSTED {
             if self.fill(address) {
-                let words = self.cached(address).ok_or(memtrace_common::unwind_stop::READ_FAULT)?;
+                let words = self.cached(address).ok_or(READ_FAULT)?;
                 self.log(address, words);
                 return Ok(words);
             }
             self.state = window_state::EXHAUSTED;
         }
-        // SAFETY: as above.
-        unsafe { bpf_probe_read_user(address as *const [u64; N]) }
-            .map_err(|_| memtrace_common::unwind_stop::READ_FAULT)
+        // SAFETY: the helper checks the user address and fails rather than faults.
+        unsafe { bpf_probe_read_user(address as *const [u64; N]) }.map_err(|_| READ_FAULT)
     }
 
     /// Refills the window from `address`: a kilobyte, or, where that runs past the end of the
@@ -257,20 +264,7 @@ impl StackWindow {
         let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
         for size in [(WINDOW_WORDS * 8) as u64, to_page_end] {
             let size = size.min((WINDOW_WORDS * 8) as u64) & !7;
-            if size < 8 || size > (WINDOW_WORDS * 8) as u64 {
-                continue;
-            }
-            // Straight into the map value (a kilobyte is more than the BPF stack holds).
-            // SAFETY: the helper writes at most `size` bytes (at most the window) into `words`
-            // and checks the user addresses, failing rather than faulting.
-            let read = unsafe {
-                generated::bpf_probe_read_user(
-                    self.words.as_mut_ptr().cast(),
-                    size as u32,
-                    address as *const c_void,
-                )
-            };
-            if read == 0 {
+            if self.copy_in(address, size) {
                 self.base = address;
                 self.valid = size / 8;
                 self.state = window_state::FILLED;
