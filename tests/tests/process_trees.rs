@@ -230,3 +230,19 @@ fn a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction(
     assert_eq!(from_shell["allocator_kind"], processes(&alone)[0]["allocator_kind"]);
     assert!(!shell.stderr.contains("execs were let go"), "{}", shell.stderr);
 }
+
+/// The exec hold is invisible to a parent that waits with WUNTRACED (a shell with job control):
+/// its first change of state is the static program's exit, and the program is still exact.
+#[test]
+fn a_parent_waiting_with_wuntraced_sees_no_stop_while_its_childs_exec_is_held() {
+    let program = memtrace_tests::fixture_variant("leaks", "static", &["-static"]);
+    let alone = Memtrace::new().command(&program).run();
+    alone.assert_exit_code(0);
+    let parent = fixture("wait_untraced");
+    let traced = Memtrace::new().args(["--", parent.to_str().unwrap(), program.to_str().unwrap()]).run();
+    // 3: the parent saw its child stopped; 4: the child failed.
+    traced.assert_exit_code(0);
+    let child = processes(&traced).iter().find(|p| p["comm"] == "leaks-static").expect("the static program");
+    assert_eq!(figures_of(child), figures_of(&processes(&alone)[0]), "{child:#}");
+    assert!(!traced.stderr.contains("execs were let go"), "{}", traced.stderr);
+}
