@@ -32,7 +32,13 @@ enum Task {
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
-    Soak { minutes: Option<u64> },
+    Soak {
+        minutes: Option<u64>,
+        /// Soak the agent instead (`memtrace serve --all`), scraping /metrics every 5 s and
+        /// fetching /debug/pprof/heap every minute
+        #[arg(long)]
+        serve: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -42,7 +48,7 @@ fn main() -> Result<()> {
         Task::Demo => demo(),
         Task::Test => test(),
         Task::Bench => bench::run(&build()?),
-        Task::Soak { minutes } => soak::run(&build()?, minutes.unwrap_or(10)),
+        Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
 }
 

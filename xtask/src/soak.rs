@@ -2,11 +2,14 @@
 //! load: a C compiler in a loop, short Python scripts, and a small HTTP server answering a client
 //! loop. Then: memtrace's own memory at the start and the end (from its /proc status), the
 //! kernel tables' occupancy (the summary's `kernel_maps`), events lost, how many processes were
-//! reported (each pid once), and whether every output parses. Not part of `cargo xtask test`.
+//! reported (each pid once), and whether every output parses. With `--serve`, the agent
+//! (`memtrace serve --all`) soaks instead, scraped as a fleet would: /metrics every 5 s, the heap
+//! profile every minute, each answer checked and timed. Not part of `cargo xtask test`.
 
 use std::{
     fs,
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
     path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -16,11 +19,18 @@ use anyhow::{bail, Context, Result};
 
 use crate::{as_root, workspace_root};
 
-pub fn run(memtrace: &Path, minutes: u64) -> Result<()> {
+/// Where the agent listens under `--serve`.
+const AGENT: &str = "127.0.0.1:19464";
+
+pub fn run(memtrace: &Path, minutes: u64, serve: bool) -> Result<()> {
     let dir = workspace_root().join("target/soak");
     fs::create_dir_all(&dir)?;
     let (trace, summary) = (dir.join("trace.json"), dir.join("summary.json"));
-    let mut tracer = as_root(memtrace)
+    let mut command = as_root(memtrace);
+    if serve {
+        command.args(["serve", "--listen", AGENT]);
+    }
+    let mut tracer = command
         .args(["--all", "-o"])
         .arg(&trace)
         .arg("--summary")
@@ -37,9 +47,13 @@ pub fn run(memtrace: &Path, minutes: u64) -> Result<()> {
     let load = start_load(&dir)?;
     let end = Instant::now() + Duration::from_secs(minutes * 60);
     let mut rss_peak = rss_start;
+    let mut scrapes = serve.then(Scrapes::default);
     while Instant::now() < end {
         std::thread::sleep(Duration::from_secs(5));
         rss_peak = rss_peak.max(rss_kib(tracer.id()));
+        if let Some(scrapes) = &mut scrapes {
+            scrapes.scrape();
+        }
     }
     let rss_end = rss_kib(tracer.id());
     for mut child in load {
@@ -53,7 +67,101 @@ pub fn run(memtrace: &Path, minutes: u64) -> Result<()> {
     if !status.success() {
         bail!("memtrace exited with {status}");
     }
-    Ok(())
+    scrapes.map_or(Ok(()), |scrapes| scrapes.report())
+}
+
+/// What the agent's endpoints answered over the soak.
+#[derive(Default)]
+struct Scrapes {
+    metrics: Endpoint,
+    profiles: Endpoint,
+    last_profile: Option<Instant>,
+}
+
+/// One endpoint's answers: how many, how many failed (and the first failure), the slowest and
+/// the largest.
+#[derive(Default)]
+struct Endpoint {
+    answered: u32,
+    failed: u32,
+    first_failure: Option<String>,
+    slowest: Duration,
+    largest: usize,
+}
+
+impl Scrapes {
+    /// A /metrics scrape, and the heap profile once a minute.
+    fn scrape(&mut self) {
+        self.metrics.note(get("/metrics"), |body| {
+            String::from_utf8_lossy(body)
+                .contains("memtrace_traced_processes")
+                .then_some(())
+                .ok_or("no memtrace_traced_processes series")
+        });
+        if self.last_profile.is_none_or(|last| last.elapsed() >= Duration::from_secs(60)) {
+            self.last_profile = Some(Instant::now());
+            self.profiles.note(get("/debug/pprof/heap"), |body| {
+                body.starts_with(&[0x1f, 0x8b]).then_some(()).ok_or("not a gzipped profile")
+            });
+        }
+    }
+
+    fn report(&self) -> Result<()> {
+        for (what, endpoint) in [("/metrics", &self.metrics), ("/debug/pprof/heap", &self.profiles)] {
+            println!(
+                "soak: {what}: {} answered, {} failed; slowest {:.2} s, largest {} KiB",
+                endpoint.answered,
+                endpoint.failed,
+                endpoint.slowest.as_secs_f64(),
+                endpoint.largest / 1024
+            );
+            if let Some(failure) = &endpoint.first_failure {
+                bail!("the agent's {what} failed {} times; the first: {failure}", endpoint.failed);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint {
+    fn note(
+        &mut self,
+        answer: Result<(Vec<u8>, Duration)>,
+        check: impl Fn(&[u8]) -> Result<(), &'static str>,
+    ) {
+        let checked = answer.and_then(|(body, took)| {
+            check(&body).map_err(|why| anyhow::anyhow!(why))?;
+            Ok((body.len(), took))
+        });
+        match checked {
+            Ok((size, took)) => {
+                self.answered += 1;
+                self.slowest = self.slowest.max(took);
+                self.largest = self.largest.max(size);
+            }
+            Err(err) => {
+                self.failed += 1;
+                self.first_failure.get_or_insert(format!("{err:#}"));
+            }
+        }
+    }
+}
+
+/// GET `path` from the agent: the body of a 200 answer and how long it took.
+fn get(path: &str) -> Result<(Vec<u8>, Duration)> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(AGENT).with_context(|| format!("connecting to {AGENT}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {AGENT}\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).with_context(|| format!("reading the answer to GET {path}"))?;
+    let took = start.elapsed();
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").context("an answer without a header")?;
+    let status = String::from_utf8_lossy(&answer[..split]).lines().next().unwrap_or_default().to_owned();
+    if !status.contains(" 200 ") {
+        bail!("GET {path}: {status}");
+    }
+    Ok((answer[split + 4..].to_vec(), took))
 }
 
 /// The load, as shell loops that run until killed: a compiler, short Python scripts, an HTTP

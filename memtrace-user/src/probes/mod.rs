@@ -200,9 +200,13 @@ impl Probes {
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
-        // Anonymous mappings, inside allocator calls and outside.
-        probes.attach_raw_tracepoint("memory_syscall_enter", "sys_enter")?;
-        probes.attach_raw_tracepoint("memory_syscall_exit", "sys_exit")?;
+        // Anonymous mappings, inside allocator calls and outside. Not part of the floor: every
+        // syscall fires them, and on this kernel so does every uretprobe's return (its trampoline
+        // is the uretprobe syscall), so the empty programs' run would count them as trap cost.
+        if !config.empty_probes {
+            probes.attach_raw_tracepoint("memory_syscall_enter", "sys_enter")?;
+            probes.attach_raw_tracepoint("memory_syscall_exit", "sys_exit")?;
+        }
         if let Reach::Tree = config.reach {
             probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
         }
