@@ -250,7 +250,10 @@ fn allocators(
         // MemoryInfra sizes are unsigned; a subsystem reported below zero shows as empty.
         let size = scalar(bytes.max(0) as u64, "bytes");
         allocators.insert(path, json!({"guid": guid, "attrs": {"size": size}}));
-        if heap_subsystems.contains(name) {
+        // The viewer takes an owner larger than what it owns for a broken dump (an import warning):
+        // a heap subsystem that reports more than malloc holds cannot be all heap memory then, and
+        // stands on its own in that dump.
+        if heap_subsystems.contains(name) && bytes.max(0) as u64 <= live_bytes {
             edges.push(json!({"source": guid, "target": malloc_guid, "type": "ownership", "importance": 0}));
         }
     }
@@ -473,6 +476,17 @@ mod tests {
         assert_eq!(edges[0]["target"], dumps["allocators"]["malloc"]["guid"]);
         assert_eq!(dumps["allocators"]["subsystems/cache"]["attrs"]["size"]["value"], "300");
         assert_eq!(dumps["allocators"]["subsystems/textures"]["attrs"]["size"]["value"], "1388");
+    }
+
+    #[test]
+    fn a_heap_subsystem_larger_than_malloc_owns_none_of_it() {
+        // malloc holds 4096 B in model().
+        let model = with_subsystems(&[("cache", 4096), ("arena", 4097)]);
+        let dump = dump_of(&model, &["cache", "arena"]);
+        let dumps = &dump["args"]["dumps"];
+        let edges = dumps["allocators_graph"].as_array().unwrap();
+        assert_eq!(edges.len(), 1, "{edges:?}");
+        assert_eq!(edges[0]["source"], dumps["allocators"]["subsystems/cache"]["guid"]);
     }
 
     /// MemoryInfra nests dumps at every `/` (and treats a leading `global/` as shared between
