@@ -76,6 +76,13 @@ pub(crate) fn tables_epoch() -> u64 {
 /// Window fills a memoized walk may have made.
 const MEMO_REGIONS: usize = 4;
 
+/// The memo's regions as `recall` reads them again, each at `region * WINDOW_WORDS`.
+const RECALL_WORDS: usize = MEMO_REGIONS * WINDOW_WORDS;
+
+/// Logged words `recall` compares without a branch: a walk of a few frames checks one run, a deep
+/// one up to `MEMO_WORDS / RECALL_RUN`.
+const RECALL_RUN: usize = 16;
+
 /// A stretch of the traced stack one window fill read, as the memo reads it again: where it
 /// starts, and the bytes from there to the furthest word the walk read in it.
 #[repr(C)]
@@ -127,44 +134,9 @@ pub(crate) struct StackWindow {
     /// The window, and a spare word that no read fills: a read of two words starting at the last
     /// stays inside the value for the verifier (the test that rejects it is on another register).
     words: [u64; WINDOW_WORDS + 1],
+    /// The memo's regions, read again by `recall`.
+    again: [u64; RECALL_WORDS],
     memo: WalkMemo,
-}
-
-/// What `check_word` works on, on the caller's stack.
-#[repr(C)]
-struct Check {
-    window: *mut StackWindow,
-    /// The region now in the window, plus one (0: none yet).
-    loaded: u64,
-    /// 0 once a word differs.
-    same: u64,
-}
-
-/// bpf_loop's callback: whether the memo's word `index` still holds its value, reading its region
-/// into the window first if another is there; 1 ends the loop.
-extern "C" fn check_word(index: u64, check: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop hands back the `Check` that `recall` passed, whose window is this CPU's
-    // map value, ours until the program ends.
-    let (check, window) = unsafe {
-        let check = &mut *(check as *mut Check);
-        let window = &mut *check.window;
-        (check, window)
-    };
-    let slot = index as usize & (MEMO_WORDS - 1);
-    let place = window.memo.place[slot];
-    let region = place >> 32;
-    if region + 1 != check.loaded {
-        if !window.load(window.memo.regions[region as usize & (MEMO_REGIONS - 1)]) {
-            check.same = 0;
-            return 1;
-        }
-        check.loaded = region + 1;
-    }
-    if window.words[place as usize & (WINDOW_WORDS - 1)] != window.memo.value[slot] {
-        check.same = 0;
-        return 1;
-    }
-    0
 }
 
 #[map]
@@ -184,37 +156,42 @@ impl StackWindow {
         if self.memo.valid == 0 || !start.same_as(&self.memo.start) || logged > MEMO_WORDS as u64 {
             return None;
         }
-        let mut check = Check { window: self, loaded: 0, same: 1 };
-        // A word a step, the step verified once: a loop in the program would be verified once
-        // per iteration and per way through it.
-        // SAFETY: the callback is a function of this program, and its context is `check`, on this
-        // program's stack for the whole call, as bpf_loop requires.
-        unsafe { generated::bpf_loop(logged as u32, check_word as *mut c_void, (&raw mut check).cast(), 0) };
-        (check.same != 0).then_some((self.memo.key, self.memo.stop))
+        for (index, region) in self.memo.regions.into_iter().enumerate() {
+            if region.span != 0 && !self.read_again(index, region) {
+                return None;
+            }
+        }
+        // Runs of words without a branch inside (a branch a word would be verified once per
+        // way through every word before it), words past the last logged masked out.
+        let mut differ = 0;
+        for run in 0..MEMO_WORDS / RECALL_RUN {
+            if (run * RECALL_RUN) as u64 >= logged {
+                break;
+            }
+            for slot in run * RECALL_RUN..(run + 1) * RECALL_RUN {
+                let place = self.memo.place[slot];
+                let at = ((place >> 32) as usize * WINDOW_WORDS + (place as usize & (WINDOW_WORDS - 1)))
+                    & (RECALL_WORDS - 1);
+                // All ones for a logged word (slot < logged), else 0.
+                let logged_mask = ((slot as u64).wrapping_sub(logged) >> 63).wrapping_neg();
+                differ |= (self.again[at] ^ self.memo.value[slot]) & logged_mask;
+            }
+        }
+        (differ == 0).then_some((self.memo.key, self.memo.stop))
     }
 
-    /// Reads `region` of the traced stack into the window; false if it cannot be read.
-    fn load(&mut self, region: Region) -> bool {
-        self.copy_in(region.base, region.span)
+    /// Reads the memo's region `index` of the traced stack again, into its place in `again`;
+    /// false if it cannot be read.
+    fn read_again(&mut self, index: usize, region: Region) -> bool {
+        let index = index & (MEMO_REGIONS - 1);
+        let words = &mut self.again[index * WINDOW_WORDS..(index + 1) * WINDOW_WORDS];
+        copy_user(words, region.base, region.span)
     }
 
     /// Copies `bytes` of the traced stack at `address` into the window (8 to a kilobyte); false if
     /// they cannot be read, or are no size the window takes.
     fn copy_in(&mut self, address: u64, bytes: u64) -> bool {
-        if !(8..=(WINDOW_WORDS * 8) as u64).contains(&bytes) {
-            return false;
-        }
-        // Straight into the map value (a kilobyte is more than the BPF stack holds).
-        // SAFETY: the helper writes at most `bytes` bytes (at most the window) into `words` and
-        // checks the user addresses, failing rather than faulting.
-        let read = unsafe {
-            generated::bpf_probe_read_user(
-                self.words.as_mut_ptr().cast(),
-                bytes as u32,
-                address as *const c_void,
-            )
-        };
-        read == 0
+        copy_user(&mut self.words[..WINDOW_WORDS], address, bytes)
     }
 
     /// Empties the window for a walk from `start`, which the memo will describe if it can.
@@ -224,6 +201,10 @@ impl StackWindow {
         self.memo.valid = 0;
         self.memo.start = *start;
         self.memo.logged = 0;
+        // A region this walk does not fill is not read again by a recall.
+        for region in &mut self.memo.regions {
+            region.span = 0;
+        }
     }
 
     /// Makes the walk just ended the memo, if every word it read came from a window fill.
@@ -316,4 +297,19 @@ impl StackWindow {
         }
         Some(words)
     }
+}
+
+/// Copies `bytes` of the traced stack at `address` into `words` (8 bytes up to all of `words`);
+/// false if they cannot be read, or do not fit.
+fn copy_user(words: &mut [u64], address: u64, bytes: u64) -> bool {
+    if bytes < 8 || bytes > (words.len() * 8) as u64 {
+        return false;
+    }
+    // Straight into the map value (a kilobyte is more than the BPF stack holds).
+    // SAFETY: the helper writes at most `bytes` bytes, which fit in `words`, and checks the user
+    // addresses, failing rather than faulting.
+    let read = unsafe {
+        generated::bpf_probe_read_user(words.as_mut_ptr().cast(), bytes as u32, address as *const c_void)
+    };
+    read == 0
 }
