@@ -139,6 +139,7 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
     let mut growth = size as i64;
     match ALLOCATIONS.insert(key, allocation, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
+            sampling::recorded(tgid, address);
             add_signed(&stats.live_allocations, 1);
         }
         Err(err) if err == -EEXIST => {
@@ -174,7 +175,7 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
 /// A block freed; `temporary` when its thread allocated nothing since (heaptrack's temporary
 /// allocations).
 fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
-    if address == 0 {
+    if address == 0 || !sampling::may_be_recorded(tgid, address) {
         return;
     }
     let key = AllocationKey { tgid, _pad: 0, address };
@@ -184,8 +185,13 @@ fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
     };
     let allocation = unsafe { *allocation };
     let stale = allocation.timestamp_ns < stats.started_ns;
-    if ALLOCATIONS.remove(key).is_err() || stale {
+    if ALLOCATIONS.remove(key).is_err() {
         // Another thread freed the same block first (a double free in the target).
+        add(&stats.untracked_frees, 1);
+        return;
+    }
+    sampling::released(tgid, address);
+    if stale {
         add(&stats.untracked_frees, 1);
         return;
     }
@@ -341,6 +347,10 @@ fn on_free(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     let tgid = caller.tgid;
+    // Sampling: most blocks have no record, and their frees nothing to account.
+    if !sampling::may_be_recorded(tgid, address) {
+        return 0;
+    }
     let Some(stats) = stats_of(tgid) else {
         return 0;
     };

@@ -5,8 +5,10 @@
 //! estimates. Only sampled allocations take a stack and a live-allocation record. BPF has no
 //! floating point: the exponential distances are drawn with a fixed-point log2.
 
-use aya_ebpf::helpers::bpf_get_prandom_u32;
+use aya_ebpf::{helpers::bpf_get_prandom_u32, macros::map, maps::Array};
 use memtrace_common::ThreadState;
+
+use crate::counters::add_signed;
 
 /// Set by the loader: the mean bytes between samples; 0 records every allocation.
 #[no_mangle]
@@ -20,6 +22,48 @@ const LN_2: u64 = 45_426;
 fn mean() -> u64 {
     // SAFETY: a global the loader sets before the programs load.
     unsafe { core::ptr::read_volatile(&SAMPLE_MEAN) }
+}
+
+/// Recorded blocks, counted by a hash of (process, address): a free whose count is 0 frees no
+/// recorded block and needs no lookup in the live-allocation table, which most frees miss when
+/// sampling. Kept only when sampling. Counts of blocks that userspace releases with their process
+/// stay (a later free there only costs the lookup it would have cost anyway).
+#[map]
+static RECORDED_BLOCKS: Array<i64> = Array::with_max_entries(RECORDED_BLOCK_COUNTS, 0);
+
+const RECORDED_BLOCK_COUNTS: u32 = 1 << 16;
+
+fn recorded_count(tgid: u32, address: u64) -> Option<&'static i64> {
+    // Fibonacci hashing: the top 16 bits of the product.
+    let hash = ((u64::from(tgid) << 48) ^ address).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
+    // SAFETY: a map value, valid while the program runs.
+    RECORDED_BLOCKS.get_ptr(hash as u32).map(|count| unsafe { &*count })
+}
+
+/// A block got a live-allocation record (`released` when it loses it).
+pub(crate) fn recorded(tgid: u32, address: u64) {
+    count_recorded(tgid, address, 1);
+}
+
+/// A block's live-allocation record was removed.
+pub(crate) fn released(tgid: u32, address: u64) {
+    count_recorded(tgid, address, -1);
+}
+
+fn count_recorded(tgid: u32, address: u64, change: i64) {
+    if mean() != 0 {
+        if let Some(count) = recorded_count(tgid, address) {
+            add_signed(count, change);
+        }
+    }
+}
+
+/// Whether `address` may have a live-allocation record: always when every block is recorded.
+pub(crate) fn may_be_recorded(tgid: u32, address: u64) -> bool {
+    // SAFETY: a map value; a plain read, as a count that changes meanwhile is another thread's
+    // block, not this one.
+    mean() == 0
+        || recorded_count(tgid, address).is_none_or(|count| unsafe { core::ptr::read_volatile(count) } > 0)
 }
 
 /// Whether this allocation of `size` bytes is recorded; moves the thread along its byte stream.
