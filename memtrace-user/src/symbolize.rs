@@ -51,7 +51,6 @@ impl Frame {
     }
 }
 
-#[derive(Default)]
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
     /// Build ID (zero-padded to 20 bytes as the kernel reports it) -> where to read the file.
@@ -64,6 +63,21 @@ pub struct StackSymbolizer {
     /// Every frame symbolized so far, by file and offset: stacks share most of their frames, and
     /// a run may have hundreds of thousands of stacks.
     resolved: RefCell<HashMap<PathBuf, HashMap<u64, Arc<Frame>>>>,
+}
+
+impl Default for StackSymbolizer {
+    fn default() -> Self {
+        Self {
+            // Frames are named by function, file and line; blazesym's inlined-function chains,
+            // which it otherwise parses out of every file's DWARF and keeps, are not used.
+            symbolizer: Symbolizer::builder().enable_inlined_fns(false).build(),
+            build_ids: HashMap::new(),
+            indexed: HashMap::new(),
+            facts: FileCache::default(),
+            public_names: RefCell::default(),
+            resolved: RefCell::default(),
+        }
+    }
 }
 
 /// Where an indexed file can be read at the end of the run.
