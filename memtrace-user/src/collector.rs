@@ -43,7 +43,6 @@ impl Collector {
         };
         for process in model.processes.values_mut() {
             if process.released {
-                self.indexed.remove(&process.pid);
                 continue;
             }
             let previous_peak = process.stats.peak_live_bytes;
@@ -123,10 +122,12 @@ impl Collector {
         self.symbolizer.index(object);
     }
 
-    /// Forgets the stacks of processes reported and released.
+    /// Forgets the stacks of processes reported and released, and which files of theirs were
+    /// indexed (a released process may leave the model at once, folded: this is its last word).
     pub fn forget(&mut self, probes: &Probes, tgids: &HashSet<u32>) -> Result<()> {
         for &tgid in tgids {
             self.peaks.forget(tgid);
+            self.indexed.remove(&tgid);
         }
         self.stacks.forget(probes, tgids)
     }

@@ -677,8 +677,9 @@ impl Run<'_> {
         }
         let missed = self.following.missed_execs();
         if missed > 0 {
+            let execs = if missed == 1 { "exec was" } else { "execs were" };
             eprintln!(
-                "memtrace: warning: {missed} execs were let go before their program's allocator was probed \
+                "memtrace: warning: {missed} {execs} let go before their program's allocator was probed \
                  (held past 500 ms): those programs' first allocations may be missing"
             );
         }

@@ -156,5 +156,5 @@ fn a_static_program_started_later_is_exact_from_its_first_instruction() {
     let mut pid = 0;
     let (outcome, _) = trace_all_while(&[], || pid = run_to_exit(&program));
     assert_eq!(figures_of(process(&outcome, pid)), figures_of(&alone.summary()["processes"][0]));
-    assert!(!outcome.stderr.contains("execs were let go"), "{}", outcome.stderr);
+    assert!(!outcome.stderr.contains("let go before their program"), "{}", outcome.stderr);
 }
