@@ -301,16 +301,45 @@ pub struct ThreadState {
     /// The block of the thread's latest allocation: freeing it before any other allocation makes
     /// it a temporary allocation. 0 once freed.
     pub last_block: u64,
-    /// A memory syscall in flight (mmap, munmap, mremap), for its exit to account.
-    pub syscall: PendingSyscall,
+    /// A C library mapping call in flight (mmap, munmap, mremap), for its return to account.
+    pub map_call: PendingMapCall,
 }
 
-/// The arguments of a memory syscall in flight, as sys_enter saw them.
+/// The C library's calls that map and unmap memory, probed to follow anonymous mappings: the BPF
+/// cookie of their probes is the discriminant.
+#[repr(u64)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MapFunction {
+    /// mmap(addr, len, prot, flags, fd, offset)
+    Mmap = 1,
+    /// munmap(addr, len)
+    Munmap = 2,
+    /// mremap(old, old_len, new_len, flags, new_addr)
+    Mremap = 3,
+}
+
+impl MapFunction {
+    /// Every one, with its symbol.
+    pub const ALL: [(MapFunction, &'static str); 3] =
+        [(MapFunction::Mmap, "mmap"), (MapFunction::Munmap, "munmap"), (MapFunction::Mremap, "mremap")];
+
+    /// The function whose discriminant is `value` (a match, as for `AllocatorFunction`).
+    pub const fn from_discriminant(value: u64) -> Option<Self> {
+        Some(match value {
+            1 => MapFunction::Mmap,
+            2 => MapFunction::Munmap,
+            3 => MapFunction::Mremap,
+            _ => return None,
+        })
+    }
+}
+
+/// The arguments of a mapping call in flight, as its entry probe saw them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PendingSyscall {
-    /// The syscall number; 0 (read) when none is in flight.
-    pub nr: u64,
+pub struct PendingMapCall {
+    /// The `MapFunction`; 0 when none is in flight.
+    pub function: u64,
     pub args: [u64; 5],
     /// Whether the thread was inside an allocator call: what it maps is the allocator's.
     pub inside_allocator: u64,

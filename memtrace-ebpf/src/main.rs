@@ -62,7 +62,7 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
 
 /// The calling thread's slot if its process is traced. The common case is one array lookup, with
 /// no second one in the process filter (threads.rs).
-fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
+pub(crate) fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
     if let Some(thread) = threads::find(caller.tid) {
         return Some(thread);
     }

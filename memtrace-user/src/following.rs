@@ -27,7 +27,7 @@ use nix::{
 
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
-    held_execs::{HeldExecs, Holding, ProbeRequest, ProbedFiles},
+    held_execs::{HeldExecs, Holding, ProbeRequest, Probed, ProbedFiles},
     model::Model,
     probes::{Probes, Reach, Scope},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
@@ -38,8 +38,8 @@ pub struct Following {
     overrides: Overrides,
     /// Which processes count, and so how probes are attached: per target, or for every process.
     reach: Reach,
-    /// Every allocator file probed, for which scope.
-    probed: HashSet<(FileId, Scope)>,
+    /// Every file probed, as what, for which scope.
+    probed: HashSet<(Probed, Scope)>,
     /// The files probed for every process, as the exec hold sees them.
     probed_for_all: ProbedFiles,
     /// What each file is, read once however many processes map it.
@@ -141,8 +141,9 @@ impl Following {
         (allocators, mapped)
     }
 
+    /// How many allocator files are probed (the mapping calls' files, libc mostly, not counted).
     pub fn probed_files(&self) -> usize {
-        self.probed.len()
+        self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()
     }
 
     /// Readable when processes have exec'd new programs.
@@ -231,11 +232,19 @@ impl Following {
         self.held.as_ref().map_or(0, |held| held.stats().missed)
     }
 
+    /// Probes `allocator` and its process's mapping calls, each file once per scope.
     fn probe(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
-        if self.probed.insert((allocator.object.id, scope)) {
-            probes.attach(allocator, scope)?;
+        for file in Probed::all_for(allocator) {
+            if !self.probed.insert((file, scope)) {
+                continue;
+            }
+            match (file, &allocator.map_calls) {
+                (Probed::Allocator(_), _) => probes.attach(allocator, scope)?,
+                (Probed::MapCalls(_), Some(calls)) => probes.attach_map_calls(calls, scope)?,
+                (Probed::MapCalls(_), None) => {}
+            }
             if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
-                probed.insert(allocator.object.id);
+                probed.insert(file);
             }
         }
         Ok(())

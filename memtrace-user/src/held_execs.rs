@@ -56,10 +56,26 @@ impl ProbeRequest {
     }
 }
 
-/// The allocator files probed for every process, shared with the main loop: an exec of a program
-/// whose allocator is among them (libc, mostly) goes on without waiting for the main loop, which
-/// may itself be waiting for that exec (a command memtrace launches).
-pub type ProbedFiles = Arc<Mutex<HashSet<FileId>>>;
+/// A file probed, and as what: the C library is both an allocator and where mapping calls are made,
+/// probed by separate links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Probed {
+    Allocator(FileId),
+    MapCalls(FileId),
+}
+
+impl Probed {
+    /// What probing `allocator` (and the mapping calls beside it) takes.
+    pub fn all_for(allocator: &Allocator) -> impl Iterator<Item = Probed> {
+        let calls = allocator.map_calls.as_ref().map(|calls| Probed::MapCalls(calls.object.id));
+        std::iter::once(Probed::Allocator(allocator.object.id)).chain(calls)
+    }
+}
+
+/// The files probed for every process, shared with the main loop: an exec of a program whose
+/// allocator and mapping calls are among them (libc, mostly) goes on without waiting for the main
+/// loop, which may itself be waiting for that exec (a command memtrace launches).
+pub type ProbedFiles = Arc<Mutex<HashSet<Probed>>>;
 
 pub struct HeldExecs {
     hold: Option<ExecHold>,
@@ -111,7 +127,10 @@ impl HeldExecs {
         let probed = Arc::clone(&self.probed);
         let serve = move |held: HeldExec| {
             let Some(allocator) = allocator_of(&held, &cache, &overrides) else { return };
-            if probed.lock().is_ok_and(|probed| probed.contains(&allocator.object.id)) {
+            if probed
+                .lock()
+                .is_ok_and(|probed| Probed::all_for(&allocator).all(|file| probed.contains(&file)))
+            {
                 return;
             }
             let (done, finished) = mpsc::sync_channel(1);

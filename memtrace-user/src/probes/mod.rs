@@ -27,7 +27,7 @@ use links::Links;
 pub use links::{Direction, LinkKind, Scope, Site};
 use loader::MultiPrograms;
 
-use crate::{allocator::Allocator, bpf_log::BpfLog};
+use crate::{allocator::Allocator, bpf_log::BpfLog, process::map_calls::MapCalls};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
@@ -39,7 +39,11 @@ pub const USDT_SITE: &str = "usdt_site";
 /// Programs that do nothing, on the allocator's probe points: the floor `cargo xtask bench` measures.
 const EMPTY_ENTRY: &str = "empty_enter";
 const EMPTY_RETURN: &str = "empty_exit";
-const UPROBE_PROGRAMS: [&str; 5] = [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE, EMPTY_ENTRY, EMPTY_RETURN];
+/// The C library's mapping calls, at entry and at return.
+const MAP_ENTRY: &str = "map_enter";
+const MAP_RETURN: &str = "map_exit";
+const UPROBE_PROGRAMS: [&str; 7] =
+    [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE, EMPTY_ENTRY, EMPTY_RETURN, MAP_ENTRY, MAP_RETURN];
 
 /// Set to `perf` to link every probe site with a perf event of its own, as on kernels without
 /// uprobe_multi (tests compare both routes).
@@ -128,6 +132,8 @@ pub struct Probes {
     multi: Option<MultiPrograms>,
     links: Links,
     allocator_programs: AllocatorPrograms,
+    /// Whether mapping calls are probed: not with the empty programs.
+    follow_mappings: bool,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
     pub usdt: crate::usdt::UsdtProbes,
     /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
@@ -194,19 +200,13 @@ impl Probes {
             } else {
                 AllocatorPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
             },
+            follow_mappings: !config.empty_probes,
             usdt: crate::usdt::UsdtProbes::default(),
             allocators: Vec::new(),
             _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
-        // Anonymous mappings, inside allocator calls and outside. Not part of the floor: every
-        // syscall fires them, and on this kernel so does every uretprobe's return (its trampoline
-        // is the uretprobe syscall), so the empty programs' run would count them as trap cost.
-        if !config.empty_probes {
-            probes.attach_raw_tracepoint("memory_syscall_enter", "sys_enter")?;
-            probes.attach_raw_tracepoint("memory_syscall_exit", "sys_exit")?;
-        }
         if let Reach::Tree = config.reach {
             probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
         }
@@ -282,6 +282,24 @@ impl Probes {
         // return whose entry was not seen is ignored.
         self.attach_sites(exit, path, &returns, scope, Direction::Return).with_context(what)?;
         self.attach_sites(entry, path, &entries, scope, Direction::Entry).with_context(what)
+    }
+
+    /// Attaches to the mapping calls of `calls`' file (mmap, munmap, mremap), which follow anonymous
+    /// mappings: one link for the entries and one for the returns, returns first (as in `attach`).
+    /// Not with the empty programs: the floor is the allocator's probe points alone.
+    pub fn attach_map_calls(&mut self, calls: &MapCalls, scope: Scope) -> Result<()> {
+        if !self.follow_mappings {
+            return Ok(());
+        }
+        let sites: Vec<Site> = calls
+            .sites
+            .iter()
+            .map(|site| Site { offset: site.offset, cookie: site.function as u64, semaphore: None })
+            .collect();
+        let what = || format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display());
+        self.attach_sites(MAP_RETURN, &calls.host_path, &sites, scope, Direction::Return)
+            .with_context(what)?;
+        self.attach_sites(MAP_ENTRY, &calls.host_path, &sites, scope, Direction::Entry).with_context(what)
     }
 
     /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 use memtrace_common::AllocatorFunction;
 
-use super::{FileCache, ObjectFile, ProcessImage, SYSTEM_LIBRARY_DIRS};
+use super::{map_calls::MapCalls, FileCache, ObjectFile, ProcessImage, SYSTEM_LIBRARY_DIRS};
 use crate::elf::ElfObject;
 
 /// An allocator entry point and the symbol that names it, without any prefix.
@@ -104,6 +104,10 @@ pub struct Allocator {
     pub entry_points: Vec<ResolvedEntryPoint>,
     /// The file, kept open.
     pub object: ObjectFile,
+    /// The mapping calls the process makes its anonymous mappings through, probed beside the
+    /// allocator (by links of their own: the C library is often both); None where no file
+    /// defines them.
+    pub map_calls: Option<MapCalls>,
 }
 
 impl Allocator {
@@ -111,18 +115,21 @@ impl Allocator {
     /// malloc; each file's entry points are read once (`cache`).
     pub fn of_image(image: &ProcessImage, overrides: &Overrides, cache: &FileCache) -> Result<Self> {
         let lib = overrides.lib_object(image)?;
-        choose(&image.objects, lib, overrides.prefix.as_deref(), cache).with_context(|| match image.pid {
+        let allocator = choose(&image.objects, lib, overrides.prefix.as_deref(), cache);
+        let allocator = allocator.with_context(|| match image.pid {
             Some(pid) => format!("finding the allocator of pid {pid}"),
             None => format!(
                 "finding the allocator of {}",
                 image.executable().map(|o| o.path.display().to_string()).unwrap_or_default()
             ),
-        })
+        })?;
+        Ok(Self { map_calls: MapCalls::of_image(image, cache), ..allocator })
     }
 
     /// The allocator a library file provides, if it provides one (plain or with a known prefix).
     pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
-        choose(std::slice::from_ref(object), None, None, cache).ok()
+        let allocator = choose(std::slice::from_ref(object), None, None, cache).ok()?;
+        Some(Self { map_calls: MapCalls::of_file(object, cache), ..allocator })
     }
 
     fn from_object(object: &ObjectFile, prefix: &str, cache: &FileCache) -> Result<Option<Self>> {
@@ -134,6 +141,7 @@ impl Allocator {
             host_path: object.host_path.clone(),
             entry_points: entry_points.to_vec(),
             object: object.clone(),
+            map_calls: None,
         }))
     }
 }

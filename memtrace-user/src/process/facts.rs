@@ -10,12 +10,13 @@ use std::{
 use anyhow::{anyhow, Context, Result};
 
 use super::{
+    map_calls::{resolve_map_sites, MapSite},
     sparse::{self, SparseImage},
     FileId, ObjectFile,
 };
 use crate::{
     allocator::{resolve_entry_points, ResolvedEntryPoint},
-    elf::DynamicInfo,
+    elf::{DynamicInfo, ElfObject},
 };
 
 /// Files remembered before the cache starts afresh: far more than a machine maps at once, and a
@@ -43,7 +44,11 @@ struct Cached {
     facts: HashMap<FileId, Arc<FileFacts>>,
     /// (file, symbol prefix) -> the allocator entry points it defines, or why they cannot be used.
     entry_points: HashMap<(FileId, String), EntryPointsOrError>,
+    /// file -> the mapping calls it defines, or why they cannot be read.
+    map_sites: HashMap<FileId, MapSitesOrError>,
 }
+
+type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
 
 /// A file's allocator entry points for one prefix, or why they cannot be read.
 type EntryPointsOrError = Result<Arc<Vec<ResolvedEntryPoint>>, String>;
@@ -68,12 +73,28 @@ impl FileCache {
         if let Some(known) = self.lock().entry_points.get(&key) {
             return known.clone().map_err(|err| anyhow!(err));
         }
-        let found = read_entry_points(object, prefix).map(Arc::new).map_err(|err| format!("{err:#}"));
+        let found = read_symbols(object, |elf| resolve_entry_points(elf, prefix))
+            .map(Arc::new)
+            .map_err(|err| format!("{err:#}"));
         let mut cached = self.lock();
         if cached.entry_points.len() >= MAX_FILES {
             cached.entry_points.clear();
         }
         cached.entry_points.insert(key, found.clone());
+        found.map_err(|err| anyhow!(err))
+    }
+
+    /// The mapping calls (mmap, munmap, mremap) `object` defines.
+    pub fn map_sites(&self, object: &ObjectFile) -> Result<Arc<Vec<MapSite>>> {
+        if let Some(known) = self.lock().map_sites.get(&object.id) {
+            return known.clone().map_err(|err| anyhow!(err));
+        }
+        let found = read_symbols(object, resolve_map_sites).map(Arc::new).map_err(|err| format!("{err:#}"));
+        let mut cached = self.lock();
+        if cached.map_sites.len() >= MAX_FILES {
+            cached.map_sites.clear();
+        }
+        cached.map_sites.insert(object.id, found.clone());
         found.map_err(|err| anyhow!(err))
     }
 
@@ -97,12 +118,11 @@ pub fn read_facts(object: &ObjectFile) -> FileFacts {
     facts.unwrap_or_default()
 }
 
-fn read_entry_points(object: &ObjectFile, prefix: &str) -> Result<Vec<ResolvedEntryPoint>> {
+/// What `resolve` finds in an object file's symbol tables.
+fn read_symbols<T>(object: &ObjectFile, resolve: impl FnOnce(&ElfObject<'_>) -> Result<T>) -> Result<T> {
     let image = SparseImage::of(object, sparse::SYMBOLS)
         .with_context(|| format!("reading {}", object.path.display()))?;
-    image
-        .with_elf(|elf| resolve_entry_points(elf, prefix))
-        .with_context(|| format!("reading the symbols of {}", object.path.display()))
+    image.with_elf(resolve).with_context(|| format!("reading the symbols of {}", object.path.display()))
 }
 
 #[cfg(test)]

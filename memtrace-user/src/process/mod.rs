@@ -11,6 +11,7 @@ mod facts;
 mod file;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod map_calls;
 mod objects;
 mod resolve;
 mod sparse;

@@ -1,0 +1,81 @@
+//! Finds the C library's mapping calls (mmap, munmap, mremap) that a process makes its anonymous
+//! mappings through, as the dynamic linker resolves `mmap`: libc for a dynamic program, the
+//! executable for a static one. Allocators other than the C library's (jemalloc, tcmalloc) map
+//! through it too, so these are probed whatever the allocator.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use memtrace_common::MapFunction;
+
+use super::{FileCache, ObjectFile, ProcessImage};
+use crate::elf::ElfObject;
+
+/// A mapping call located in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSite {
+    pub function: MapFunction,
+    /// File offset of the function's first instruction: where both probes sit.
+    pub offset: u64,
+}
+
+/// The object that defines a process's mapping calls, with their sites.
+#[derive(Debug, Clone)]
+pub struct MapCalls {
+    /// Where the probes attach: `/proc/self/fd/N` of the opened file, valid while `object` lives.
+    pub host_path: PathBuf,
+    pub sites: Vec<MapSite>,
+    /// The file, kept open.
+    pub object: ObjectFile,
+}
+
+impl MapCalls {
+    /// The first of a process's objects, in symbol search order, that defines every mapping call.
+    pub fn of_image(image: &ProcessImage, cache: &FileCache) -> Option<Self> {
+        image.objects.iter().find_map(|object| Self::of_file(object, cache))
+    }
+
+    /// The mapping calls `object` defines, if it defines them all.
+    pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
+        let sites = cache.map_sites(object).ok()?;
+        (sites.len() == MapFunction::ALL.len()).then(|| Self {
+            host_path: object.host_path.clone(),
+            sites: sites.to_vec(),
+            object: object.clone(),
+        })
+    }
+}
+
+/// Locates every mapping call an ELF file defines (as functions: a file that only imports them
+/// has none).
+pub fn resolve_map_sites(elf: &ElfObject<'_>) -> Result<Vec<MapSite>> {
+    let defined =
+        elf.defined_functions(|name| MapFunction::ALL.iter().any(|(_, symbol)| symbol.as_bytes() == name));
+    let mut sites = Vec::new();
+    for (function, symbol) in MapFunction::ALL {
+        let Some(&(_, address)) = defined.iter().find(|(name, _)| name == symbol) else { continue };
+        let offset = elf
+            .code_file_offset(address)
+            .with_context(|| format!("{symbol} at {address:#x} lies in no executable segment"))?;
+        sites.push(MapSite { function, offset });
+    }
+    Ok(sites)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_mapping_calls_are_libcs() {
+        let cache = FileCache::default();
+        let image = ProcessImage::of_process(std::process::id(), &cache).unwrap();
+        let calls = MapCalls::of_image(&image, &cache).expect("libc defines mmap, munmap and mremap");
+        let name = calls.object.path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("libc"), "{name}");
+        let offsets: std::collections::HashSet<_> = calls.sites.iter().map(|site| site.offset).collect();
+        assert_eq!(offsets.len(), 3, "three distinct functions: {:?}", calls.sites);
+        // The executable imports mmap and defines none.
+        assert!(MapCalls::of_file(image.executable().unwrap(), &cache).is_none());
+    }
+}
