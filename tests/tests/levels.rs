@@ -2,7 +2,7 @@
 //! allocator holds, what the program mapped itself, dark memory, and temporary allocations, each
 //! compared with figures derived from a fixture's source.
 
-use memtrace_tests::{fixture, Memtrace};
+use memtrace_tests::{fixture, fixture_variant, Memtrace, Running, Trace};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -103,4 +103,136 @@ fn the_heap_peak_and_who_held_it() {
         "heap peak seen at a sample: 2.0 MiB",
         "most from build_peak (2.0 MiB in 512 blocks)",
     ]);
+}
+
+/// The levels (the trace's `memory` counter) of the traced program at one stage of
+/// fixtures/mapped_by_allocator.c: waits for the program to say `stage`, then for a sample taken
+/// wholly after that. The program waits at each stage for a byte on stdin, so the figures are the
+/// stage's. memtrace takes and writes its samples one after another: the first `memory` counter
+/// written after the line was seen may come from a sample that read the kernel's figures before
+/// the stage; the second read them after.
+fn levels_at_stage(run: &mut Running, stage: &str) -> Value {
+    run.wait_for_stdout(stage);
+    let written = |trace: &Trace| trace.counters("memory").count();
+    let before = written(&run.wait_for_trace("a trace that loads", |_| true));
+    let trace =
+        run.wait_for_trace(&format!("two samples after {stage:?}"), |trace| written(trace) >= before + 2);
+    let levels = trace.counters("memory").last().unwrap()["args"].clone();
+    run.send(b"x");
+    levels
+}
+
+/// fixtures/mapped_by_allocator.c's levels at each of its stages, and at its exit (the summary).
+struct Stages {
+    started: Value,
+    malloced: Value,
+    realloced: Value,
+    freed: Value,
+    unmapped: Value,
+    at_exit: Value,
+}
+
+fn run_through_the_stages(program: &std::path::Path) -> Stages {
+    let mut run = Memtrace::new().command(program).spawn();
+    let started = levels_at_stage(&mut run, "started");
+    let malloced = levels_at_stage(&mut run, "malloced");
+    let realloced = levels_at_stage(&mut run, "realloced");
+    let freed = levels_at_stage(&mut run, "freed");
+    let unmapped = levels_at_stage(&mut run, "unmapped");
+    let outcome = run.finish();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    assert_eq!(process["exited"], true, "{process}");
+    assert_eq!(process["lost_events"], 0, "{process}");
+    let at_exit = process["memory"].clone();
+    Stages { started, malloced, realloced, freed, unmapped, at_exit }
+}
+
+/// The program's own mapping of 16 MiB, its first 8 MiB unmapped (a mapping is followed by its
+/// start: unmapping its head shrinks it): 8 MiB more mapped_anon_bytes than at the start, and
+/// nothing of it held by the allocator. Whatever the allocator, while it runs and at its exit.
+fn assert_the_programs_own_mapping(stages: &Stages) {
+    let Stages { started, unmapped, at_exit, freed, .. } = stages;
+    let mapped = level(started, "mapped_anon_bytes") + 8 * MIB;
+    assert_eq!(level(unmapped, "mapped_anon_bytes"), mapped, "at {unmapped}, started {started}");
+    assert_eq!(level(at_exit, "mapped_anon_bytes"), mapped, "at exit {at_exit}, started {started}");
+    let held = level(freed, "allocator_held_bytes");
+    assert_eq!(level(unmapped, "allocator_held_bytes"), held, "at {unmapped}, freed {freed}");
+}
+
+/// glibc maps a 16 MiB block by itself (above its mmap threshold) inside malloc, grows it to 32 MiB
+/// with mremap inside realloc and unmaps it inside free: allocator_held_bytes follows it page for
+/// page (16 MiB + 4096, then 16 MiB more, then back), and mapped_anon_bytes never moves. The brk
+/// heap (set up by the fixture's first malloc, before "started") stays as it is throughout.
+#[test]
+fn a_large_block_glibc_maps_is_held_by_the_allocator_through_realloc_and_free() {
+    let stages = run_through_the_stages(&fixture("mapped_by_allocator"));
+    let Stages { started, malloced, realloced, freed, unmapped, at_exit } = &stages;
+    let held = |levels: &Value| level(levels, "allocator_held_bytes");
+    let mapped = |levels: &Value| level(levels, "mapped_anon_bytes");
+    let live = |levels: &Value| level(levels, "heap_live_bytes");
+
+    // The brk heap (glibc's first 132 KiB) holds the 64 live bytes; libc maps little or nothing
+    // for itself.
+    assert_eq!(live(started), 64, "{started}");
+    assert!((64..MIB).contains(&held(started)), "allocator_held_bytes {}: {started}", held(started));
+    assert!(mapped(started) < MIB, "mapped_anon_bytes {}: {started}", mapped(started));
+
+    assert_eq!(live(malloced), 64 + 16 * MIB, "{malloced}");
+    assert_eq!(held(malloced), held(started) + 16 * MIB + 4096, "malloced {malloced}, started {started}");
+    assert_eq!(mapped(malloced), mapped(started), "malloced {malloced}, started {started}");
+
+    assert_eq!(live(realloced), 64 + 32 * MIB, "{realloced}");
+    assert_eq!(held(realloced), held(malloced) + 16 * MIB, "realloced {realloced}, malloced {malloced}");
+    assert_eq!(mapped(realloced), mapped(started), "realloced {realloced}, started {started}");
+
+    assert_eq!(live(freed), 64, "{freed}");
+    assert_eq!(held(freed), held(started), "freed {freed}, started {started}");
+    assert_eq!(mapped(freed), mapped(started), "freed {freed}, started {started}");
+
+    // At its exit, from the kernel's counters: the brk heap as it was, no allocator mapping left.
+    assert_eq!(live(unmapped), 64, "{unmapped}");
+    assert_eq!(held(at_exit), held(started), "at exit {at_exit}, started {started}");
+    assert_eq!(level(at_exit, "heap_overhead_bytes"), held(at_exit) - 64, "{at_exit}");
+}
+
+#[test]
+fn the_programs_own_mapping_is_followed_by_its_start() {
+    assert_the_programs_own_mapping(&run_through_the_stages(&fixture("mapped_by_allocator")));
+}
+
+/// Linked with jemalloc, which maps its memory through the C library's mmap inside the call (and
+/// keeps it: retained, not unmapped, so its held figure need not drop after free): everything
+/// live is in what it holds, the 16 MiB block and then the 32 MiB one included, and none of it is
+/// the program's mapped_anon_bytes. The program's own mapping counts as with glibc.
+#[test]
+fn a_large_block_jemalloc_maps_through_libc_is_held_by_the_allocator() {
+    let program = fixture_variant("mapped_by_allocator", "jemalloc", &["-ljemalloc"]);
+    let stages = run_through_the_stages(&program);
+    let Stages { started, malloced, realloced, freed, .. } = &stages;
+    let held = |levels: &Value| level(levels, "allocator_held_bytes");
+    let mapped = |levels: &Value| level(levels, "mapped_anon_bytes");
+    let live = |levels: &Value| level(levels, "heap_live_bytes");
+
+    // The dynamic linker's and libc's own allocations go to jemalloc too, besides the 64 bytes.
+    let startup = live(started);
+    assert!((64..MIB).contains(&startup), "heap_live_bytes {startup}: {started}");
+    assert!(held(started) >= startup, "{started}");
+    assert!(mapped(started) < MIB, "mapped_anon_bytes {}: {started}", mapped(started));
+
+    // What jemalloc held at the start (8 MiB, jemalloc 5.3) cannot hold the block: only the
+    // mapping it made for it can.
+    assert!(held(started) < 16 * MIB, "the block must outgrow jemalloc's start: {started}");
+    assert_eq!(live(malloced), startup + 16 * MIB, "{malloced}");
+    assert!(held(malloced) >= live(malloced), "jemalloc holds the 16 MiB block: {malloced}");
+    assert_eq!(mapped(malloced), mapped(started), "malloced {malloced}, started {started}");
+
+    assert_eq!(live(realloced), startup + 32 * MIB, "{realloced}");
+    assert!(held(realloced) >= live(realloced), "jemalloc holds the 32 MiB block: {realloced}");
+    assert_eq!(mapped(realloced), mapped(started), "realloced {realloced}, started {started}");
+
+    assert_eq!(live(freed), startup, "{freed}");
+    assert_eq!(mapped(freed), mapped(started), "freed {freed}, started {started}");
+
+    assert_the_programs_own_mapping(&stages);
 }
