@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    hash::Hash,
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -59,42 +60,40 @@ impl FileCache {
             return facts.clone();
         }
         let facts = Arc::new(read_facts(object));
-        let mut cached = self.lock();
-        if cached.facts.len() >= MAX_FILES {
-            cached.facts.clear();
-        }
-        cached.facts.insert(object.id, facts.clone());
+        remember(&mut self.lock().facts, object.id, facts.clone());
         facts
     }
 
     /// The allocator entry points `object` defines with symbol prefix `prefix`.
     pub fn entry_points(&self, object: &ObjectFile, prefix: &str) -> Result<Arc<Vec<ResolvedEntryPoint>>> {
-        let key = (object.id, prefix.to_owned());
-        if let Some(known) = self.lock().entry_points.get(&key) {
-            return known.clone().map_err(|err| anyhow!(err));
-        }
-        let found = read_symbols(object, |elf| resolve_entry_points(elf, prefix))
-            .map(Arc::new)
-            .map_err(|err| format!("{err:#}"));
-        let mut cached = self.lock();
-        if cached.entry_points.len() >= MAX_FILES {
-            cached.entry_points.clear();
-        }
-        cached.entry_points.insert(key, found.clone());
-        found.map_err(|err| anyhow!(err))
+        self.symbols_once(
+            |cached| &mut cached.entry_points,
+            (object.id, prefix.to_owned()),
+            || read_symbols(object, |elf| resolve_entry_points(elf, prefix)),
+        )
     }
 
     /// The mapping calls (mmap, munmap, mremap) `object` defines.
     pub fn map_sites(&self, object: &ObjectFile) -> Result<Arc<Vec<MapSite>>> {
-        if let Some(known) = self.lock().map_sites.get(&object.id) {
+        self.symbols_once(
+            |cached| &mut cached.map_sites,
+            object.id,
+            || read_symbols(object, resolve_map_sites),
+        )
+    }
+
+    /// What `read` finds, or why it cannot, remembered in `table` under `key`.
+    fn symbols_once<K: Eq + Hash, T>(
+        &self,
+        table: impl Fn(&mut Cached) -> &mut HashMap<K, Result<Arc<T>, String>>,
+        key: K,
+        read: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        if let Some(known) = table(&mut self.lock()).get(&key) {
             return known.clone().map_err(|err| anyhow!(err));
         }
-        let found = read_symbols(object, resolve_map_sites).map(Arc::new).map_err(|err| format!("{err:#}"));
-        let mut cached = self.lock();
-        if cached.map_sites.len() >= MAX_FILES {
-            cached.map_sites.clear();
-        }
-        cached.map_sites.insert(object.id, found.clone());
+        let found = read().map(Arc::new).map_err(|err| format!("{err:#}"));
+        remember(table(&mut self.lock()), key, found.clone());
         found.map_err(|err| anyhow!(err))
     }
 
@@ -102,6 +101,14 @@ impl FileCache {
         // A panic elsewhere leaves plain data behind, still usable.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Keeps `value` under `key`, starting the table afresh when it holds MAX_FILES files.
+fn remember<K: Eq + Hash, V>(table: &mut HashMap<K, V>, key: K, value: V) {
+    if table.len() >= MAX_FILES {
+        table.clear();
+    }
+    table.insert(key, value);
 }
 
 /// Reads an object file's facts; a file that is not ELF, or not all of it valid, has fewer.
