@@ -236,3 +236,23 @@ fn a_large_block_jemalloc_maps_through_libc_is_held_by_the_allocator() {
 
     assert_the_programs_own_mapping(&stages);
 }
+
+/// Per-site perf links (kernels before 6.6; MEMTRACE_LINKS=perf here) probe the C library's
+/// mapping calls as uprobe_multi links do: the same levels at the fixture's exit, stage by stage
+/// run through without pauses (its stdin closed).
+#[test]
+fn per_site_perf_links_follow_mappings_as_multi_links_do() {
+    let program = fixture("mapped_by_allocator");
+    let at_exit = |links: &str| {
+        let outcome = Memtrace::new().env("MEMTRACE_LINKS", links).command(&program).run();
+        outcome.assert_exit_code(0);
+        let process = outcome.process();
+        assert_eq!(process["lost_events"], 0, "{process}");
+        let memory = process["memory"].clone();
+        ["allocator_held_bytes", "mapped_anon_bytes", "heap_live_bytes"].map(|name| level(&memory, name))
+    };
+    let multi = at_exit("multi");
+    // The program's own 8 MiB (its 16 MiB mapping less the head it unmapped) is followed.
+    assert_eq!(multi[1], 8 * MIB, "{multi:?}");
+    assert_eq!(at_exit("perf"), multi);
+}
