@@ -234,15 +234,19 @@ impl Following {
 
     /// Probes `allocator` and its process's mapping calls, each file once per scope.
     fn probe(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
-        for file in Probed::all_for(allocator) {
-            if !self.probed.insert((file, scope)) {
-                continue;
-            }
-            match (file, &allocator.map_calls) {
-                (Probed::Allocator(_), _) => probes.attach(allocator, scope)?,
-                (Probed::MapCalls(_), Some(calls)) => probes.attach_map_calls(calls, scope)?,
-                (Probed::MapCalls(_), None) => {}
-            }
+        self.probe_once(Probed::Allocator(allocator.object.id), scope, || probes.attach(allocator, scope))?;
+        if let Some(calls) = &allocator.map_calls {
+            self.probe_once(Probed::MapCalls(calls.object.id), scope, || {
+                probes.attach_map_calls(calls, scope)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `attach` unless `file` is probed for `scope` already.
+    fn probe_once(&mut self, file: Probed, scope: Scope, attach: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.probed.insert((file, scope)) {
+            attach()?;
             if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
                 probed.insert(file);
             }

@@ -118,11 +118,19 @@ pub struct MapOccupancy {
     pub usdt_entries: usize,
 }
 
-/// The programs allocator probes run: at entry and at return.
+/// The programs a file's call probes run: at entry and at return.
 #[derive(Clone, Copy)]
-struct AllocatorPrograms {
+struct CallPrograms {
     entry: &'static str,
     exit: &'static str,
+}
+
+/// One file's call probes: its sites at entry and at return, and the programs they run.
+struct Calls<'a> {
+    programs: CallPrograms,
+    path: &'a std::path::Path,
+    entries: Vec<Site>,
+    returns: Vec<Site>,
 }
 
 pub struct Probes {
@@ -131,7 +139,7 @@ pub struct Probes {
     /// per-site perf links.
     multi: Option<MultiPrograms>,
     links: Links,
-    allocator_programs: AllocatorPrograms,
+    allocator_programs: CallPrograms,
     /// Whether mapping calls are probed: not with the empty programs.
     follow_mappings: bool,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
@@ -196,9 +204,9 @@ impl Probes {
             multi,
             links: Links::default(),
             allocator_programs: if config.empty_probes {
-                AllocatorPrograms { entry: EMPTY_ENTRY, exit: EMPTY_RETURN }
+                CallPrograms { entry: EMPTY_ENTRY, exit: EMPTY_RETURN }
             } else {
-                AllocatorPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
+                CallPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
             },
             follow_mappings: !config.empty_probes,
             usdt: crate::usdt::UsdtProbes::default(),
@@ -274,18 +282,23 @@ impl Probes {
             .filter(|point| point.entry.function.has_return())
             .map(|point| site(point.offset, point.entry.function))
             .collect();
-        let path = &allocator.host_path;
-        let what = || format!("attaching to the allocator in {}", allocator.path.display());
-        let AllocatorPrograms { entry, exit } = self.allocator_programs;
-        // Returns first: a call entered before its return probe existed never returns through it,
-        // so an entry seen without its return would leave the thread inside a call for good. A
-        // return whose entry was not seen is ignored.
-        self.attach_sites(exit, path, &returns, scope, Direction::Return).with_context(what)?;
-        self.attach_sites(entry, path, &entries, scope, Direction::Entry).with_context(what)
+        let calls = Calls { programs: self.allocator_programs, path: &allocator.host_path, entries, returns };
+        self.attach_calls(calls, scope)
+            .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))
+    }
+
+    /// Attaches one file's calls, entries and returns, each a link. Returns first: a call entered
+    /// before its return probe existed never returns through it, so an entry seen without its
+    /// return would leave the thread inside a call for good. A return whose entry was not seen is
+    /// ignored.
+    fn attach_calls(&mut self, calls: Calls<'_>, scope: Scope) -> Result<()> {
+        let Calls { programs, path, entries, returns } = calls;
+        self.attach_sites(programs.exit, path, &returns, scope, Direction::Return)?;
+        self.attach_sites(programs.entry, path, &entries, scope, Direction::Entry)
     }
 
     /// Attaches to the mapping calls of `calls`' file (mmap, munmap, mremap), which follow anonymous
-    /// mappings: one link for the entries and one for the returns, returns first (as in `attach`).
+    /// mappings: one link for the entries and one for the returns (`attach_calls`).
     /// Not with the empty programs: the floor is the allocator's probe points alone.
     pub fn attach_map_calls(&mut self, calls: &MapCalls, scope: Scope) -> Result<()> {
         if !self.follow_mappings {
@@ -296,10 +309,12 @@ impl Probes {
             .iter()
             .map(|site| Site { offset: site.offset, cookie: site.function as u64, semaphore: None })
             .collect();
-        let what = || format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display());
-        self.attach_sites(MAP_RETURN, &calls.host_path, &sites, scope, Direction::Return)
-            .with_context(what)?;
-        self.attach_sites(MAP_ENTRY, &calls.host_path, &sites, scope, Direction::Entry).with_context(what)
+        let programs = CallPrograms { entry: MAP_ENTRY, exit: MAP_RETURN };
+        let path = &calls.object.host_path;
+        self.attach_calls(Calls { programs, path, entries: sites.clone(), returns: sites }, scope)
+            .with_context(|| {
+                format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display())
+            })
     }
 
     /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.

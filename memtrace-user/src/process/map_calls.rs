@@ -3,8 +3,6 @@
 //! executable for a static one. Allocators other than the C library's (jemalloc, tcmalloc) map
 //! through it too, so these are probed whatever the allocator.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use memtrace_common::MapFunction;
 
@@ -22,10 +20,8 @@ pub struct MapSite {
 /// The object that defines a process's mapping calls, with their sites.
 #[derive(Debug, Clone)]
 pub struct MapCalls {
-    /// Where the probes attach: `/proc/self/fd/N` of the opened file, valid while `object` lives.
-    pub host_path: PathBuf,
     pub sites: Vec<MapSite>,
-    /// The file, kept open.
+    /// The file, kept open: the probes attach at its `host_path`.
     pub object: ObjectFile,
 }
 
@@ -38,11 +34,8 @@ impl MapCalls {
     /// The mapping calls `object` defines, if it defines them all.
     pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
         let sites = cache.map_sites(object).ok()?;
-        (sites.len() == MapFunction::ALL.len()).then(|| Self {
-            host_path: object.host_path.clone(),
-            sites: sites.to_vec(),
-            object: object.clone(),
-        })
+        (sites.len() == MapFunction::ALL.len())
+            .then(|| Self { sites: sites.to_vec(), object: object.clone() })
     }
 }
 
