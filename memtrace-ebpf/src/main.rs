@@ -12,6 +12,7 @@
 mod counters;
 mod debug;
 mod kernel;
+mod live;
 mod os_memory;
 mod processes;
 mod sampling;
@@ -21,27 +22,20 @@ mod usdt;
 mod window;
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
-    macros::{map, uprobe, uretprobe},
-    maps::HashMap,
+    macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use memtrace_common::{
     Allocation, AllocationKey, AllocatorFunction, PendingCall, ProbeCookie, ProcessStats, ThreadState,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, NO_STACK,
+    NO_STACK,
 };
 
 use counters::{add, add_signed, compare_exchange};
+use live::Recorded;
 use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller};
 use stacks::{capture_stack, count_in_stack, StackChange};
-
-#[map]
-static ALLOCATIONS: HashMap<AllocationKey, Allocation> =
-    HashMap::with_max_entries(DEFAULT_MAX_LIVE_ALLOCATIONS, 0);
-
-const EEXIST: i32 = 17;
 
 fn raise_peak(stats: &ProcessStats, live: i64) {
     let peak = &stats.peak_live_bytes as *const i64 as *const u64;
@@ -135,33 +129,24 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
     add(&stats.allocations, 1);
     add(&stats.allocated_bytes, size);
     let key = AllocationKey { tgid, _pad: 0, address };
+    // SAFETY: the helper has no preconditions.
     let allocation = Allocation { size, timestamp_ns: unsafe { bpf_ktime_get_ns() }, stack };
     let mut growth = size as i64;
-    match ALLOCATIONS.insert(key, allocation, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
+    match live::record(key, allocation) {
+        Recorded::New => {
             sampling::recorded(tgid, address);
             add_signed(&stats.live_allocations, 1);
         }
-        Err(err) if err == -EEXIST => {
-            // A block handed out again without a free we saw: the old record is stale, replace it.
-            // Only a record of this program image counted towards its live figures; one from
-            // before an exec did not.
-            if let Some(stale) = ALLOCATIONS.get_ptr(key) {
-                let stale = unsafe { *stale };
-                if stale.timestamp_ns >= stats.started_ns {
-                    growth -= stale.size as i64;
-                    count_in_stack(tgid, stats, stale.stack, StackChange::freed(stale.size));
-                } else {
-                    add_signed(&stats.live_allocations, 1);
-                }
-            }
-            if ALLOCATIONS.insert(key, allocation, 0).is_err() {
-                add(&stats.lost_events, 1);
-                debug::memtrace_allocation_lost(tgid, size, address);
-                return;
-            }
+        // A block handed out again without a free we saw: the old record was stale. Only a record
+        // of this program image counted towards its live figures; one from before an exec did not.
+        Recorded::Replaced(stale) if stale.timestamp_ns >= stats.started_ns => {
+            growth -= stale.size as i64;
+            count_in_stack(tgid, stats, stale.stack, StackChange::freed(stale.size));
         }
-        Err(_) => {
+        Recorded::Replaced(_) => {
+            add_signed(&stats.live_allocations, 1);
+        }
+        Recorded::Full => {
             add(&stats.lost_events, 1);
             debug::memtrace_allocation_lost(tgid, size, address);
             return;
@@ -179,17 +164,12 @@ fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
         return;
     }
     let key = AllocationKey { tgid, _pad: 0, address };
-    let Some(allocation) = ALLOCATIONS.get_ptr(key) else {
+    // None also when another thread freed the same block first (a double free in the target).
+    let Some(allocation) = live::remove(key) else {
         add(&stats.untracked_frees, 1);
         return;
     };
-    let allocation = unsafe { *allocation };
     let stale = allocation.timestamp_ns < stats.started_ns;
-    if ALLOCATIONS.remove(key).is_err() {
-        // Another thread freed the same block first (a double free in the target).
-        add(&stats.untracked_frees, 1);
-        return;
-    }
     sampling::released(tgid, address);
     if stale {
         add(&stats.untracked_frees, 1);

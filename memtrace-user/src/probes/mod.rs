@@ -4,6 +4,7 @@
 
 mod kernel_btf;
 mod links;
+mod live_table;
 mod loader;
 mod map_ops;
 pub use map_ops::KeyLookup;
@@ -18,13 +19,14 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
+    live_table_slots, reach, Allocation, LiveSlot, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
     StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
     MAX_PROCESSES,
 };
 
 use links::Links;
 pub use links::{Direction, LinkKind, Scope, Site};
+use live_table::LiveTable;
 use loader::MultiPrograms;
 
 use crate::{allocator::Allocator, bpf_log::BpfLog, process::map_calls::MapCalls};
@@ -138,6 +140,8 @@ pub struct Probes {
     /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
     /// per-site perf links.
     multi: Option<MultiPrograms>,
+    /// The live-allocation table, mapped.
+    live: LiveTable,
     links: Links,
     allocator_programs: CallPrograms,
     /// Whether mapping calls are probed: not with the empty programs.
@@ -166,7 +170,9 @@ impl Probes {
         };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("ALLOCATIONS", config.max_allocations)
+            .map_max_entries(live_table::SLOTS_MAP, live_table_slots(config.max_allocations))
+            .override_global("LIVE_SLOT_MASK", &(u64::from(live_table_slots(config.max_allocations)) - 1), true)
+            .override_global("MAX_LIVE_RECORDS", &u64::from(config.max_allocations), true)
             .map_max_entries("STACKS", config.max_stacks)
             .map_max_entries("STACK_TOTALS", config.max_stacks)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
@@ -199,9 +205,15 @@ impl Probes {
         for comm in &only_comms {
             comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
         }
+        let live = LiveTable::map(
+            ebpf.map(live_table::SLOTS_MAP).context("no live-allocation table")?,
+            ebpf.map(live_table::COUNT_MAP).context("no live-allocation count")?,
+            config.max_allocations,
+        )?;
         let mut probes = Self {
             ebpf,
             multi,
+            live,
             links: Links::default(),
             allocator_programs: if config.empty_probes {
                 CallPrograms { entry: EMPTY_ENTRY, exit: EMPTY_RETURN }
@@ -369,7 +381,7 @@ impl Probes {
         for tgid in tgids {
             let _ = stats.remove(tgid);
         }
-        self.release_entries::<AllocationKey, Allocation>("ALLOCATIONS", tgids, |key| key.tgid)?;
+        self.live.release(tgids);
         self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
         self.release_entries::<RegionKey, Region>("REGIONS", tgids, |key| key.tgid)?;
         crate::usdt::release(self, tgids)
@@ -393,12 +405,10 @@ impl Probes {
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {
         let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
-        let allocations: HashMap<&MapData, AllocationKey, Allocation> =
-            HashMap::try_from(self.map("ALLOCATIONS")?)?;
         let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
         Ok(MapOccupancy {
             processes: stats.keys().count(),
-            live_allocations: allocations.keys().count(),
+            live_allocations: self.live.len(),
             stack_totals: totals.keys().count(),
             usdt_entries: crate::usdt::occupancy(self)?,
         })
@@ -422,7 +432,7 @@ impl Probes {
 
     /// Every live allocation the kernel knows, of every traced process.
     pub fn live_allocations(&self) -> Result<Vec<(AllocationKey, Allocation)>> {
-        map_ops::dump(self.map("ALLOCATIONS")?, "the live-allocation map")
+        Ok(self.live.records())
     }
 
     /// What each (process, call stack) allocated and still holds.
@@ -488,12 +498,12 @@ fn collect_entries<K, V>(
 }
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual
-/// reason (the kernel preallocates every entry, about 100 bytes each).
+/// reason (its slots are allocated up front).
 fn loading_failed(max_allocations: u32) -> String {
     if max_allocations <= DEFAULT_MAX_LIVE_ALLOCATIONS {
         return "loading the BPF programs into the kernel".to_owned();
     }
-    let megabytes = u64::from(max_allocations) * 100 / 1_000_000;
+    let megabytes = u64::from(live_table_slots(max_allocations)) * size_of::<LiveSlot>() as u64 / 1_000_000;
     format!(
         "loading the BPF programs into the kernel, with a live-allocation table of --max-allocations \
          {max_allocations} entries (about {megabytes} MB of kernel memory; lower it if the kernel \

@@ -1,0 +1,162 @@
+//! The live-allocation table: every recorded block's size, time and stack until it is freed, in
+//! an open-addressing hash table over a BPF array (`LiveSlot`, memtrace-common). An array lookup
+//! is inlined by the verifier, so a record or a free is a few compares and two atomic operations
+//! where a hash map cost a helper call with a bucket lock each (about 300 ns a malloc/free pair
+//! here). Userspace maps the array and reads it, and tombstones the records of processes it
+//! releases, with the same compare-and-exchange.
+//!
+//! A slot's tag word goes EMPTY or TOMBSTONE -> BUSY (claimed by one thread) -> the key's tag
+//! (published once the fields are written) -> TOMBSTONE (freed). Records are counted in
+//! `LIVE_RECORDS`, which bounds them at `MAX_LIVE_RECORDS` (`--max-allocations`) in a table of at
+//! least twice as many slots.
+
+use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use memtrace_common::{
+    live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag, DEFAULT_MAX_LIVE_ALLOCATIONS,
+    LIVE_WINDOW,
+};
+
+use crate::counters::{compare_exchange, fetch_add};
+
+#[map]
+static ALLOCATIONS: Array<LiveSlot> =
+    Array::with_max_entries(live_table_slots(DEFAULT_MAX_LIVE_ALLOCATIONS), BPF_F_MMAPABLE);
+
+/// The number of records in the table (slot 0), mapped by userspace too.
+#[map]
+static LIVE_RECORDS: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Set by the loader with the table's size: its slots - 1 (a power of two - 1) and the most
+/// records it takes.
+#[no_mangle]
+static LIVE_SLOT_MASK: u64 = live_table_slots(DEFAULT_MAX_LIVE_ALLOCATIONS) as u64 - 1;
+#[no_mangle]
+static MAX_LIVE_RECORDS: u64 = DEFAULT_MAX_LIVE_ALLOCATIONS as u64;
+
+/// What became of a record.
+pub(crate) enum Recorded {
+    New,
+    /// The block had a record already (its free was not seen): this one replaced it.
+    Replaced(Allocation),
+    /// No room: `MAX_LIVE_RECORDS` reached, or every slot of the key's window held.
+    Full,
+}
+
+fn global(value: &u64) -> u64 {
+    // SAFETY: a global the loader sets before the programs load.
+    unsafe { core::ptr::read_volatile(value) }
+}
+
+/// The slot `step` places past the key's home.
+fn slot(tag: LiveTag, step: u32) -> Option<*mut LiveSlot> {
+    let index = (tag.0.wrapping_add(u64::from(step)) & global(&LIVE_SLOT_MASK)) as u32;
+    ALLOCATIONS.get_ptr_mut(index)
+}
+
+fn tag_word(slot: *mut LiveSlot) -> u64 {
+    // SAFETY: a map value, valid while the program runs; the tag word changes only atomically.
+    unsafe { core::ptr::read_volatile(&(*slot).tag) }
+}
+
+fn holds(slot: *mut LiveSlot, tag: LiveTag, key: &AllocationKey) -> bool {
+    // SAFETY: as for tag_word; the key is read after its tag, which was published after it.
+    tag_word(slot) == tag.0 && unsafe { (*slot).key == *key }
+}
+
+/// Moves a slot's tag from `from` to `to`; false when another thread moved it first.
+fn move_tag(slot: *mut LiveSlot, from: u64, to: u64) -> bool {
+    compare_exchange(slot as *const u64, from, to) == from
+}
+
+/// Writes a slot this thread holds BUSY, then publishes it under `tag`.
+fn fill(slot: *mut LiveSlot, tag: LiveTag, key: AllocationKey, allocation: Allocation) {
+    // SAFETY: the slot is BUSY, held by this thread alone until its tag is published.
+    unsafe {
+        (*slot).key = key;
+        (*slot).allocation = allocation;
+    }
+    move_tag(slot, LiveTag::BUSY, tag.0);
+}
+
+fn counter() -> Option<*const u64> {
+    LIVE_RECORDS.get_ptr(0).map(|count| count as *const u64)
+}
+
+/// Takes room for one more record; false at `MAX_LIVE_RECORDS`.
+fn reserve() -> bool {
+    let Some(count) = counter() else {
+        return false;
+    };
+    if fetch_add(count, 1) < global(&MAX_LIVE_RECORDS) {
+        return true;
+    }
+    fetch_add(count, u64::MAX);
+    false
+}
+
+fn unreserve() {
+    if let Some(count) = counter() {
+        fetch_add(count, u64::MAX);
+    }
+}
+
+/// Records a block handed out.
+pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
+    let tag = LiveTag::of(&key);
+    // The first free slot of the window, and what its tag was.
+    let mut free: Option<(*mut LiveSlot, u64)> = None;
+    for step in 0..LIVE_WINDOW {
+        let Some(slot) = slot(tag, step) else {
+            break;
+        };
+        if holds(slot, tag, &key) && move_tag(slot, tag.0, LiveTag::BUSY) {
+            // SAFETY: the slot is BUSY, this thread's.
+            let stale = unsafe { (*slot).allocation };
+            fill(slot, tag, key, allocation);
+            return Recorded::Replaced(stale);
+        }
+        let word = tag_word(slot);
+        if free.is_none() && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
+            free = Some((slot, word));
+        }
+        // The key is in no slot past an empty one: it took the first free slot when it came.
+        if word == LiveTag::EMPTY {
+            break;
+        }
+    }
+    let Some((slot, word)) = free else {
+        return Recorded::Full;
+    };
+    if !reserve() {
+        return Recorded::Full;
+    }
+    // Another thread may have taken the slot since: a counted loss, as a full window is.
+    if !move_tag(slot, word, LiveTag::BUSY) {
+        unreserve();
+        return Recorded::Full;
+    }
+    fill(slot, tag, key, allocation);
+    Recorded::New
+}
+
+/// Removes a block's record and returns it; None when the block has none (or another thread
+/// removed it first: a double free).
+pub(crate) fn remove(key: AllocationKey) -> Option<Allocation> {
+    let tag = LiveTag::of(&key);
+    for step in 0..LIVE_WINDOW {
+        let slot = slot(tag, step)?;
+        if holds(slot, tag, &key) {
+            // SAFETY: a published record; read before it is given up.
+            let allocation = unsafe { (*slot).allocation };
+            if !move_tag(slot, tag.0, LiveTag::TOMBSTONE) {
+                return None;
+            }
+            unreserve();
+            return Some(allocation);
+        }
+        if tag_word(slot) == LiveTag::EMPTY {
+            return None;
+        }
+    }
+    None
+}
