@@ -244,7 +244,7 @@ pub struct LiveSlot {
 }
 
 /// Slots a key may take, from its home on (wrapping at the end of the table).
-pub const LIVE_WINDOW: u32 = 16;
+pub const LIVE_WINDOW: u32 = 32;
 
 /// A live-allocation key's tag: a 64-bit mix of (process, address), its top bit set so that it is
 /// never one of the slot states. Its low bits choose the key's home slot.
@@ -828,3 +828,4 @@ mod unwind_kernel_pod {
 
 const _: () = assert!(1 << UNWIND_MAPPING_STEPS == UNWIND_MAX_MAPPINGS);
 const _: () = assert!(core::mem::size_of::<UnwindFile>() == 48);
+const _: () = assert!(core::mem::size_of::<LiveSlot>() == 48);

@@ -12,8 +12,7 @@
 
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
 use memtrace_common::{
-    live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag, DEFAULT_MAX_LIVE_ALLOCATIONS,
-    LIVE_WINDOW,
+    live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag, DEFAULT_MAX_LIVE_ALLOCATIONS, LIVE_WINDOW,
 };
 
 use crate::counters::{compare_exchange, fetch_add};

@@ -69,11 +69,16 @@ impl LiveTable {
         }
         let mut released = 0;
         for index in 0..self.slot_count {
-            let Some((tag, key, _)) = self.record(index).filter(|(_, key, _)| tgids.contains(&key.tgid)) else {
+            let Some((tag, key, _)) = self.record(index).filter(|(_, key, _)| tgids.contains(&key.tgid))
+            else {
                 continue;
             };
-            let exchanged =
-                self.tag(index).compare_exchange(tag, LiveTag::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed);
+            let exchanged = self.tag(index).compare_exchange(
+                tag,
+                LiveTag::TOMBSTONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
             if exchanged.is_ok() {
                 debug_assert!(tgids.contains(&key.tgid));
                 self.count().fetch_sub(1, Ordering::AcqRel);
@@ -99,9 +104,56 @@ fn map_array(map: &Map, name: &str, bytes: usize) -> Result<MmapRaw> {
     let Map::Array(data) = map else {
         bail!("the BPF map {name} is not an array");
     };
-    let fd = data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating the fd of {name}"))?;
+    let fd =
+        data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating the fd of {name}"))?;
     MmapOptions::new()
         .len(bytes)
         .map_raw(&fd)
         .with_context(|| format!("mapping the BPF map {name} ({bytes} bytes) into memory"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtrace_common::LIVE_WINDOW;
+
+    #[test]
+    fn tables_have_twice_the_slots_a_power_of_two_and_a_window_at_least() {
+        assert_eq!(live_table_slots(1), 32);
+        assert_eq!(live_table_slots(9), 32);
+        assert_eq!(live_table_slots(17), 64);
+        assert_eq!(live_table_slots(1 << 20), 1 << 21);
+        assert_eq!(live_table_slots(memtrace_common::MAX_LIVE_ALLOCATIONS_LIMIT), 1 << 28);
+    }
+
+    /// Where the probes would put each key (memtrace-ebpf/src/live.rs: the first free slot of its
+    /// window), or None when the window is full.
+    fn place(table: &mut [bool], tag: LiveTag) -> Option<usize> {
+        let slots = table.len() as u32;
+        (0..LIVE_WINDOW)
+            .map(|step| (tag.home(slots) + step) as usize % table.len())
+            .find(|&index| !table[index])
+            .inspect(|&index| table[index] = true)
+    }
+
+    /// Heaps hand out 16-byte aligned blocks close together, and many processes the same
+    /// addresses: at the highest load the count allows (one half), no window fills.
+    #[test]
+    fn keys_spread_so_that_a_half_full_table_has_room_in_every_window() {
+        let slots = live_table_slots(1 << 16) as usize;
+        let mut table = vec![false; slots];
+        let keys = (0..8u32).flat_map(|tgid| {
+            (0..1u64 << 13).map(move |block| AllocationKey {
+                tgid: 1000 + tgid,
+                _pad: 0,
+                address: 0x5555_0000_0000 + block * 16,
+            })
+        });
+        for key in keys {
+            let tag = LiveTag::of(&key);
+            assert!(LiveTag::is_record(tag.0), "{key:?}: a tag must never be a slot state");
+            assert!(place(&mut table, tag).is_some(), "{key:?}: its window is full");
+        }
+        assert_eq!(table.iter().filter(|&&taken| taken).count(), slots / 2);
+    }
 }

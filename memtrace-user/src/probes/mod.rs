@@ -19,9 +19,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    live_table_slots, reach, Allocation, LiveSlot, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
-    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
-    MAX_PROCESSES,
+    live_table_slots, reach, Allocation, AllocationKey, KernelLayout, LiveSlot, ProbeCookie, ProcessStats,
+    Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
+    MAX_COMMS, MAX_PROCESSES,
 };
 
 use links::Links;
@@ -171,7 +171,11 @@ impl Probes {
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(live_table::SLOTS_MAP, live_table_slots(config.max_allocations))
-            .override_global("LIVE_SLOT_MASK", &(u64::from(live_table_slots(config.max_allocations)) - 1), true)
+            .override_global(
+                "LIVE_SLOT_MASK",
+                &(u64::from(live_table_slots(config.max_allocations)) - 1),
+                true,
+            )
             .override_global("MAX_LIVE_RECORDS", &u64::from(config.max_allocations), true)
             .map_max_entries("STACKS", config.max_stacks)
             .map_max_entries("STACK_TOTALS", config.max_stacks)
