@@ -43,19 +43,19 @@ pub fn run(memtrace: &Path, minutes: u64, serve: bool) -> Result<()> {
     if !lines.any(|line| line.starts_with("memtrace: tracing")) {
         bail!("memtrace --all never said it was tracing");
     }
-    let rss_start = rss_kib(tracer.id());
+    let rss_start = Memory::of(tracer.id());
     let load = start_load(&dir)?;
     let end = Instant::now() + Duration::from_secs(minutes * 60);
     let mut rss_peak = rss_start;
     let mut scrapes = serve.then(Scrapes::default);
     while Instant::now() < end {
         std::thread::sleep(Duration::from_secs(5));
-        rss_peak = rss_peak.max(rss_kib(tracer.id()));
+        rss_peak = rss_peak.max(Memory::of(tracer.id()));
         if let Some(scrapes) = &mut scrapes {
             scrapes.scrape();
         }
     }
-    let rss_end = rss_kib(tracer.id());
+    let rss_end = Memory::of(tracer.id());
     for mut child in load {
         let _ = child.kill();
         let _ = child.wait();
@@ -190,7 +190,12 @@ fn start_load(dir: &Path) -> Result<Vec<Child>> {
         .collect()
 }
 
-fn report(summary: &Path, trace: &Path, (start, peak, end): (u64, u64, u64), said: &[String]) -> Result<()> {
+fn report(
+    summary: &Path,
+    trace: &Path,
+    (start, peak, end): (Memory, Memory, Memory),
+    said: &[String],
+) -> Result<()> {
     let text = fs::read_to_string(summary).with_context(|| format!("reading {}", summary.display()))?;
     let summary: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", summary.display()))?;
@@ -202,7 +207,15 @@ fn report(summary: &Path, trace: &Path, (start, peak, end): (u64, u64, u64), sai
     let reported = pids.len();
     pids.sort_unstable();
     pids.dedup();
-    println!("soak: memtrace RSS {start} KiB at the start, {peak} KiB at its peak, {end} KiB at the end");
+    println!(
+        "soak: memtrace RSS {} KiB at the start, {} KiB at its peak, {} KiB at the end",
+        start.rss, peak.rss, end.rss
+    );
+    println!(
+        "soak: of which its own (anonymous) memory {} KiB, {} KiB, {} KiB (the rest is mostly the \
+         kernel's live-allocation table, mapped)",
+        start.anon, peak.anon, end.anon
+    );
     println!("soak: kernel tables at the end: {}", summary["kernel_maps"]);
     println!(
         "soak: {reported} processes reported ({} distinct pids); {} events lost",
@@ -216,11 +229,28 @@ fn report(summary: &Path, trace: &Path, (start, peak, end): (u64, u64, u64), sai
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+/// A process's resident memory (`VmRSS`) and its anonymous part (`RssAnon`), in KiB; peaks are
+/// taken field by field.
+#[derive(Clone, Copy, Default)]
+struct Memory {
+    rss: u64,
+    anon: u64,
+}
+
+impl Memory {
+    fn of(pid: u32) -> Self {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        Self { rss: field("VmRSS:"), anon: field("RssAnon:") }
+    }
+
+    fn max(self, other: Self) -> Self {
+        Self { rss: self.rss.max(other.rss), anon: self.anon.max(other.anon) }
+    }
 }
