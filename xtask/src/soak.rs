@@ -212,8 +212,8 @@ fn report(
         start.rss, peak.rss, end.rss
     );
     println!(
-        "soak: of which its own (anonymous) memory {} KiB, {} KiB, {} KiB (the rest is mostly the \
-         kernel's live-allocation table, mapped)",
+        "soak: of which its own (anonymous) memory {} KiB, {} KiB, {} KiB (the rest: its binary and \
+         other mapped files)",
         start.anon, peak.anon, end.anon
     );
     println!("soak: kernel tables at the end: {}", summary["kernel_maps"]);

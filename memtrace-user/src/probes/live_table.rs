@@ -1,17 +1,18 @@
-//! The kernel's live-allocation table as userspace sees it: the BPF array of `LiveSlot`s and its
-//! record count, mapped into memtrace's memory. Reading every record is a pass over memory, not a
-//! syscall per entry; releasing an exited process's records moves their tags to TOMBSTONE with
-//! the same compare-and-exchange the probes use (memtrace-ebpf/src/live.rs), so a probe that
-//! records into the table at that moment is never overwritten.
+//! The kernel's live-allocation table as userspace sees it: the BPF array of `LiveSlot`s, mapped
+//! into memtrace's memory a chunk at a time (so that its RSS does not carry the whole table), and
+//! its record count, mapped for good. Reading every record is a pass over memory, not a syscall
+//! per entry; releasing an exited process's records moves their tags to TOMBSTONE with the same
+//! compare-and-exchange the probes use (memtrace-ebpf/src/live.rs), so a probe that records into
+//! the table at that moment is never overwritten.
 
 use std::{
     collections::HashSet,
-    os::fd::AsFd,
+    os::fd::{AsFd, OwnedFd},
     sync::atomic::{fence, AtomicU64, Ordering},
 };
 
 use anyhow::{bail, Context, Result};
-use aya::maps::Map;
+use aya::{maps::Map, EbpfLoader};
 use memmap2::{MmapOptions, MmapRaw};
 use memtrace_common::{live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag};
 
@@ -19,97 +20,168 @@ use memtrace_common::{live_table_slots, Allocation, AllocationKey, LiveSlot, Liv
 pub const SLOTS_MAP: &str = "ALLOCATIONS";
 pub const COUNT_MAP: &str = "LIVE_RECORDS";
 
+/// Slots mapped at once: 3 MiB, a whole number of pages (48-byte slots, 256 to 3 pages).
+const CHUNK_SLOTS: usize = 1 << 16;
+
+/// The table's size, as the loader sets it up: its slots, and the most records it takes.
+pub struct TableSize {
+    slots: u32,
+    slot_mask: u64,
+    records: u64,
+}
+
+impl TableSize {
+    pub fn for_records(max_allocations: u32) -> Self {
+        let slots = live_table_slots(max_allocations);
+        Self { slots, slot_mask: u64::from(slots) - 1, records: u64::from(max_allocations) }
+    }
+
+    /// Sizes the array and sets the globals the probes size it by (memtrace-ebpf/src/live.rs).
+    pub fn configure<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
+        loader
+            .map_max_entries(SLOTS_MAP, self.slots)
+            .override_global("LIVE_SLOT_MASK", &self.slot_mask, true)
+            .override_global("MAX_LIVE_RECORDS", &self.records, true);
+    }
+
+    pub fn records(&self) -> u32 {
+        self.records as u32
+    }
+
+    /// The kernel memory the table takes.
+    pub fn kernel_bytes(&self) -> u64 {
+        u64::from(self.slots) * size_of::<LiveSlot>() as u64
+    }
+}
+
 pub struct LiveTable {
-    slots: MmapRaw,
+    slots: OwnedFd,
     slot_count: usize,
     count: MmapRaw,
 }
 
+/// A record as read from its slot.
+struct Record {
+    tag: u64,
+    key: AllocationKey,
+    allocation: Allocation,
+}
+
 impl LiveTable {
-    /// Maps the table the loader sized for `max_allocations` records, and its count.
-    pub fn map(slots: &Map, count: &Map, max_allocations: u32) -> Result<Self> {
-        let slot_count = live_table_slots(max_allocations) as usize;
+    /// Opens the table the loader sized, and maps its count.
+    pub fn open(slots: &Map, count: &Map, size: &TableSize) -> Result<Self> {
+        let count_fd = array_fd(count, COUNT_MAP)?;
         Ok(Self {
-            slots: map_array(slots, SLOTS_MAP, slot_count * size_of::<LiveSlot>())?,
-            slot_count,
-            count: map_array(count, COUNT_MAP, size_of::<u64>())?,
+            slots: array_fd(slots, SLOTS_MAP)?,
+            slot_count: size.slots as usize,
+            count: map_range(&count_fd, COUNT_MAP, 0, size_of::<u64>())?,
         })
     }
 
-    fn tag(&self, index: usize) -> &AtomicU64 {
-        assert!(index < self.slot_count);
-        // SAFETY: in bounds (above) of a mapping that lives as long as self; the tag is the slot's
-        // first field, 8-byte aligned (the mapping is page aligned, slots are 48 bytes), and the
-        // kernel side changes it only atomically.
-        unsafe { AtomicU64::from_ptr(self.slots.as_mut_ptr().cast::<LiveSlot>().add(index).cast()) }
-    }
-
-    /// A copy of the slot's record, if it holds one that stayed the same while it was read.
-    fn record(&self, index: usize) -> Option<(u64, AllocationKey, Allocation)> {
-        let tag = self.tag(index).load(Ordering::Acquire);
-        if !LiveTag::is_record(tag) {
-            return None;
-        }
-        // SAFETY: in bounds (tag() checked the index); a volatile copy of plain integers, which a
-        // probe may be rewriting: the tag read again below says whether the copy is whole.
-        let slot = unsafe { self.slots.as_ptr().cast::<LiveSlot>().add(index).read_volatile() };
-        fence(Ordering::Acquire);
-        (self.tag(index).load(Ordering::Relaxed) == tag).then_some((tag, slot.key, slot.allocation))
-    }
-
     /// Every record in the table.
-    pub fn records(&self) -> Vec<(AllocationKey, Allocation)> {
-        (0..self.slot_count).filter_map(|index| self.record(index)).map(|(_, key, a)| (key, a)).collect()
+    pub fn records(&self) -> Result<Vec<(AllocationKey, Allocation)>> {
+        let mut records = Vec::new();
+        self.for_each_record(|_, record| records.push((record.key, record.allocation)))?;
+        Ok(records)
     }
 
     /// Gives up the records of `tgids` (processes that exited); returns how many.
-    pub fn release(&self, tgids: &HashSet<u32>) -> usize {
+    pub fn release(&self, tgids: &HashSet<u32>) -> Result<usize> {
         if tgids.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let mut released = 0;
-        for index in 0..self.slot_count {
-            let Some((tag, key, _)) = self.record(index).filter(|(_, key, _)| tgids.contains(&key.tgid))
-            else {
-                continue;
-            };
-            let exchanged = self.tag(index).compare_exchange(
-                tag,
-                LiveTag::TOMBSTONE,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-            if exchanged.is_ok() {
-                debug_assert!(tgids.contains(&key.tgid));
+        self.for_each_record(|tag, record| {
+            if tgids.contains(&record.key.tgid)
+                && tag
+                    .compare_exchange(record.tag, LiveTag::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
                 self.count().fetch_sub(1, Ordering::AcqRel);
                 released += 1;
             }
-        }
-        released
-    }
-
-    fn count(&self) -> &AtomicU64 {
-        // SAFETY: the count map's one u64 value, at the start of its page-aligned mapping.
-        unsafe { AtomicU64::from_ptr(self.count.as_mut_ptr().cast()) }
+        })?;
+        Ok(released)
     }
 
     /// How many records the table holds.
     pub fn len(&self) -> usize {
         self.count().load(Ordering::Relaxed) as usize
     }
+
+    fn count(&self) -> &AtomicU64 {
+        // SAFETY: the count map's one u64 value, at the start of its page-aligned mapping, which
+        // lives as long as self; the probes change it only atomically.
+        unsafe { AtomicU64::from_ptr(self.count.as_mut_ptr().cast()) }
+    }
+
+    /// Calls `visit` with each slot's tag word and its record, chunk by chunk.
+    fn for_each_record(&self, mut visit: impl FnMut(&AtomicU64, Record)) -> Result<()> {
+        for first in (0..self.slot_count).step_by(CHUNK_SLOTS) {
+            let len = CHUNK_SLOTS.min(self.slot_count - first);
+            let size = size_of::<LiveSlot>();
+            let chunk = map_range(&self.slots, SLOTS_MAP, first * size, len * size)?;
+            let slots = chunk.as_mut_ptr().cast::<LiveSlot>();
+            for index in 0..len {
+                // SAFETY: slot `index` of the `len` slots `chunk` maps, which outlives the tag
+                // reference (it is dropped at the end of this chunk).
+                let (slot, tag) = unsafe { (slots.add(index), tag_of(slots.add(index))) };
+                // SAFETY: as above.
+                if let Some(record) = unsafe { read(slot, tag) } {
+                    visit(tag, record);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Maps the values of a BPF array made with BPF_F_MMAPABLE, shared with the kernel.
-fn map_array(map: &Map, name: &str, bytes: usize) -> Result<MmapRaw> {
+/// The tag word of a mapped slot.
+///
+/// # Safety
+/// `slot` points to a slot of a live mapping of the table, which outlives the reference.
+unsafe fn tag_of<'a>(slot: *mut LiveSlot) -> &'a AtomicU64 {
+    // SAFETY: the tag is the slot's first field, 8-byte aligned (mappings are page aligned and
+    // slots 48 bytes), and the probes change it only atomically.
+    unsafe { AtomicU64::from_ptr(slot.cast()) }
+}
+
+/// A copy of the slot's record, if it holds one that stayed the same while it was read.
+///
+/// # Safety
+/// As for `tag_of`.
+unsafe fn read(slot: *mut LiveSlot, tag: &AtomicU64) -> Option<Record> {
+    let word = tag.load(Ordering::Acquire);
+    if !LiveTag::is_record(word) {
+        return None;
+    }
+    // SAFETY: a volatile copy of plain integers, which a probe may be rewriting: the tag read
+    // again below says whether the copy is whole.
+    let copy = unsafe { slot.read_volatile() };
+    fence(Ordering::Acquire);
+    (tag.load(Ordering::Relaxed) == word).then_some(Record {
+        tag: word,
+        key: copy.key,
+        allocation: copy.allocation,
+    })
+}
+
+/// The file descriptor of a BPF array made with BPF_F_MMAPABLE, duplicated.
+fn array_fd(map: &Map, name: &str) -> Result<OwnedFd> {
     let Map::Array(data) = map else {
         bail!("the BPF map {name} is not an array");
     };
-    let fd =
-        data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating the fd of {name}"))?;
+    data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating the fd of {name}"))
+}
+
+/// Maps `bytes` of an mmapable BPF array's values from `offset` (a multiple of the page size),
+/// shared with the kernel.
+fn map_range(fd: &OwnedFd, name: &str, offset: usize, bytes: usize) -> Result<MmapRaw> {
     MmapOptions::new()
+        .offset(offset as u64)
         .len(bytes)
-        .map_raw(&fd)
-        .with_context(|| format!("mapping the BPF map {name} ({bytes} bytes) into memory"))
+        .map_raw(fd)
+        .with_context(|| format!("mapping {bytes} bytes of the BPF map {name} at {offset} into memory"))
 }
 
 #[cfg(test)]

@@ -19,14 +19,14 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    live_table_slots, reach, Allocation, AllocationKey, KernelLayout, LiveSlot, ProbeCookie, ProcessStats,
-    Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
-    MAX_COMMS, MAX_PROCESSES,
+    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
+    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
+    MAX_PROCESSES,
 };
 
 use links::Links;
 pub use links::{Direction, LinkKind, Scope, Site};
-use live_table::LiveTable;
+use live_table::{LiveTable, TableSize};
 use loader::MultiPrograms;
 
 use crate::{allocator::Allocator, bpf_log::BpfLog, process::map_calls::MapCalls};
@@ -140,7 +140,7 @@ pub struct Probes {
     /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
     /// per-site perf links.
     multi: Option<MultiPrograms>,
-    /// The live-allocation table, mapped.
+    /// The live-allocation table.
     live: LiveTable,
     links: Links,
     allocator_programs: CallPrograms,
@@ -169,14 +169,10 @@ impl Probes {
             Err(_) => KernelLayout::default(),
         };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(live_table::SLOTS_MAP, live_table_slots(config.max_allocations))
-            .override_global(
-                "LIVE_SLOT_MASK",
-                &(u64::from(live_table_slots(config.max_allocations)) - 1),
-                true,
-            )
-            .override_global("MAX_LIVE_RECORDS", &u64::from(config.max_allocations), true)
+        let live_size = TableSize::for_records(config.max_allocations);
+        let mut loader = EbpfLoader::new();
+        live_size.configure(&mut loader);
+        let mut ebpf = loader
             .map_max_entries("STACKS", config.max_stacks)
             .map_max_entries("STACK_TOTALS", config.max_stacks)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
@@ -187,7 +183,7 @@ impl Probes {
             .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
             .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
             .load(BPF_OBJECT)
-            .with_context(|| loading_failed(config.max_allocations))?;
+            .with_context(|| loading_failed(&live_size))?;
         let multi = load_multi(&ebpf)?;
         for (name, program) in ebpf.programs_mut() {
             match program {
@@ -209,10 +205,10 @@ impl Probes {
         for comm in &only_comms {
             comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
         }
-        let live = LiveTable::map(
+        let live = LiveTable::open(
             ebpf.map(live_table::SLOTS_MAP).context("no live-allocation table")?,
             ebpf.map(live_table::COUNT_MAP).context("no live-allocation count")?,
-            config.max_allocations,
+            &live_size,
         )?;
         let mut probes = Self {
             ebpf,
@@ -385,7 +381,7 @@ impl Probes {
         for tgid in tgids {
             let _ = stats.remove(tgid);
         }
-        self.live.release(tgids);
+        self.live.release(tgids)?;
         self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
         self.release_entries::<RegionKey, Region>("REGIONS", tgids, |key| key.tgid)?;
         crate::usdt::release(self, tgids)
@@ -436,7 +432,7 @@ impl Probes {
 
     /// Every live allocation the kernel knows, of every traced process.
     pub fn live_allocations(&self) -> Result<Vec<(AllocationKey, Allocation)>> {
-        Ok(self.live.records())
+        self.live.records()
     }
 
     /// What each (process, call stack) allocated and still holds.
@@ -503,15 +499,15 @@ fn collect_entries<K, V>(
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual
 /// reason (its slots are allocated up front).
-fn loading_failed(max_allocations: u32) -> String {
-    if max_allocations <= DEFAULT_MAX_LIVE_ALLOCATIONS {
+fn loading_failed(live_size: &TableSize) -> String {
+    if live_size.records() <= DEFAULT_MAX_LIVE_ALLOCATIONS {
         return "loading the BPF programs into the kernel".to_owned();
     }
-    let megabytes = u64::from(live_table_slots(max_allocations)) * size_of::<LiveSlot>() as u64 / 1_000_000;
     format!(
         "loading the BPF programs into the kernel, with a live-allocation table of --max-allocations \
-         {max_allocations} entries (about {megabytes} MB of kernel memory; lower it if the kernel \
-         cannot allocate that)"
+         {} entries (about {} MB of kernel memory; lower it if the kernel cannot allocate that)",
+        live_size.records(),
+        live_size.kernel_bytes() / 1_000_000
     )
 }
 
