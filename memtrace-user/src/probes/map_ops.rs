@@ -152,7 +152,8 @@ fn bpf_batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
 /// Every entry of a hash map, read a batch at a time.
 pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V)>> {
     let fd = hash_map_fd::<K, V>(map, what)?;
-    let (mut keys, mut values) = (vec![zeroed::<K>(); BATCH], vec![zeroed::<V>(); BATCH]);
+    // Not zeroed: a batch of stacks is 8 MiB, and the kernel writes only the entries it returns.
+    let (mut keys, mut values) = (Box::<[K]>::new_uninit_slice(BATCH), Box::<[V]>::new_uninit_slice(BATCH));
     let (mut token, mut next) = (0u64, 0u64);
     let mut entries = Vec::new();
     for first in std::iter::once(true).chain(std::iter::repeat(false)) {
@@ -166,8 +167,11 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V
             ..BatchAttr::default()
         };
         let result = bpf_batch(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let read = attr.count as usize;
-        entries.extend(keys[..read].iter().copied().zip(values[..read].iter().copied()));
+        let read = (attr.count as usize).min(BATCH);
+        // SAFETY: the kernel wrote the first `read` keys and values of the batch.
+        let (read_keys, read_values) =
+            unsafe { (keys[..read].assume_init_ref(), values[..read].assume_init_ref()) };
+        entries.extend(read_keys.iter().copied().zip(read_values.iter().copied()));
         match result {
             Ok(()) => token = next,
             // The end of the map.
@@ -176,12 +180,6 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V
         }
     }
     unreachable!("the loop above ends only by returning")
-}
-
-/// A value of a plain-old-data type with every byte 0.
-fn zeroed<T: aya::Pod>() -> T {
-    // SAFETY: aya::Pod types are plain data, valid for any bytes, all zeroes included.
-    unsafe { std::mem::zeroed() }
 }
 
 /// Deletes `keys` from a hash map, a batch at a time; keys already gone are skipped.
