@@ -169,8 +169,12 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V
         let result = bpf_batch(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let read = (attr.count as usize).min(BATCH);
         // SAFETY: the kernel wrote the first `read` keys and values of the batch.
-        let (read_keys, read_values) =
-            unsafe { (keys[..read].assume_init_ref(), values[..read].assume_init_ref()) };
+        let (read_keys, read_values) = unsafe {
+            (
+                std::slice::from_raw_parts(keys.as_ptr().cast::<K>(), read),
+                std::slice::from_raw_parts(values.as_ptr().cast::<V>(), read),
+            )
+        };
         entries.extend(read_keys.iter().copied().zip(read_values.iter().copied()));
         match result {
             Ok(()) => token = next,
