@@ -7,6 +7,7 @@ mod links;
 mod live_table;
 mod loader;
 mod map_ops;
+pub mod tables;
 pub use map_ops::KeyLookup;
 pub use map_ops::Taken;
 
@@ -14,14 +15,13 @@ use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, RingBuf},
+    maps::{Array, MapData, RingBuf},
     programs::Program,
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
-    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
-    MAX_PROCESSES,
+    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, StackFrames, StackKey,
+    StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
 use links::Links;
@@ -173,8 +173,8 @@ impl Probes {
         let mut loader = EbpfLoader::new();
         live_size.configure(&mut loader);
         let mut ebpf = loader
-            .map_max_entries("STACKS", config.max_stacks)
-            .map_max_entries("STACK_TOTALS", config.max_stacks)
+            .map_max_entries(tables::STACKS.name, config.max_stacks)
+            .map_max_entries(tables::STACK_TOTALS.name, config.max_stacks)
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("REACH", &config.reach.kernel_value(), true)
@@ -195,13 +195,11 @@ impl Probes {
             .with_context(|| format!("verifying BPF program {name}"))?;
         }
         let bpf_log = config.debug_bpf.then(|| BpfLog::start(&mut ebpf)).transpose()?;
-        let mut excluded: HashMap<&mut MapData, u32, u8> =
-            HashMap::try_from(ebpf.map_mut("EXCLUDED_PIDS").context("no map EXCLUDED_PIDS")?)?;
+        let mut excluded = tables::EXCLUDED_PIDS.writable(&mut ebpf)?;
         for pid in &filter.excluded_pids {
             excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
         }
-        let mut comms: HashMap<&mut MapData, [u8; 16], u8> =
-            HashMap::try_from(ebpf.map_mut("ALLOWED_COMMS").context("no map ALLOWED_COMMS")?)?;
+        let mut comms = tables::ALLOWED_COMMS.writable(&mut ebpf)?;
         for comm in &only_comms {
             comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
         }
@@ -337,13 +335,13 @@ impl Probes {
     /// Names a process to trace (`Reach::Targets`, `Reach::Tree`): its execs are announced, and
     /// with a tree, the processes it forks from now on are traced too.
     pub fn add_target(&mut self, pid: u32) -> Result<()> {
-        let mut targets: HashMap<&mut MapData, u32, u8> = HashMap::try_from(self.map_mut("TARGETS")?)?;
+        let mut targets = tables::TARGETS.writable(&mut self.ebpf)?;
         targets.insert(pid, 1, 0).with_context(|| format!("more than {MAX_PROCESSES} processes to trace"))
     }
 
     /// Whether a process is traced under `Reach::Tree`, from any thread.
     pub fn tree_lookup(&self) -> Result<map_ops::KeyLookup> {
-        map_ops::KeyLookup::of(self.map("TARGETS")?, "the map of traced processes")
+        tables::TARGETS.key_lookup(&self.ebpf)
     }
 
     /// Follows processes as they exec; returns the ring buffer that announces the execs of traced
@@ -367,8 +365,7 @@ impl Probes {
 
     /// Every process the kernel has figures for.
     pub fn traced_processes(&self) -> Result<Vec<(u32, ProcessStats)>> {
-        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
-        collect_entries(stats.iter(), "the per-process statistics map")
+        tables::STATS.entries(&self.ebpf)
     }
 
     /// Forgets exited processes in the kernel, so the tables do not fill up over a long run.
@@ -376,52 +373,43 @@ impl Probes {
         if tgids.is_empty() {
             return Ok(());
         }
-        let mut stats: HashMap<&mut MapData, u32, ProcessStats> =
-            HashMap::try_from(self.ebpf.map_mut("STATS").context("no map STATS")?)?;
+        let mut stats = tables::STATS.writable(&mut self.ebpf)?;
         for tgid in tgids {
             let _ = stats.remove(tgid);
         }
         self.live.release(tgids)?;
-        self.release_entries::<StackKey, StackTotals>("STACK_TOTALS", tgids, |key| key.tgid)?;
-        self.release_entries::<RegionKey, Region>("REGIONS", tgids, |key| key.tgid)?;
+        tables::STACK_TOTALS.release(&self.ebpf, tgids, |key| key.tgid)?;
+        tables::REGIONS.release(&self.ebpf, tgids, |key| key.tgid)?;
         crate::usdt::release(self, tgids)
     }
 
-    /// Removes every entry of the hash map `name` whose key belongs to one of `tgids`.
+    /// Every entry of one of the kernel's tables.
+    pub fn entries<K: aya::Pod, V: aya::Pod>(&self, table: &tables::Table<K, V>) -> Result<Vec<(K, V)>> {
+        table.entries(&self.ebpf)
+    }
+
+    /// Removes every entry of `table` whose key belongs to one of `tgids`.
     pub fn release_entries<K: aya::Pod, V: aya::Pod>(
         &self,
-        name: &str,
+        table: &tables::Table<K, V>,
         tgids: &HashSet<u32>,
         tgid_of: impl Fn(&K) -> u32,
     ) -> Result<()> {
-        let map = self.map(name)?;
-        let doomed: Vec<K> = map_ops::dump::<K, V>(map, name)?
-            .into_iter()
-            .map(|(key, _)| key)
-            .filter(|key| tgids.contains(&tgid_of(key)))
-            .collect();
-        map_ops::delete::<K, V>(map, name, &doomed)
+        table.release(&self.ebpf, tgids, tgid_of)
     }
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {
-        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
-        let totals: HashMap<&MapData, StackKey, StackTotals> = HashMap::try_from(self.map("STACK_TOTALS")?)?;
         Ok(MapOccupancy {
-            processes: stats.keys().count(),
+            processes: tables::STATS.entries(&self.ebpf)?.len(),
             live_allocations: self.live.len(),
-            stack_totals: totals.keys().count(),
+            stack_totals: tables::STACK_TOTALS.entries(&self.ebpf)?.len(),
             usdt_entries: crate::usdt::occupancy(self)?,
         })
     }
 
     /// The kernel's totals for a process; zero before its first allocator call.
     pub fn stats(&self, pid: u32) -> Result<ProcessStats> {
-        let stats: HashMap<&MapData, u32, ProcessStats> = HashMap::try_from(self.map("STATS")?)?;
-        match stats.get(&pid, 0) {
-            Ok(stats) => Ok(stats),
-            Err(MapError::KeyNotFound) => Ok(ProcessStats::default()),
-            Err(err) => Err(err).context("reading the per-process statistics map"),
-        }
+        Ok(tables::STATS.get(&self.ebpf, &pid)?.unwrap_or_default())
     }
 
     /// Events that could not be charged to any process (the statistics map was full).
@@ -437,33 +425,24 @@ impl Probes {
 
     /// What each (process, call stack) allocated and still holds.
     pub fn stack_totals(&self) -> Result<Vec<(StackKey, StackTotals)>> {
-        map_ops::dump(self.map("STACK_TOTALS")?, "the per-stack totals map")
+        tables::STACK_TOTALS.entries(&self.ebpf)
     }
 
     /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
     /// again is written again, and found here again.
     pub fn take_stacks(&self) -> Result<Vec<(u64, StackFrames)>> {
-        Ok(map_ops::take_entries(self.map("STACKS")?, "the stack map", |_, _| true)?.taken)
+        Ok(tables::STACKS.take(&self.ebpf, |_, _| true)?.taken)
     }
 
     /// Takes out the totals of every (process, stack) with nothing live: an allocation from it
     /// later starts a new entry, whose figures add to these. Those with live blocks stay, and are
     /// returned as they were read.
     pub fn take_idle_stack_totals(&self) -> Result<Taken<StackKey, StackTotals>> {
-        map_ops::take_entries(
-            self.map("STACK_TOTALS")?,
-            "the per-stack totals map",
-            |_, totals: &StackTotals| totals.live_allocations == 0,
-        )
+        tables::STACK_TOTALS.take(&self.ebpf, |_, totals| totals.live_allocations == 0)
     }
 
     pub fn stack(&self, stack: u64) -> Result<Option<StackFrames>> {
-        let stacks: HashMap<&MapData, u64, StackFrames> = HashMap::try_from(self.map("STACKS")?)?;
-        match stacks.get(&stack, 0) {
-            Ok(frames) => Ok(Some(frames)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(err) => Err(err).context("reading the stack map"),
-        }
+        tables::STACKS.get(&self.ebpf, &stack)
     }
 
     pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
@@ -485,16 +464,6 @@ fn load_multi(ebpf: &Ebpf) -> Result<Option<MultiPrograms>> {
         Err(_) => {}
     }
     Ok(MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).ok())
-}
-
-fn collect_entries<K, V>(
-    entries: impl Iterator<Item = Result<(K, V), MapError>>,
-    what: &str,
-) -> Result<Vec<(K, V)>> {
-    entries
-        .filter(|entry| !matches!(entry, Err(MapError::KeyNotFound)))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("reading {what}"))
 }
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual

@@ -3,29 +3,26 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use anyhow::{Context, Result};
-use aya::maps::{Array, HashMap, MapData, MapError};
-use memtrace_common::{SubsystemKey, UsdtCounterKey, UsdtCounterValue, USDT_LOST_SLOT};
+use anyhow::Result;
+use aya::maps::{Array, MapData};
+use memtrace_common::USDT_LOST_SLOT;
 
 use crate::{
     model::{Model, UsdtProbeCounter},
-    probes::Probes,
+    probes::{
+        tables::{SUBSYSTEMS, USDT_COUNTERS},
+        Probes,
+    },
 };
 
 /// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
 pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
     let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    let table: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    // An entry removed between two steps of the walk is no error.
-    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
-        let (key, value) = entry.context("reading the USDT subsystem map")?;
+    for (key, value) in probes.entries(&SUBSYSTEMS)? {
         subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
-    let table: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    for entry in table.iter().filter(|e| !matches!(e, Err(MapError::KeyNotFound))) {
-        let (key, value) = entry.context("reading the USDT counter map")?;
+    for (key, value) in probes.entries(&USDT_COUNTERS)? {
         let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
             continue;
         };
@@ -59,26 +56,20 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
 /// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
 pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
     let mut tgids = BTreeSet::new();
-    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    tgids.extend(subsystems.keys().filter_map(Result::ok).map(|key| key.tgid));
-    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    tgids.extend(counters.keys().filter_map(Result::ok).map(|key| key.tgid));
+    tgids.extend(probes.entries(&SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(probes.entries(&USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
     Ok(tgids)
 }
 
 /// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
 pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
-    probes.release_entries::<SubsystemKey, i64>("SUBSYSTEMS", tgids, |key| key.tgid)?;
-    probes.release_entries::<UsdtCounterKey, UsdtCounterValue>("USDT_COUNTERS", tgids, |key| key.tgid)
+    probes.release_entries(&SUBSYSTEMS, tgids, |key| key.tgid)?;
+    probes.release_entries(&USDT_COUNTERS, tgids, |key| key.tgid)
 }
 
 /// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
 pub fn occupancy(probes: &Probes) -> Result<usize> {
-    let subsystems: HashMap<&MapData, SubsystemKey, i64> = HashMap::try_from(probes.map("SUBSYSTEMS")?)?;
-    let counters: HashMap<&MapData, UsdtCounterKey, UsdtCounterValue> =
-        HashMap::try_from(probes.map("USDT_COUNTERS")?)?;
-    Ok(subsystems.keys().count() + counters.keys().count())
+    Ok(probes.entries(&SUBSYSTEMS)?.len() + probes.entries(&USDT_COUNTERS)?.len())
 }
 
 /// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
