@@ -70,11 +70,14 @@ struct Record {
 impl LiveTable {
     /// Opens the table the loader sized, and maps its count.
     pub fn open(slots: &Map, count: &Map, size: &TableSize) -> Result<Self> {
-        let count_fd = array_fd(count, COUNT_MAP)?;
+        Self::of_arrays(array_fd(slots, SLOTS_MAP)?, array_fd(count, COUNT_MAP)?, size)
+    }
+
+    fn of_arrays(slots: OwnedFd, count: OwnedFd, size: &TableSize) -> Result<Self> {
         Ok(Self {
-            slots: array_fd(slots, SLOTS_MAP)?,
+            slots,
             slot_count: size.slots as usize,
-            count: map_range(&count_fd, COUNT_MAP, 0, size_of::<u64>())?,
+            count: map_range(&count, COUNT_MAP, 0, size_of::<u64>())?,
         })
     }
 
@@ -227,5 +230,78 @@ mod tests {
             assert!(place(&mut table, tag).is_some(), "{key:?}: its window is full");
         }
         assert_eq!(table.iter().filter(|&&taken| taken).count(), slots / 2);
+    }
+
+    /// An mmapable BPF array, made directly (BPF_MAP_CREATE), as the loader makes the table's.
+    fn mmapable_array(value_size: u32, entries: u32) -> OwnedFd {
+        #[repr(C)]
+        struct CreateAttr {
+            map_type: u32,
+            key_size: u32,
+            value_size: u32,
+            max_entries: u32,
+            map_flags: u32,
+        }
+        const BPF_MAP_CREATE: libc::c_long = 0;
+        const BPF_MAP_TYPE_ARRAY: u32 = 2;
+        const BPF_F_MMAPABLE: u32 = 1 << 10;
+        let attr = CreateAttr {
+            map_type: BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size,
+            max_entries: entries,
+            map_flags: BPF_F_MMAPABLE,
+        };
+        // SAFETY: a bpf_attr prefix for BPF_MAP_CREATE, live for the call; the kernel zero-extends it.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, &raw const attr, size_of::<CreateAttr>()) };
+        assert!(fd >= 0, "BPF_MAP_CREATE: {} (the unit tests run as root)", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor, owned by nothing else.
+        unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) }
+    }
+
+    /// Writes slots as the probes would, through a mapping of its own.
+    fn write_slot(fd: &OwnedFd, index: usize, slot: LiveSlot) {
+        let page = 4096;
+        let offset = index * size_of::<LiveSlot>();
+        let map =
+            map_range(fd, SLOTS_MAP, offset / page * page, offset % page + size_of::<LiveSlot>()).unwrap();
+        // SAFETY: the slot lies inside the mapping just made, at its offset from the page.
+        unsafe { map.as_mut_ptr().add(offset % page).cast::<LiveSlot>().write_volatile(slot) };
+    }
+
+    /// Records in both chunks of a two-chunk table, a slot being written and a tombstone: the
+    /// reader sees the records only, and a release gives up one process's and counts them off.
+    #[test]
+    fn records_are_read_and_released_through_the_mapping() {
+        let size = TableSize::for_records(CHUNK_SLOTS as u32);
+        assert_eq!(size.slots as usize, 2 * CHUNK_SLOTS);
+        let (slots, count) = (mmapable_array(48, size.slots), mmapable_array(8, 1));
+        let key = |tgid, address| AllocationKey { tgid, _pad: 0, address };
+        let record = |key: AllocationKey, size| LiveSlot {
+            tag: LiveTag::of(&key).0,
+            key,
+            allocation: Allocation { size, timestamp_ns: 1, stack: 2 },
+        };
+        let written = [
+            (3, record(key(7, 0x1000), 16)),
+            (CHUNK_SLOTS + 5, record(key(7, 0x2000), 32)),
+            (CHUNK_SLOTS * 2 - 1, record(key(8, 0x1000), 64)),
+            (10, LiveSlot { tag: LiveTag::BUSY, ..record(key(9, 0x3000), 1) }),
+            (11, LiveSlot { tag: LiveTag::TOMBSTONE, ..record(key(9, 0x4000), 1) }),
+        ];
+        for (index, slot) in written {
+            write_slot(&slots, index, slot);
+        }
+        let table = LiveTable::of_arrays(slots, count, &size).unwrap();
+        table.count().store(3, Ordering::Relaxed);
+        let mut sizes: Vec<(u32, u64)> =
+            table.records().unwrap().iter().map(|(k, a)| (k.tgid, a.size)).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [(7, 16), (7, 32), (8, 64)]);
+        assert_eq!(table.release(&HashSet::from([7])).unwrap(), 2);
+        assert_eq!(table.len(), 1);
+        let left: Vec<u32> = table.records().unwrap().iter().map(|(k, _)| k.tgid).collect();
+        assert_eq!(left, [8]);
     }
 }
