@@ -47,21 +47,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     // Outputs are opened first: an unwritable path is reported before anything is traced.
     let (exporters, trace_path) = open_outputs(&cli, serve)?;
     let reach = reach_of(&cli);
-    let mut probes = Probes::load(&ProbeConfig {
-        max_allocations: cli.max_allocations,
-        max_stacks: cli.max_stacks,
-        capture_stacks: !cli.no_stacks,
-        empty_probes: cli.empty_probes,
-        sample_mean: cli.sample.unwrap_or(0),
-        reach: reach.clone(),
-        debug_bpf: cli.debug_bpf,
-    })?;
-    // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
-    // uprobe_multi links need only what loading needed.
-    if probes.link_kind() == LinkKind::PerfEvent {
-        privileges::check_uprobe_perf_events()?;
-    }
-    probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
+    let mut probes = load_probes(&cli, &reach)?;
     let overrides =
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
@@ -79,17 +65,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     } else {
         Targets::command(&cli.command, &mut following, &mut probes, &mut collector, &mut model)?
     };
-    let what = if cli.system_wide() {
-        format!(
-            "all processes through {} allocator files and {} USDT probe sites",
-            following.probed_files(),
-            probes.usdt.attached_sites()
-        )
-    } else if cli.follows_children() {
-        format!("{} and every process they start", describe(&model))
-    } else {
-        describe(&model)
-    };
+    let what = describe_reach(&cli, &following, &probes, &model);
     // Unwind tables of the targets known now (--pid, a command's files); others follow at each
     // interval, and a command's mappings within milliseconds of its start (see `trace`).
     let mut unwind = KernelTables::new(!cli.no_stacks, cli.all);
@@ -122,6 +98,47 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
         serving: serve.is_some() && cli.command.is_empty(),
     };
     let ending = run.trace()?;
+    conclude(run, &ending)
+}
+
+/// Loads the kernel side as the command line configures it, and checks what its links need.
+fn load_probes(cli: &Cli, reach: &Reach) -> Result<Probes> {
+    let mut probes = Probes::load(&ProbeConfig {
+        max_allocations: cli.max_allocations,
+        max_stacks: cli.max_stacks,
+        capture_stacks: !cli.no_stacks,
+        empty_probes: cli.empty_probes,
+        sample_mean: cli.sample.unwrap_or(0),
+        reach: reach.clone(),
+        debug_bpf: cli.debug_bpf,
+    })?;
+    // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
+    // uprobe_multi links need only what loading needed.
+    if probes.link_kind() == LinkKind::PerfEvent {
+        privileges::check_uprobe_perf_events()?;
+    }
+    probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
+    Ok(probes)
+}
+
+/// What "memtrace: tracing ..." names.
+fn describe_reach(cli: &Cli, following: &Following, probes: &Probes, model: &Model) -> String {
+    if cli.system_wide() {
+        format!(
+            "all processes through {} allocator files and {} USDT probe sites",
+            following.probed_files(),
+            probes.usdt.attached_sites()
+        )
+    } else if cli.follows_children() {
+        format!("{} and every process they start", describe(model))
+    } else {
+        describe(model)
+    }
+}
+
+/// Writes the outputs, detaches, waits for a command that outlives the trace, and works out the
+/// exit code.
+fn conclude(mut run: Run, ending: &Ending) -> Result<ExitCode> {
     let command = run.running_child().map(|pid| RunningCommand::of(pid, &run.model));
     let duration = run.started.elapsed();
     run.finish(duration)?;
@@ -130,7 +147,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     drop(probes);
     let status = match (command, targets.iter().find(|t| t.is_child)) {
         (Some(command), Some(child)) => {
-            command.announce_wait(&ending, forwarded_signal);
+            command.announce_wait(ending, forwarded_signal);
             Some(command.wait(child, &signals, forwarded_signal)?)
         }
         (None, Some(child)) => Some(child.reap()?),

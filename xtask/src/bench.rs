@@ -36,53 +36,7 @@ struct Variant {
 pub fn run(memtrace: &Path) -> Result<()> {
     let program = compile_c("bench/malloc_loop.c", "bench", &["-pthread"])?;
     let trace = workspace_root().join("target/bench/trace.json");
-    let mut variants = [
-        Variant { name: "untraced", memtrace_args: None, best_ns: f64::MAX },
-        Variant {
-            name: "floor (empty programs)",
-            memtrace_args: Some(&["--empty-probes"]),
-            best_ns: f64::MAX,
-        },
-        Variant { name: "memtrace", memtrace_args: Some(&[]), best_ns: f64::MAX },
-        Variant { name: "memtrace --no-stacks", memtrace_args: Some(&["--no-stacks"]), best_ns: f64::MAX },
-        Variant {
-            name: "memtrace --no-children",
-            memtrace_args: Some(&["--no-children"]),
-            best_ns: f64::MAX,
-        },
-        Variant {
-            name: "memtrace --sample 512KiB",
-            memtrace_args: Some(&["--sample", "512KiB"]),
-            best_ns: f64::MAX,
-        },
-    ];
-    for _ in 0..ROUNDS {
-        for variant in &mut variants {
-            let mut command = match variant.memtrace_args {
-                None => Command::new(&program),
-                Some(args) => {
-                    let mut command = memtrace_writing(memtrace, &trace);
-                    command.args(args).arg("--").arg(&program);
-                    command
-                }
-            };
-            variant.best_ns = variant.best_ns.min(ns_per_pair(command.arg(PAIRS))?);
-        }
-    }
-    let floor = variants[1].best_ns;
-    let untraced = variants[0].best_ns;
-    println!(
-        "malloc/free pair ({PAIRS} pairs, 64 live slots, mixed sizes; best of {ROUNDS} rounds, one run):"
-    );
-    for variant in &variants {
-        println!(
-            "  {:<24} {:>8.1} ns   x untraced {:>6.1}   x floor {:>5.2}",
-            variant.name,
-            variant.best_ns,
-            variant.best_ns / untraced,
-            variant.best_ns / floor
-        );
-    }
+    let PairCosts { untraced, floor, single } = pair_costs(memtrace, &program, &trace)?;
     let outside = ns_outside_a_followed_tree(memtrace, &program, &trace)?;
     println!(
         "  {:<24} {:>8.1} ns   x untraced {:>6.1}   (an untraced process while memtrace follows a tree)",
@@ -90,7 +44,6 @@ pub fn run(memtrace: &Path) -> Result<()> {
         outside,
         outside / untraced
     );
-    let single = variants[2].best_ns;
     let threads = two_threads(memtrace, &program, &trace)?;
     println!(
         "two threads at once, each {PAIRS} pairs (best of {ROUNDS}): untraced {:.1} ns, memtrace {:.1} ns per \
@@ -133,6 +86,64 @@ pub fn run(memtrace: &Path) -> Result<()> {
         whole_run.as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// What a malloc/free pair costs untraced, under the floor and under memtrace exact (with stacks).
+struct PairCosts {
+    untraced: f64,
+    floor: f64,
+    single: f64,
+}
+
+/// Times the loop in every variant, alternating, and prints them side by side.
+fn pair_costs(memtrace: &Path, program: &Path, trace: &Path) -> Result<PairCosts> {
+    let mut variants = [
+        Variant { name: "untraced", memtrace_args: None, best_ns: f64::MAX },
+        Variant {
+            name: "floor (empty programs)",
+            memtrace_args: Some(&["--empty-probes"]),
+            best_ns: f64::MAX,
+        },
+        Variant { name: "memtrace", memtrace_args: Some(&[]), best_ns: f64::MAX },
+        Variant { name: "memtrace --no-stacks", memtrace_args: Some(&["--no-stacks"]), best_ns: f64::MAX },
+        Variant {
+            name: "memtrace --no-children",
+            memtrace_args: Some(&["--no-children"]),
+            best_ns: f64::MAX,
+        },
+        Variant {
+            name: "memtrace --sample 512KiB",
+            memtrace_args: Some(&["--sample", "512KiB"]),
+            best_ns: f64::MAX,
+        },
+    ];
+    for _ in 0..ROUNDS {
+        for variant in &mut variants {
+            let mut command = match variant.memtrace_args {
+                None => Command::new(program),
+                Some(args) => {
+                    let mut command = memtrace_writing(memtrace, trace);
+                    command.args(args).arg("--").arg(program);
+                    command
+                }
+            };
+            variant.best_ns = variant.best_ns.min(ns_per_pair(command.arg(PAIRS))?);
+        }
+    }
+    let (untraced, floor, single) = (variants[0].best_ns, variants[1].best_ns, variants[2].best_ns);
+    println!(
+        "malloc/free pair ({PAIRS} pairs, 64 live slots, mixed sizes; best of {ROUNDS} rounds, one run):"
+    );
+    for variant in &variants {
+        println!(
+            "  {:<24} {:>8.1} ns   x untraced {:>6.1}   x floor {:>5.2}",
+            variant.name,
+            variant.best_ns,
+            variant.best_ns / untraced,
+            variant.best_ns / floor
+        );
+    }
+    Ok(PairCosts { untraced, floor, single })
 }
 
 /// The loop run outside memtrace's tree while memtrace follows `sleep` and its descendants: the
