@@ -19,8 +19,7 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
 
 /// The layout as the loader set it, not as compiled.
 pub(crate) fn layout() -> KernelLayout {
-    // SAFETY: a global of plain integers, written by the loader before the program loads.
-    unsafe { core::ptr::read_volatile(&KERNEL_LAYOUT) }
+    crate::helpers::loaded(&KERNEL_LAYOUT)
 }
 
 /// Reads a `T` at `offset` bytes into the kernel object at `base`; None if the address cannot be

@@ -15,7 +15,10 @@ use memtrace_common::{
     live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag, DEFAULT_MAX_LIVE_ALLOCATIONS, LIVE_WINDOW,
 };
 
-use crate::counters::{compare_exchange, fetch_add};
+use crate::{
+    counters::{compare_exchange, fetch_add},
+    helpers::loaded,
+};
 
 #[map]
 static ALLOCATIONS: Array<LiveSlot> =
@@ -41,14 +44,9 @@ pub(crate) enum Recorded {
     Full,
 }
 
-fn global(value: &u64) -> u64 {
-    // SAFETY: a global the loader sets before the programs load.
-    unsafe { core::ptr::read_volatile(value) }
-}
-
 /// The slot `step` places past the key's home.
 fn slot(tag: LiveTag, step: u32) -> Option<*mut LiveSlot> {
-    let index = (tag.0.wrapping_add(u64::from(step)) & global(&LIVE_SLOT_MASK)) as u32;
+    let index = (tag.0.wrapping_add(u64::from(step)) & loaded(&LIVE_SLOT_MASK)) as u32;
     ALLOCATIONS.get_ptr_mut(index)
 }
 
@@ -86,7 +84,7 @@ fn reserve() -> bool {
     let Some(count) = counter() else {
         return false;
     };
-    if fetch_add(count, 1) < global(&MAX_LIVE_RECORDS) {
+    if fetch_add(count, 1) < loaded(&MAX_LIVE_RECORDS) {
         return true;
     }
     fetch_add(count, u64::MAX);

@@ -11,6 +11,7 @@
 
 mod counters;
 mod debug;
+mod helpers;
 mod kernel;
 mod live;
 mod os_memory;
@@ -22,7 +23,7 @@ mod usdt;
 mod window;
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::bpf_probe_read_user,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
@@ -129,8 +130,7 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
     add(&stats.allocations, 1);
     add(&stats.allocated_bytes, size);
     let key = AllocationKey { tgid, _pad: 0, address };
-    // SAFETY: the helper has no preconditions.
-    let allocation = Allocation { size, timestamp_ns: unsafe { bpf_ktime_get_ns() }, stack };
+    let allocation = Allocation { size, timestamp_ns: helpers::now_ns(), stack };
     let mut growth = size as i64;
     match live::record(key, allocation) {
         Recorded::New => {

@@ -2,9 +2,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie},
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
     programs::RawTracePointContext,
@@ -17,6 +15,7 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, compare_exchange},
+    helpers::{loaded, map_value, now_ns},
     kernel::{layout, read_at},
 };
 
@@ -63,23 +62,23 @@ pub(crate) fn caller() -> Caller {
 
 pub(crate) fn count_global_loss() {
     if let Some(lost) = LOST_EVENTS.get_ptr_mut(GLOBAL_LOST_SLOT) {
-        add(unsafe { &*lost }, 1);
+        add(map_value(lost), 1);
     }
 }
 
 /// The totals of a process, created on its first event. None (and a global loss) when the map is full.
 pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
     if let Some(stats) = STATS.get_ptr(tgid) {
-        return Some(unsafe { &*stats });
+        return Some(map_value(stats));
     }
     let fresh = ProcessStats {
         comm: bpf_get_current_comm().unwrap_or_default(),
-        started_ns: unsafe { bpf_ktime_get_ns() },
+        started_ns: now_ns(),
         ..ProcessStats::default()
     };
     let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
     match STATS.get_ptr(tgid) {
-        Some(stats) => Some(unsafe { &*stats }),
+        Some(stats) => Some(map_value(stats)),
         None => {
             count_global_loss();
             None
@@ -89,8 +88,7 @@ pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
 
 /// Which processes count, as the loader set it.
 pub(crate) fn reach() -> u8 {
-    // SAFETY: a global the loader writes before loading; read as it is, not as compiled.
-    unsafe { core::ptr::read_volatile(&REACH) }
+    loaded(&REACH)
 }
 
 /// Whether events of this process count. Under `reach::TARGETS` the links carry the pids, so
@@ -113,10 +111,10 @@ pub(crate) fn is_traced_process(tgid: u32) -> bool {
 }
 
 fn is_traced_system_wide(tgid: u32) -> bool {
-    if tgid == unsafe { core::ptr::read_volatile(&SELF_TGID) } || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
+    if tgid == loaded(&SELF_TGID) || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
         return false;
     }
-    if unsafe { core::ptr::read_volatile(&FILTER_COMMS) } == 0 {
+    if loaded(&FILTER_COMMS) == 0 {
         return true;
     }
     bpf_get_current_comm().is_ok_and(|comm| ALLOWED_COMMS.get_ptr(&comm).is_some())

@@ -8,7 +8,7 @@
 use aya_ebpf::{helpers::bpf_get_prandom_u32, macros::map, maps::Array};
 use memtrace_common::ThreadState;
 
-use crate::counters::add_signed;
+use crate::{counters::add_signed, helpers::loaded};
 
 /// Set by the loader: the mean bytes between samples; 0 records every allocation.
 #[no_mangle]
@@ -20,8 +20,7 @@ const FRACTION_BITS: u32 = 16;
 const LN_2: u64 = 45_426;
 
 fn mean() -> u64 {
-    // SAFETY: a global the loader sets before the programs load.
-    unsafe { core::ptr::read_volatile(&SAMPLE_MEAN) }
+    loaded(&SAMPLE_MEAN)
 }
 
 /// Recorded blocks, counted by a hash of (process, address): a free whose count is 0 frees no

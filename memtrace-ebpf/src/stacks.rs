@@ -22,7 +22,7 @@ use core::{
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_BUILD_ID, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_probe_read_user,
         generated::{bpf_get_stack, bpf_loop},
     },
     macros::map,
@@ -40,6 +40,7 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, add_signed},
+    helpers::{loaded, map_value, now_ns},
     window::{stack_window, tables_epoch, Registers, StackWindow, WalkStart},
 };
 
@@ -123,8 +124,7 @@ pub(crate) static CAPTURE_STACKS: u8 = 1;
 /// within one program image, and its build-ID form, which outlives the process, is written once per
 /// distinct raw stack and cached in RAW_STACKS.
 pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats) -> u64 {
-    // SAFETY: a global the loader sets before the programs load.
-    if unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) } == 0 {
+    if loaded(&CAPTURE_STACKS) == 0 {
         return NO_STACK;
     }
     let Some(window) = stack_window() else {
@@ -634,7 +634,7 @@ pub(crate) fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, change
     let totals = match STACK_TOTALS.get_ptr(key) {
         Some(totals) => totals,
         None => {
-            let fresh = StackTotals { started_ns: unsafe { bpf_ktime_get_ns() }, ..StackTotals::default() };
+            let fresh = StackTotals { started_ns: now_ns(), ..StackTotals::default() };
             let _ = STACK_TOTALS.insert(key, fresh, u64::from(BPF_NOEXIST));
             match STACK_TOTALS.get_ptr(key) {
                 Some(totals) => totals,
@@ -646,7 +646,7 @@ pub(crate) fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, change
             }
         }
     };
-    let totals = unsafe { &*totals };
+    let totals = map_value(totals);
     if change.allocations > 0 {
         add(&totals.allocations, 1);
         add(&totals.allocated_bytes, change.bytes as u64);
