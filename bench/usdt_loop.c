@@ -1,8 +1,8 @@
 /* `cargo xtask bench`: the traced cost of a subsystem report. Waits (at most 10 s) until a tracer
  * raises the probe's semaphore, then times N reports of MEMTRACE_REPORT_DELTA and writes the
- * nanoseconds per report to stdout. Built twice: with include/memtrace.h's 5-byte nop sites
- * (-DMEMTRACE_NOP5_SITES; kernels from 6.18 probe them without a trap), and with -DONE_BYTE_NOP as
- * <sys/sdt.h>'s STAP_PROBE2 writes the site (a 1-byte nop, the header's default), to compare. */
+ * nanoseconds per report to stdout. Built twice: with include/memtrace.h's sites (5-byte nops,
+ * which kernels from 6.18 probe without a trap), and with -DONE_BYTE_NOP as <sys/sdt.h>'s
+ * STAP_PROBE2 writes the site (a 1-byte nop), to compare. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

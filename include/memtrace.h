@@ -19,9 +19,10 @@
  * dump, and in the summary's `subsystems`.
  *
  * Cost when nobody traces: MEMTRACE_REPORT_* and MEMTRACE_ENABLED() load one 16-bit semaphore and
- * branch on it; the probe itself is a single nop that is never reached. (Define
- * MEMTRACE_NOP5_SITES before including this header for 5-byte nop sites, which kernels from 6.18
- * probe without a trap; traced, a report measured slower on them here: see `cargo xtask bench`.) The arguments of
+ * branch on it; the probe itself is a nop that is never reached: on x86-64 a 5-byte nop, which
+ * kernels from 6.18 probe with a call instead of a trap (traced, a report measured ~20% cheaper
+ * there than on sdt.h's 1-byte nop: see `cargo xtask bench`); define MEMTRACE_ONE_BYTE_SITES
+ * before including this header for sdt.h's 1-byte nop instead. The arguments of
  * MEMTRACE_REPORT_* are not even evaluated then. The kernel raises the semaphore while memtrace (or
  * any tracer) is attached to a memtrace probe of this object, and lowers it when the tracer goes.
  *
@@ -54,9 +55,9 @@ __extension__ volatile unsigned short memtrace_semaphore
 /* Is memtrace listening? One load of the semaphore. */
 #define MEMTRACE_ENABLED() __builtin_expect(memtrace_semaphore != 0, 0)
 
-/* The probe site's instruction: sdt.h's 1-byte nop, or with MEMTRACE_NOP5_SITES on x86-64 the
- * 5-byte nop an optimized uprobe replaces with a call. */
-#if defined(__x86_64__) && defined(MEMTRACE_NOP5_SITES)
+/* The probe site's instruction: on x86-64 the 5-byte nop an optimized uprobe replaces with a call
+ * (as libbpf's usdt.h writes it), elsewhere or with MEMTRACE_ONE_BYTE_SITES sdt.h's 1-byte nop. */
+#if defined(__x86_64__) && !defined(MEMTRACE_ONE_BYTE_SITES)
 /* 0f 1f 44 00 00, written without commas (they would split sdt.h's macro arguments). */
 #define _MEMTRACE_SITE _SDT_ASM_1(990:	.4byte 0x00441f0f) _SDT_ASM_1(		.byte 0x00)
 #else

@@ -267,13 +267,13 @@ fn assert_subsystems(outcome: &Outcome, expected: &BTreeMap<String, i64>) {
     assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
 }
 
-/// include/memtrace.h from C, -O0, -O2 and with 5-byte nop sites, names built at run time and read from the target,
+/// include/memtrace.h from C, -O0, -O2 and with sdt.h's 1-byte nop sites, names built at run time and read from the target,
 /// totals and deltas, traced from the first instruction.
 #[test]
 fn subsystems_from_the_header_match_what_the_program_reported() {
     let dir = build_dir();
-    // -DMEMTRACE_NOP5_SITES: the header's 5-byte nop sites (optimized uprobes on 6.18) report alike.
-    for flag in ["-O0", "-O2", "-DMEMTRACE_NOP5_SITES"] {
+    // The header's 5-byte nop sites (optimized uprobes on 6.18) and sdt.h's 1-byte nops report alike.
+    for flag in ["-O0", "-O2", "-DMEMTRACE_ONE_BYTE_SITES"] {
         let program = build_c(dir.path(), "usdt_subsystems.c", flag);
         let mut memtrace = Memtrace::new().command(&program).spawn();
         let expected = reported_subsystems(&mut memtrace, &subsystem_fixture_names());
