@@ -3,7 +3,8 @@
 //! side makes up to that moment is in the value memtrace gets, never lost between a read and a
 //! delete (aya offers it only for queues and stacks). Reading and deleting many entries in one
 //! call each (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH): a table of a million live allocations
-//! is read in a few hundred calls rather than two million. And a lookup that another thread can
+//! is read in a few hundred calls rather than two million; an unwind table's rows are written
+//! likewise (BPF_MAP_UPDATE_BATCH on an array). And a lookup that another thread can
 //! own ([`KeyLookup`], its own descriptor of the map).
 
 use std::{
@@ -17,6 +18,7 @@ use aya::maps::{HashMap, Map, MapData};
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 /// Entries per batch call: a hash bucket never holds more.
 const BATCH: usize = 8192;
@@ -206,6 +208,29 @@ pub fn delete<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str, keys: &[K]) -> Re
             }
             Err(err) => return Err(err).with_context(|| format!("deleting entries of {what}")),
         }
+    }
+    Ok(())
+}
+
+/// Writes `values` into an array from index `first` on, a batch at a time.
+pub fn set_array<V: aya::Pod>(map: &Map, what: &str, first: u32, values: &[V]) -> Result<()> {
+    let Map::Array(data) = map else {
+        anyhow::bail!("{what} is not an array");
+    };
+    // Checks the value size against the map's.
+    let _: aya::maps::Array<&MapData, V> = aya::maps::Array::try_from(map)?;
+    let fd = data.fd().as_fd().as_raw_fd();
+    for (chunk_index, chunk) in values.chunks(BATCH).enumerate() {
+        let start = first + (chunk_index * BATCH) as u32;
+        let keys: Vec<u32> = (start..).take(chunk.len()).collect();
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: chunk.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        bpf_batch(BPF_MAP_UPDATE_BATCH, &mut attr).with_context(|| format!("writing {what}"))?;
     }
     Ok(())
 }

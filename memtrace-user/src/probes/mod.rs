@@ -445,6 +445,11 @@ impl Probes {
         tables::STACKS.get(&self.ebpf, &stack)
     }
 
+    /// Writes `values` into the array `name` from index `first` on, in a few syscalls.
+    pub fn set_array<V: aya::Pod>(&self, name: &str, what: &str, first: u32, values: &[V]) -> Result<()> {
+        map_ops::set_array(self.map(name)?, what, first, values)
+    }
+
     pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
         self.ebpf.map(name).with_context(|| format!("the BPF object has no map {name}"))
     }

@@ -19,8 +19,8 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use memtrace_common::{
-    unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UNWIND_MAX_FILES,
-    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
+    unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS,
+    UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
 };
 
 use super::{table_of_file, UnwindTable};
@@ -260,14 +260,8 @@ impl KernelTables {
         }
         table.info.rows_start = self.next_row;
         table.info.pages_start = self.next_page;
-        let mut rows: Array<&mut MapData, UnwindRow> = Array::try_from(probes.map_mut(ROWS_MAP)?)?;
-        for (index, row) in (self.next_row..).zip(&table.rows) {
-            rows.set(index, row, 0).context("loading unwind rows")?;
-        }
-        let mut pages: Array<&mut MapData, u32> = Array::try_from(probes.map_mut(PAGES_MAP)?)?;
-        for (index, page) in (self.next_page..).zip(&table.pages) {
-            pages.set(index, page, 0).context("loading unwind pages")?;
-        }
+        probes.set_array(ROWS_MAP, "the unwind rows", self.next_row, &table.rows)?;
+        probes.set_array(PAGES_MAP, "the unwind pages", self.next_page, &table.pages)?;
         self.next_row = rows_end as u32;
         self.next_page = pages_end as u32;
         // The rows are in place before the kernel may read them.
