@@ -180,7 +180,7 @@ impl Following {
     /// sample to the model.
     pub fn adopt_new_processes(&self, probes: &Probes, model: &mut Model) -> Result<()> {
         for (pid, stats) in probes.traced_processes()? {
-            let (kind, path) = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
+            let allocator = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
             // The kernel forgot a released process: figures under its pid are a new process's.
             if model.processes.get(&pid).is_some_and(|process| process.released) {
                 model.retire(pid);
@@ -190,8 +190,8 @@ impl Following {
             }
             // A process that exec'd a program allocates through that program's allocator.
             if let Some(process) = model.processes.get_mut(&pid).filter(|_| stats.allocator != 0) {
-                process.allocator = path;
-                process.allocator_kind = kind;
+                process.allocator = allocator.path;
+                process.allocator_kind = allocator.kind;
             }
         }
         // The USDT handler gives a reporting process figures in the kernel too; these are the

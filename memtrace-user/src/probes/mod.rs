@@ -120,6 +120,14 @@ pub struct MapOccupancy {
     pub usdt_entries: usize,
 }
 
+/// An allocator whose probes are attached, as `ProcessStats::allocator` names it.
+#[derive(Debug, Clone, Default)]
+pub struct AttachedAllocator {
+    /// glibc, jemalloc, ... (`Allocator::kind`).
+    pub kind: String,
+    pub path: std::path::PathBuf,
+}
+
 /// The programs a file's call probes run: at entry and at return.
 #[derive(Clone, Copy)]
 struct CallPrograms {
@@ -148,8 +156,8 @@ pub struct Probes {
     follow_mappings: bool,
     /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
     pub usdt: crate::usdt::UsdtProbes,
-    /// (kind, path) of every allocator attached; attachment cookie i + 1 names entry i.
-    allocators: Vec<(String, std::path::PathBuf)>,
+    /// Every allocator attached; attachment cookie i + 1 names entry i.
+    allocators: Vec<AttachedAllocator>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
     _bpf_log: Option<BpfLog>,
 }
@@ -276,7 +284,8 @@ impl Probes {
         if let Scope::Process(0) = scope {
             bail!("pid 0 cannot be traced");
         }
-        self.allocators.push((allocator.kind.clone(), allocator.path.clone()));
+        self.allocators
+            .push(AttachedAllocator { kind: allocator.kind.clone(), path: allocator.path.clone() });
         let index = self.allocators.len() as u32;
         let site =
             |offset, function| Site { offset, cookie: ProbeCookie::new(index, function).0, semaphore: None };
@@ -327,8 +336,8 @@ impl Probes {
             })
     }
 
-    /// The allocator whose probes saw a process first: (kind, path) for `ProcessStats::allocator`.
-    pub fn allocator_named(&self, index: u64) -> Option<&(String, std::path::PathBuf)> {
+    /// The allocator whose probes saw a process first, from `ProcessStats::allocator`.
+    pub fn allocator_named(&self, index: u64) -> Option<&AttachedAllocator> {
         self.allocators.get(usize::try_from(index).ok()?.checked_sub(1)?)
     }
 
