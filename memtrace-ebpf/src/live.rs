@@ -100,8 +100,8 @@ fn unreserve() {
 /// Records a block handed out.
 pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
     let tag = LiveTag::of(&key);
-    // The first free slot of the window, and what its tag was.
-    let mut free: Option<(*mut LiveSlot, u64)> = None;
+    // The first free slot of the window: the key goes there, or past it if another thread takes it.
+    let mut first_free = LIVE_WINDOW;
     for step in 0..LIVE_WINDOW {
         let Some(slot) = slot(tag, step) else {
             break;
@@ -113,27 +113,35 @@ pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
             return Recorded::Replaced(stale);
         }
         let word = tag_word(slot);
-        if free.is_none() && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
-            free = Some((slot, word));
+        if first_free == LIVE_WINDOW && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
+            first_free = step;
         }
         // The key is in no slot past an empty one: it took the first free slot when it came.
         if word == LiveTag::EMPTY {
             break;
         }
     }
-    let Some((slot, word)) = free else {
-        return Recorded::Full;
-    };
-    if !reserve() {
+    if first_free == LIVE_WINDOW || !reserve() {
         return Recorded::Full;
     }
-    // Another thread may have taken the slot since: a counted loss, as a full window is.
-    if !move_tag(slot, word, LiveTag::BUSY) {
-        unreserve();
-        return Recorded::Full;
+    claim(tag, first_free, key, allocation)
+}
+
+/// Takes the first free slot from `first` on for a new record (room reserved); another thread
+/// may take a slot between the look and the claim, and the next free one is tried.
+fn claim(tag: LiveTag, first: u32, key: AllocationKey, allocation: Allocation) -> Recorded {
+    for step in first..LIVE_WINDOW {
+        let Some(slot) = slot(tag, step) else {
+            break;
+        };
+        let word = tag_word(slot);
+        if (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) && move_tag(slot, word, LiveTag::BUSY) {
+            fill(slot, tag, key, allocation);
+            return Recorded::New;
+        }
     }
-    fill(slot, tag, key, allocation);
-    Recorded::New
+    unreserve();
+    Recorded::Full
 }
 
 /// Removes a block's record and returns it; None when the block has none (or another thread

@@ -2,9 +2,10 @@
 //! BPF_MAP_LOOKUP_AND_DELETE_ELEM returns an entry's value as it is removed, so an update the BPF
 //! side makes up to that moment is in the value memtrace gets, never lost between a read and a
 //! delete (aya offers it only for queues and stacks). Reading and deleting many entries in one
-//! call each (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH): a table of a million live allocations
-//! is read in a few hundred calls rather than two million; an unwind table's rows are written
-//! likewise (BPF_MAP_UPDATE_BATCH on an array). And a lookup that another thread can
+//! call each (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH, with buffers of at most 256 KiB): a full
+//! stack table is read in a few hundred calls rather than a quarter of a million; an unwind
+//! table's rows are written likewise (BPF_MAP_UPDATE_BATCH on an array). And a lookup that another
+//! thread can
 //! own ([`KeyLookup`], its own descriptor of the map).
 
 use std::{
@@ -20,8 +21,17 @@ const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
-/// Entries per batch call: a hash bucket never holds more.
+/// Entries per batch call at most: a hash bucket never holds more.
 const BATCH: usize = 8192;
+/// Entries per batch call at least (a bucket holding more would make a lookup fail, ENOSPC).
+const MIN_BATCH: usize = 128;
+/// A batch read's buffers at most, in bytes: a batch of stacks (1 KiB each) is 256 entries.
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Entries per batch read of keys `K` and values `V`.
+fn batch_of<K, V>() -> usize {
+    (BATCH_BYTES / (size_of::<K>() + size_of::<V>())).clamp(MIN_BATCH, BATCH)
+}
 
 /// `union bpf_attr` for the map element commands.
 #[repr(C)]
@@ -154,8 +164,9 @@ fn bpf_batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
 /// Every entry of a hash map, read a batch at a time.
 pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V)>> {
     let fd = hash_map_fd::<K, V>(map, what)?;
-    // Not zeroed: a batch of stacks is 8 MiB, and the kernel writes only the entries it returns.
-    let (mut keys, mut values) = (Box::<[K]>::new_uninit_slice(BATCH), Box::<[V]>::new_uninit_slice(BATCH));
+    // Not zeroed: the kernel writes only the entries it returns.
+    let batch = batch_of::<K, V>();
+    let (mut keys, mut values) = (Box::<[K]>::new_uninit_slice(batch), Box::<[V]>::new_uninit_slice(batch));
     let (mut token, mut next) = (0u64, 0u64);
     let mut entries = Vec::new();
     for first in std::iter::once(true).chain(std::iter::repeat(false)) {
@@ -164,12 +175,12 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str) -> Result<Vec<(K, V
             out_batch: std::ptr::from_mut(&mut next) as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: BATCH as u32,
+            count: batch as u32,
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
         let result = bpf_batch(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let read = (attr.count as usize).min(BATCH);
+        let read = (attr.count as usize).min(batch);
         // SAFETY: the kernel wrote the first `read` keys and values of the batch.
         let (read_keys, read_values) = unsafe {
             (

@@ -10,7 +10,7 @@ use memtrace_common::USDT_LOST_SLOT;
 use crate::{
     model::{Model, UsdtProbeCounter},
     probes::{
-        tables::{SUBSYSTEMS, USDT_COUNTERS},
+        tables::{Table, SUBSYSTEMS, USDT_COUNTERS},
         Probes,
     },
 };
@@ -18,11 +18,11 @@ use crate::{
 /// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
 pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
     let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    for (key, value) in probes.entries(&SUBSYSTEMS)? {
+    for (key, value) in entries(probes, &SUBSYSTEMS)? {
         subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
-    for (key, value) in probes.entries(&USDT_COUNTERS)? {
+    for (key, value) in entries(probes, &USDT_COUNTERS)? {
         let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
             continue;
         };
@@ -56,20 +56,37 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
 /// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
 pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
     let mut tgids = BTreeSet::new();
-    tgids.extend(probes.entries(&SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
-    tgids.extend(probes.entries(&USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(entries(probes, &SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(entries(probes, &USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
     Ok(tgids)
 }
 
 /// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
 pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
+    if !written(probes) {
+        return Ok(());
+    }
     probes.release_entries(&SUBSYSTEMS, tgids, |key| key.tgid)?;
     probes.release_entries(&USDT_COUNTERS, tgids, |key| key.tgid)
 }
 
 /// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
 pub fn occupancy(probes: &Probes) -> Result<usize> {
-    Ok(probes.entries(&SUBSYSTEMS)?.len() + probes.entries(&USDT_COUNTERS)?.len())
+    Ok(entries(probes, &SUBSYSTEMS)?.len() + entries(probes, &USDT_COUNTERS)?.len())
+}
+
+/// Whether the USDT maps may hold anything: only the programs on attached sites write them. An
+/// empty map's read still walks its 16,384 buckets, at every refresh and sample.
+fn written(probes: &Probes) -> bool {
+    probes.usdt.attached_sites() > 0
+}
+
+/// Every entry of a USDT map; none without a site ever attached.
+fn entries<K: aya::Pod, V: aya::Pod>(probes: &Probes, table: &Table<K, V>) -> Result<Vec<(K, V)>> {
+    if !written(probes) {
+        return Ok(Vec::new());
+    }
+    probes.entries(table)
 }
 
 /// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
