@@ -10,7 +10,9 @@
 //! `LIVE_RECORDS`, which bounds them at `MAX_LIVE_RECORDS` (`--max-allocations`) in a table of at
 //! least twice as many slots.
 
-use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use core::ffi::c_void;
+
+use aya_ebpf::{bindings::BPF_F_MMAPABLE, helpers::generated::bpf_loop, macros::map, maps::Array};
 use memtrace_common::{
     live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag, DEFAULT_MAX_LIVE_ALLOCATIONS, LIVE_WINDOW,
 };
@@ -100,8 +102,8 @@ fn unreserve() {
 /// Records a block handed out.
 pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
     let tag = LiveTag::of(&key);
-    // The first free slot of the window: the key goes there, or past it if another thread takes it.
-    let mut first_free = LIVE_WINDOW;
+    // The first free slot of the window, and what its tag was.
+    let mut free: Option<(*mut LiveSlot, u64)> = None;
     for step in 0..LIVE_WINDOW {
         let Some(slot) = slot(tag, step) else {
             break;
@@ -113,35 +115,68 @@ pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
             return Recorded::Replaced(stale);
         }
         let word = tag_word(slot);
-        if first_free == LIVE_WINDOW && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
-            first_free = step;
+        if free.is_none() && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
+            free = Some((slot, word));
         }
         // The key is in no slot past an empty one: it took the first free slot when it came.
         if word == LiveTag::EMPTY {
             break;
         }
     }
-    if first_free == LIVE_WINDOW || !reserve() {
+    let Some((slot, word)) = free else {
+        return Recorded::Full;
+    };
+    if !reserve() {
         return Recorded::Full;
     }
-    claim(tag, first_free, key, allocation)
+    if move_tag(slot, word, LiveTag::BUSY) {
+        fill(slot, tag, key, allocation);
+        return Recorded::New;
+    }
+    // Another thread took the slot since: the first free one now.
+    claim(tag, key, allocation)
 }
 
-/// Takes the first free slot from `first` on for a new record (room reserved); another thread
-/// may take a slot between the look and the claim, and the next free one is tried.
-fn claim(tag: LiveTag, first: u32, key: AllocationKey, allocation: Allocation) -> Recorded {
-    for step in first..LIVE_WINDOW {
-        let Some(slot) = slot(tag, step) else {
-            break;
-        };
-        let word = tag_word(slot);
-        if (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) && move_tag(slot, word, LiveTag::BUSY) {
-            fill(slot, tag, key, allocation);
-            return Recorded::New;
-        }
+/// Takes the first free slot of the key's window for a new record (room reserved).
+fn claim(tag: LiveTag, key: AllocationKey, allocation: Allocation) -> Recorded {
+    let mut claim = Claim { tag: tag.0, key, allocation, claimed: 0 };
+    // The step is verified once, as the callback: a second loop over the window after the search
+    // made the verifier walk every way through both.
+    // SAFETY: the callback is a function of this program, and its context is `claim`, on this
+    // program's stack for the whole call, as bpf_loop requires.
+    unsafe { bpf_loop(LIVE_WINDOW, claim_step as *mut c_void, (&raw mut claim).cast(), 0) };
+    if claim.claimed != 0 {
+        return Recorded::New;
     }
     unreserve();
     Recorded::Full
+}
+
+/// What `claim_step` works on, on the caller's stack.
+#[repr(C)]
+struct Claim {
+    tag: u64,
+    key: AllocationKey,
+    allocation: Allocation,
+    /// Set once a slot is taken and filled.
+    claimed: u64,
+}
+
+/// bpf_loop's callback: tries slot `index` of the window; 1 ends the loop.
+extern "C" fn claim_step(index: u64, claim: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `Claim` that `claim` passed, alive for the whole loop.
+    let claim = unsafe { &mut *(claim as *mut Claim) };
+    let tag = LiveTag(claim.tag);
+    let Some(slot) = slot(tag, index as u32) else {
+        return 1;
+    };
+    let word = tag_word(slot);
+    if (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) && move_tag(slot, word, LiveTag::BUSY) {
+        fill(slot, tag, claim.key, claim.allocation);
+        claim.claimed = 1;
+        return 1;
+    }
+    0
 }
 
 /// Removes a block's record and returns it; None when the block has none (or another thread
