@@ -96,8 +96,7 @@ pub struct RunArgs {
     pub summary: Option<PathBuf>,
 
     /// Capacity of the kernel's live-allocation table; allocations beyond it are counted as lost.
-    /// At most 134217728 (the kernel's limit for a hash map); each entry takes about 100 bytes of
-    /// kernel memory
+    /// At most 134217728; each takes two 48-byte slots of kernel memory (96 MiB by default)
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_LIVE_ALLOCATIONS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_ALLOCATIONS_LIMIT)))]
     pub max_allocations: u32,

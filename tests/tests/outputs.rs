@@ -61,7 +61,7 @@ fn one_file_for_two_outputs_is_refused_before_tracing() {
 
 #[test]
 fn a_table_larger_than_the_kernel_allows_is_a_usage_error() {
-    // The kernel refuses a hash map of more than 2^27 entries (E2BIG, "Argument list too long").
+    // memtrace's bound: 2^27 records, a table of 2^28 slots (12 GiB of kernel memory).
     for size in ["4294967295", "134217729"] {
         let outcome = Memtrace::new().args(["--max-allocations", size]).command(&fixture("leaks")).run();
         assert_usage_error(&outcome, &["--max-allocations", "134217728"]);
