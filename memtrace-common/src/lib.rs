@@ -271,6 +271,11 @@ impl LiveTag {
         word > Self::BUSY
     }
 
+    /// Whether a slot with this tag word may take a new record (empty, or a tombstone).
+    pub fn is_free(word: u64) -> bool {
+        word == Self::EMPTY || word == Self::TOMBSTONE
+    }
+
     /// The key's home slot in a table of `slots` (a power of two).
     pub fn home(self, slots: u32) -> u32 {
         (self.0 & u64::from(slots - 1)) as u32

@@ -115,7 +115,7 @@ pub(crate) fn record(key: AllocationKey, allocation: Allocation) -> Recorded {
             return Recorded::Replaced(stale);
         }
         let word = tag_word(slot);
-        if free.is_none() && (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) {
+        if free.is_none() && LiveTag::is_free(word) {
             free = Some((slot, word));
         }
         // The key is in no slot past an empty one: it took the first free slot when it came.
@@ -171,7 +171,7 @@ extern "C" fn claim_step(index: u64, claim: *mut c_void) -> i64 {
         return 1;
     };
     let word = tag_word(slot);
-    if (word == LiveTag::EMPTY || word == LiveTag::TOMBSTONE) && move_tag(slot, word, LiveTag::BUSY) {
+    if LiveTag::is_free(word) && move_tag(slot, word, LiveTag::BUSY) {
         fill(slot, tag, claim.key, claim.allocation);
         claim.claimed = 1;
         return 1;
