@@ -11,7 +11,7 @@ use std::{
     sync::atomic::{fence, AtomicU64, Ordering},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use aya::{maps::Map, EbpfLoader};
 use memmap2::{MmapOptions, MmapRaw};
 use memtrace_common::{live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag};
@@ -60,17 +60,10 @@ pub struct LiveTable {
     count: MmapRaw,
 }
 
-/// A record as read from its slot.
-struct Record {
-    tag: u64,
-    key: AllocationKey,
-    allocation: Allocation,
-}
-
 impl LiveTable {
     /// Opens the table the loader sized, and maps its count.
     pub fn open(slots: &Map, count: &Map, size: &TableSize) -> Result<Self> {
-        Self::of_arrays(array_fd(slots, SLOTS_MAP)?, array_fd(count, COUNT_MAP)?, size)
+        Self::of_arrays(array_fd::<LiveSlot>(slots, SLOTS_MAP)?, array_fd::<u64>(count, COUNT_MAP)?, size)
     }
 
     fn of_arrays(slots: OwnedFd, count: OwnedFd, size: &TableSize) -> Result<Self> {
@@ -119,7 +112,7 @@ impl LiveTable {
     }
 
     /// Calls `visit` with each slot's tag word and its record, chunk by chunk.
-    fn for_each_record(&self, mut visit: impl FnMut(&AtomicU64, Record)) -> Result<()> {
+    fn for_each_record(&self, mut visit: impl FnMut(&AtomicU64, LiveSlot)) -> Result<()> {
         for first in (0..self.slot_count).step_by(CHUNK_SLOTS) {
             let len = CHUNK_SLOTS.min(self.slot_count - first);
             let size = size_of::<LiveSlot>();
@@ -149,11 +142,11 @@ unsafe fn tag_of<'a>(slot: *mut LiveSlot) -> &'a AtomicU64 {
     unsafe { AtomicU64::from_ptr(slot.cast()) }
 }
 
-/// A copy of the slot's record, if it holds one that stayed the same while it was read.
+/// A copy of the slot, if it holds a record that stayed the same while it was read.
 ///
 /// # Safety
 /// As for `tag_of`.
-unsafe fn read(slot: *mut LiveSlot, tag: &AtomicU64) -> Option<Record> {
+unsafe fn read(slot: *mut LiveSlot, tag: &AtomicU64) -> Option<LiveSlot> {
     let word = tag.load(Ordering::Acquire);
     if !LiveTag::is_record(word) {
         return None;
@@ -162,18 +155,12 @@ unsafe fn read(slot: *mut LiveSlot, tag: &AtomicU64) -> Option<Record> {
     // again below says whether the copy is whole.
     let copy = unsafe { slot.read_volatile() };
     fence(Ordering::Acquire);
-    (tag.load(Ordering::Relaxed) == word).then_some(Record {
-        tag: word,
-        key: copy.key,
-        allocation: copy.allocation,
-    })
+    (tag.load(Ordering::Relaxed) == word).then_some(LiveSlot { tag: word, ..copy })
 }
 
-/// The file descriptor of a BPF array made with BPF_F_MMAPABLE, duplicated.
-fn array_fd(map: &Map, name: &str) -> Result<OwnedFd> {
-    let Map::Array(data) = map else {
-        bail!("the BPF map {name} is not an array");
-    };
+/// The file descriptor of a BPF array of `V`s made with BPF_F_MMAPABLE, duplicated.
+fn array_fd<V: aya::Pod>(map: &Map, name: &str) -> Result<OwnedFd> {
+    let data = super::map_ops::array_of::<V>(map, name)?;
     data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating the fd of {name}"))
 }
 

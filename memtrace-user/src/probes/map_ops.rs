@@ -225,12 +225,7 @@ pub fn delete<K: aya::Pod, V: aya::Pod>(map: &Map, what: &str, keys: &[K]) -> Re
 
 /// Writes `values` into an array from index `first` on, a batch at a time.
 pub fn set_array<V: aya::Pod>(map: &Map, what: &str, first: u32, values: &[V]) -> Result<()> {
-    let Map::Array(data) = map else {
-        anyhow::bail!("{what} is not an array");
-    };
-    // Checks the value size against the map's.
-    let _: aya::maps::Array<&MapData, V> = aya::maps::Array::try_from(map)?;
-    let fd = data.fd().as_fd().as_raw_fd();
+    let fd = array_of::<V>(map, what)?.fd().as_fd().as_raw_fd();
     for (chunk_index, chunk) in values.chunks(BATCH).enumerate() {
         let start = first + (chunk_index * BATCH) as u32;
         let keys: Vec<u32> = (start..).take(chunk.len()).collect();
@@ -244,4 +239,13 @@ pub fn set_array<V: aya::Pod>(map: &Map, what: &str, first: u32, values: &[V]) -
         bpf_batch(BPF_MAP_UPDATE_BATCH, &mut attr).with_context(|| format!("writing {what}"))?;
     }
     Ok(())
+}
+
+/// An array map whose values are `V`s (checked against the map's value size).
+pub fn array_of<'a, V: aya::Pod>(map: &'a Map, what: &str) -> Result<&'a MapData> {
+    let Map::Array(data) = map else {
+        anyhow::bail!("{what} is not an array");
+    };
+    let _: aya::maps::Array<&MapData, V> = aya::maps::Array::try_from(map)?;
+    Ok(data)
 }

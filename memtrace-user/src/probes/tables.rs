@@ -51,13 +51,16 @@ impl<K, V> Table<K, V> {
 
 impl<K: aya::Pod, V: aya::Pod> Table<K, V> {
     fn map<'a>(&self, ebpf: &'a Ebpf) -> Result<&'a Map> {
-        ebpf.map(self.name).with_context(|| format!("the BPF object has no map {}", self.name))
+        ebpf.map(self.name).with_context(|| self.missing())
+    }
+
+    fn missing(&self) -> String {
+        format!("the BPF object has no map {}", self.name)
     }
 
     /// The map, typed, for updates.
     pub fn writable<'a>(&self, ebpf: &'a mut Ebpf) -> Result<HashMap<&'a mut MapData, K, V>> {
-        let map =
-            ebpf.map_mut(self.name).with_context(|| format!("the BPF object has no map {}", self.name))?;
+        let map = ebpf.map_mut(self.name).with_context(|| self.missing())?;
         HashMap::try_from(map).with_context(|| format!("opening {}", self.what))
     }
 
