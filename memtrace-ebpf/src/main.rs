@@ -13,10 +13,12 @@ mod counters;
 mod debug;
 mod helpers;
 mod kernel;
+mod kernel_stack;
 mod live;
 mod os_memory;
 mod processes;
 mod sampling;
+mod scratch;
 mod stacks;
 mod threads;
 mod usdt;
@@ -292,6 +294,7 @@ fn probed_function(ctx: &impl EbpfContext) -> Option<AllocatorFunction> {
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     use AllocatorFunction::*;
+    kernel_stack::stay_on_kernel_stack(&ctx);
     let Some(function) = probed_function(&ctx) else {
         return 0;
     };
@@ -311,6 +314,7 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
 /// (`take_pending`), not the cookie's: one helper call less.
 #[uretprobe]
 pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+    kernel_stack::stay_on_kernel_stack(&ctx);
     on_return(&ctx)
 }
 

@@ -39,6 +39,7 @@ const MAX_ERRNO: u64 = 4095;
 /// A mapping call's entry: its arguments, kept in the thread's slot for its return.
 #[uprobe]
 pub fn map_enter(ctx: ProbeContext) -> u32 {
+    crate::kernel_stack::stay_on_kernel_stack(&ctx);
     let Some(function) = MapFunction::from_discriminant(attach_cookie(&ctx)) else {
         return 0;
     };
@@ -57,6 +58,7 @@ pub fn map_enter(ctx: ProbeContext) -> u32 {
 /// A mapping call's return: what it mapped, unmapped or moved is accounted.
 #[uretprobe]
 pub fn map_exit(ctx: RetProbeContext) -> u32 {
+    crate::kernel_stack::stay_on_kernel_stack(&ctx);
     let caller = caller();
     let Some(thread) = crate::threads::find(caller.tid) else {
         return 0;

@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated, generated::bpf_get_attach_cookie},
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
     programs::RawTracePointContext,
@@ -66,24 +66,33 @@ pub(crate) fn count_global_loss() {
     }
 }
 
+/// Zeroed totals, never written: a new process's entry is inserted from here and filled through
+/// the map's pointer (a `ProcessStats` built on the BPF stack would take 264 of its 512 bytes).
+#[map]
+static FRESH_STATS: Array<ProcessStats> = Array::with_max_entries(1, 0);
+
 /// The totals of a process, created on its first event. None (and a global loss) when the map is full.
 pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
     if let Some(stats) = STATS.get_ptr(tgid) {
         return Some(map_value(stats));
     }
-    let fresh = ProcessStats {
-        comm: bpf_get_current_comm().unwrap_or_default(),
-        started_ns: now_ns(),
-        ..ProcessStats::default()
+    let zeroed = FRESH_STATS.get_ptr(0)?;
+    let created = STATS.insert(tgid, map_value(zeroed), u64::from(BPF_NOEXIST)).is_ok();
+    let Some(stats) = STATS.get_ptr_mut(tgid) else {
+        count_global_loss();
+        return None;
     };
-    let _ = STATS.insert(tgid, fresh, u64::from(BPF_NOEXIST));
-    match STATS.get_ptr(tgid) {
-        Some(stats) => Some(map_value(stats)),
-        None => {
-            count_global_loss();
-            None
+    if created {
+        // The thread that created the entry names it. Another thread of the process may count
+        // into it meanwhile; until `started_ns` is set, no record looks older than the image.
+        // SAFETY: a map value, valid while the program runs; only its creator writes these fields.
+        // The name is written straight into the entry, not through a buffer on the BPF stack.
+        unsafe {
+            generated::bpf_get_current_comm((&raw mut (*stats).comm).cast(), 16);
+            (*stats).started_ns = now_ns();
         }
     }
+    Some(map_value(stats))
 }
 
 /// Which processes count, as the loader set it.

@@ -26,7 +26,7 @@ use aya_ebpf::{
         generated::{bpf_get_stack, bpf_loop},
     },
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap},
     programs::RetProbeContext,
     EbpfContext,
 };
@@ -41,7 +41,8 @@ use memtrace_common::{
 use crate::{
     counters::{add, add_signed},
     helpers::{loaded, map_value, now_ns},
-    window::{stack_window, tables_epoch, Registers, StackWindow, WalkStart},
+    scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
+    window::{tables_epoch, Registers, StackWindow, WalkStart},
 };
 
 /// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
@@ -52,16 +53,6 @@ pub(crate) static STACKS: HashMap<u64, StackFrames> =
 #[map]
 pub(crate) static STACK_TOTALS: HashMap<StackKey, StackTotals> =
     HashMap::with_max_entries(MAX_STACK_TOTALS, BPF_F_NO_PREALLOC);
-
-/// A stack is 1 KiB, more than the BPF stack holds: it is captured here first.
-#[map]
-pub(crate) static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
-
-/// A stack's return addresses, innermost first.
-type RawStack = [u64; STACK_DEPTH];
-
-#[map]
-static RAW_SCRATCH: PerCpuArray<RawStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// Raw stacks seen, by a hash of (process, program image, return addresses), to their key in STACKS.
 #[map]
@@ -84,80 +75,55 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_MAX_ROWS, 
 #[map]
 static UNWIND_PAGES: Array<u32> = Array::with_max_entries(UNWIND_MAX_PAGES, 0);
 
-/// Where the unwinder found a frame: the file's slot and the file offset of its address.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FrameLocation {
-    file: u32,
-    _pad: u32,
-    offset: u64,
-}
-
-type Locations = [FrameLocation; STACK_DEPTH];
-
-#[map]
-static LOCATION_SCRATCH: PerCpuArray<Locations> = PerCpuArray::with_max_entries(1, 0);
-
-/// The unwinder's state between frames, kept in a per-CPU map rather than in registers: values
-/// read back from a map are unknown to the verifier, so the states of every path that reaches the
-/// next frame (or the end of the walk) are the same state, verified once.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct UnwindState {
-    regs: Registers,
-    /// Frames taken so far.
-    depth: u64,
-    /// Why the walk ended (`unwind_stop`).
-    stop: u64,
-}
-
-#[map]
-static UNWIND_STATE: PerCpuArray<UnwindState> = PerCpuArray::with_max_entries(1, 0);
-
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 pub(crate) static CAPTURE_STACKS: u8 = 1;
 
 /// The key of the current user stack in STACKS, or NO_STACK. Taken in a return probe, where the
-/// registers are the allocator's caller's. A walk that repeats this CPU's last one is not done
-/// again (window.rs); otherwise the raw return addresses are cheap to take and name the stack
-/// within one program image, and its build-ID form, which outlives the process, is written once per
-/// distinct raw stack and cached in RAW_STACKS.
+/// registers are the allocator's caller's, in a scratch slot this run claims (scratch.rs): a run
+/// that finds none free takes no stack and counts a loss.
+#[inline(never)]
 pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats) -> u64 {
     if loaded(&CAPTURE_STACKS) == 0 {
         return NO_STACK;
     }
-    let Some(window) = stack_window() else {
+    let Some(mut claim) = Scratch::claim() else {
+        add(&stats.lost_events, 1);
         return NO_STACK;
     };
+    capture_in(ctx, tgid, stats, claim.get())
+}
+
+/// `capture_stack` in a claimed slot. A walk that repeats the slot's last one is not done again
+/// (window.rs); otherwise the raw return addresses are cheap to take and name the stack within one
+/// program image, and its build-ID form, which outlives the process, is written once per distinct
+/// raw stack and cached in RAW_STACKS.
+fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let regs = unsafe {
         Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
     };
-    // The epoch is read before any table the walk reads.
-    let start =
+    // The epoch is read before any table the walk reads. The start is kept in the slot, not on
+    // the BPF stack, which the walk's chain of calls needs.
+    scratch.start =
         WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
-    if let Some((key, stop)) = window.recall(&start) {
+    let start = &scratch.start;
+    if let Some((key, stop)) = scratch.window.recall(start) {
         count_stop(stats, stop as usize);
         return key;
     }
-    let (Some(raw), Some(locations), Some(state)) =
-        (RAW_SCRATCH.get_ptr_mut(0), LOCATION_SCRATCH.get_ptr_mut(0), UNWIND_STATE.get_ptr_mut(0))
-    else {
-        return NO_STACK;
-    };
-    // SAFETY: the per-CPU scratch values are ours until the program ends.
-    let (raw, locations) = unsafe { (&mut *raw, &mut *locations) };
     let mappings = UNWIND_MAPPINGS.get_ptr(tgid);
+    let state: *mut UnwindState = &raw mut scratch.state;
     match mappings {
         Some(mappings) => {
-            window.begin(&start);
+            scratch.window.begin(&scratch.start);
             // SAFETY: a map value, valid while the program runs.
-            unwind(unsafe { &*mappings }, raw, locations, state, window, regs);
+            let mappings = unsafe { &*mappings };
+            unwind(mappings, scratch);
         }
         None => {
-            let depth = walk_frame_pointers(ctx, raw) as u64;
-            // SAFETY: the per-CPU scratch value is ours until the program ends.
+            let depth = walk_frame_pointers(ctx, &mut scratch.raw) as u64;
+            // SAFETY: the claimed slot's state.
             unsafe {
                 write_volatile(&mut (*state).depth, depth);
                 write_volatile(&mut (*state).stop, unwind_stop::NO_MAPPINGS as u64);
@@ -169,17 +135,18 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
         unsafe { (read_volatile(&(*state).depth) as usize, read_volatile(&(*state).stop) as usize) };
     count_stop(stats, stop);
     // The same addresses in another process, or in this one after an exec, are another stack.
-    let seed = fnv1a(fnv1a(FNV_OFFSET, start.tgid), start.started_ns);
-    let raw_key = hash_words(seed, raw, depth.min(STACK_DEPTH));
+    let seed = fnv1a(fnv1a(FNV_OFFSET, u64::from(tgid)), stats.started_ns);
+    let raw_key = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH));
     let key = match RAW_STACKS.get_ptr(raw_key) {
         // SAFETY: a map value, valid while the program runs.
         Some(key) => unsafe { *key },
         None => {
+            let raw = &scratch.raw;
             let last = raw[depth.wrapping_sub(1) & (STACK_DEPTH - 1)];
             crate::debug::memtrace_short_stack(tgid, depth as u64, stop as u64, raw[0], last);
             let key = match mappings {
-                Some(_) => record_locations(stats, raw, locations, state),
-                None => resolve_build_ids(ctx, stats, depth),
+                Some(_) => record_locations(stats, scratch),
+                None => resolve_build_ids(ctx, stats, &mut scratch.frames, depth),
             };
             if key != NO_STACK {
                 // A full cache evicts its least recently used entry: nothing is lost, only
@@ -191,7 +158,7 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
     };
     // Only a walk by the tables is memoized (it read the stack through the window).
     if mappings.is_some() && key != NO_STACK {
-        window.remember(key, stop as u64);
+        scratch.window.remember(key, stop as u64);
     }
     key
 }
@@ -203,20 +170,22 @@ fn count_stop(stats: &ProcessStats, stop: usize) {
     }
 }
 
-/// Unwinds from `regs` (the allocator's caller first) with the process's mapping table and the
-/// files' tables, into `raw` and `locations`; leaves the depth and why the walk ended
-/// (`unwind_stop`) in `state`.
-fn unwind(
-    mappings: &UnwindMappings,
-    raw: &mut RawStack,
-    locations: &mut Locations,
-    state: *mut UnwindState,
-    window: &mut StackWindow,
-    regs: Registers,
-) {
-    // SAFETY: the per-CPU scratch value is ours until the program ends.
+/// Unwinds from the slot's start (the allocator's caller first) with the process's mapping table
+/// and the files' tables, into the slot's `raw` and `locations`; leaves the depth and why the walk
+/// ended (`unwind_stop`) in its `state`.
+#[inline(never)]
+fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
+    let state: *mut UnwindState = &raw mut scratch.state;
+    let regs = scratch.start.regs;
+    // SAFETY: the claimed slot's state.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
-    let mut walk = Walk { mappings, raw, locations, state, window };
+    let mut walk = Walk {
+        mappings,
+        raw: &mut scratch.raw,
+        locations: &mut scratch.locations,
+        state,
+        window: &mut scratch.window,
+    };
     // The frame step is verified once, as the callback, rather than once per frame of a loop.
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
     // program's stack for the whole call, as bpf_loop requires.
@@ -254,7 +223,7 @@ fn unwind_frame(
     state: *mut UnwindState,
     window: &mut StackWindow,
 ) -> bool {
-    // SAFETY: the per-CPU scratch value is ours until the program ends.
+    // SAFETY: the claimed slot's state.
     let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
     let index = depth as usize & (STACK_DEPTH - 1);
     let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
@@ -416,23 +385,16 @@ fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<R
 
 /// Writes the unwound stack to STACKS in build-ID form (each frame's build ID from its file's
 /// slot; the address where the file has none); its key, or NO_STACK. The depth is read back from
-/// `state`, so every path that gets here is verified as one.
-fn record_locations(
-    stats: &ProcessStats,
-    raw: &RawStack,
-    locations: &Locations,
-    state: *const UnwindState,
-) -> u64 {
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return NO_STACK;
-    };
-    // SAFETY: the per-CPU scratch values are ours until the program ends.
-    let depth = unsafe { read_volatile(&(*state).depth) };
-    let mut record = Record { raw, locations, frames: scratch.cast(), depth };
+/// the slot's state, so every path that gets here is verified as one.
+fn record_locations(stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
+    // SAFETY: the claimed slot's state.
+    let depth = unsafe { read_volatile(&scratch.state.depth) };
+    let frames: *mut StackFrames = &raw mut scratch.frames;
+    let mut record = Record { raw: &scratch.raw, locations: &scratch.locations, frames: frames.cast(), depth };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe { bpf_loop(STACK_DEPTH as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
-    store_frames(stats, scratch, depth as usize * 4)
+    store_frames(stats, frames, depth as usize * 4)
 }
 
 /// What `record_frame` works on, on the caller's stack.
@@ -449,7 +411,7 @@ struct Record {
 /// bpf_loop's callback: writes frame `index` of the stack (zeroes past the depth).
 extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Record` that `record_locations` passed, whose pointers are
-    // per-CPU scratch values that are ours until the program ends.
+    // into the slot this run claimed.
     let (raw, locations, frames, depth) = unsafe {
         let record = &*(record as *const Record);
         (&*record.raw, &*record.locations, &mut *record.frames, record.depth)
@@ -484,9 +446,9 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     0
 }
 
-/// Stores the stack in STACK_SCRATCH (its first `used` words hashed) in STACKS; its key or NO_STACK.
+/// Stores the stack in `scratch` (its first `used` words hashed) in STACKS; its key or NO_STACK.
 fn store_frames(stats: &ProcessStats, scratch: *mut StackFrames, used: usize) -> u64 {
-    // SAFETY: the scratch value is ours until the program ends; a stack is whole u64 words.
+    // SAFETY: the frames of the slot this run claimed; a stack is whole u64 words.
     let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
     let hash = hash_words(FNV_OFFSET, words, used);
     // SAFETY: as above.
@@ -548,27 +510,25 @@ fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
 
 /// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
 /// stored in STACKS; its key, or NO_STACK.
-fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, depth: usize) -> u64 {
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return NO_STACK;
-    };
+fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, frames: &mut StackFrames, depth: usize) -> u64 {
+    let frames: *mut StackFrames = frames;
     let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
     let size = core::mem::size_of::<StackFrames>() as u32;
     // bpf_get_stack zeroes what it does not fill, so equal stacks are equal bytes.
-    // SAFETY: the helper writes at most `size` bytes into the per-CPU scratch value.
-    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, flags) };
+    // SAFETY: the helper writes at most `size` bytes into the claimed slot's frames.
+    let copied = unsafe { bpf_get_stack(ctx.as_ptr(), frames.cast(), size, flags) };
     if copied <= 0 {
         add(&stats.lost_events, 1);
         return NO_STACK;
     }
     // A frame the kernel could not place in a file is what a frame-pointer walk reads out of a
     // frame without one: the stack ends before it (the allocator's caller is always kept).
-    let mut cut = Cut { frames: scratch, kept: depth as u64 };
+    let mut cut = Cut { frames, kept: depth as u64 };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe { bpf_loop(STACK_DEPTH as u32, cut_frame as *mut c_void, (&raw mut cut).cast(), 0) };
     let used = (copied as usize / 8).min(cut.kept as usize * 4);
-    store_frames(stats, scratch, used)
+    store_frames(stats, frames, used)
 }
 
 /// What `cut_frame` works on, on the caller's stack.
@@ -583,7 +543,7 @@ struct Cut {
 /// zeroes it if the stack has ended.
 extern "C" fn cut_frame(index: u64, cut: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Cut` that `resolve_build_ids` passed; its frames are the
-    // per-CPU scratch value, ours until the program ends.
+    // claimed slot's.
     let (cut, frames) = unsafe {
         let cut = &mut *(cut as *mut Cut);
         let frames = &mut *cut.frames;
@@ -626,27 +586,37 @@ impl StackChange {
     }
 }
 
+/// Zeroed stack totals, never written: new entries are inserted from here (memleak's zeroed
+/// template), not built on the BPF stack.
+#[map]
+static FRESH_STACK_TOTALS: Array<StackTotals> = Array::with_max_entries(1, 0);
+
+/// A stack's totals, made on its first allocation; None when the table is full.
+#[inline(never)]
+fn stack_totals(key: StackKey) -> Option<&'static StackTotals> {
+    if let Some(totals) = STACK_TOTALS.get_ptr(key) {
+        return Some(map_value(totals));
+    }
+    let zeroed = FRESH_STACK_TOTALS.get_ptr(0)?;
+    let created = STACK_TOTALS.insert(key, map_value(zeroed), u64::from(BPF_NOEXIST)).is_ok();
+    let totals = STACK_TOTALS.get_ptr_mut(key)?;
+    if created {
+        // SAFETY: a map value, valid while the program runs; only its creator writes the field.
+        unsafe { (*totals).started_ns = now_ns() };
+    }
+    Some(map_value(totals))
+}
+
 pub(crate) fn count_in_stack(tgid: u32, stats: &ProcessStats, stack: u64, change: StackChange) {
     if stack == NO_STACK {
         return;
     }
     let key = StackKey { tgid, _pad: 0, stack };
-    let totals = match STACK_TOTALS.get_ptr(key) {
-        Some(totals) => totals,
-        None => {
-            let fresh = StackTotals { started_ns: now_ns(), ..StackTotals::default() };
-            let _ = STACK_TOTALS.insert(key, fresh, u64::from(BPF_NOEXIST));
-            match STACK_TOTALS.get_ptr(key) {
-                Some(totals) => totals,
-                None => {
-                    add(&stats.lost_events, 1);
-                    crate::debug::memtrace_stack_totals_lost(tgid, stack);
-                    return;
-                }
-            }
-        }
+    let Some(totals) = stack_totals(key) else {
+        add(&stats.lost_events, 1);
+        crate::debug::memtrace_stack_totals_lost(tgid, stack);
+        return;
     };
-    let totals = map_value(totals);
     if change.allocations > 0 {
         add(&totals.allocations, 1);
         add(&totals.allocated_bytes, change.bytes as u64);

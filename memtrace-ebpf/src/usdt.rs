@@ -15,7 +15,7 @@ use aya_ebpf::{
         generated::bpf_copy_from_user,
     },
     macros::{map, uprobe},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::ProbeContext,
 };
 use memtrace_common::{
@@ -23,7 +23,10 @@ use memtrace_common::{
     MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, MAX_USES_PER_SITE, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
 };
 
-use crate::processes;
+use crate::{
+    processes,
+    scratch::{Claim, Claimable},
+};
 
 #[map]
 static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
@@ -100,23 +103,49 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// A report's key, built in a slot the run claims (scratch.rs). This program is sleepable, so it
+/// cannot hold the tail call that keeps the others off a private stack (kernel_stack.rs); instead
+/// no function of it keeps 64 bytes of stack, the least the verifier gives a private stack to, and
+/// a 72-byte key would.
+#[repr(C)]
+struct KeySlot {
+    owner: u64,
+    key: SubsystemKey,
+}
+
+// SAFETY: #[repr(C)] with the owner word first.
+unsafe impl Claimable for KeySlot {}
+
+/// Reports that can be under way on one CPU at once (each may sleep in a page fault).
+const KEY_SLOTS: u32 = 8;
+
+#[map]
+static REPORT_KEYS: PerCpuArray<KeySlot> = PerCpuArray::with_max_entries(KEY_SLOTS, 0);
+
+#[inline(never)]
 fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
     let (Some(name), Some(value)) = (read_arg(ctx, &spec.args[0]), read_arg(ctx, &spec.args[1])) else {
         count_loss();
         return;
     };
-    let mut key = SubsystemKey { tgid, _pad: 0, name: [0; SUBSYSTEM_NAME_LEN] };
+    let Some(mut claim) = Claim::take(&REPORT_KEYS, KEY_SLOTS) else {
+        count_loss();
+        return;
+    };
+    let key = &mut claim.get().key;
+    key.tgid = tgid;
+    key._pad = 0;
     if !read_name(name as u64, &mut key.name) {
         count_loss();
         return;
     }
     if spec.action == usdt_action::REPORT_TOTAL {
-        if SUBSYSTEMS.insert(key, value, 0).is_err() {
+        if SUBSYSTEMS.insert(&*key, value, 0).is_err() {
             count_loss();
         }
         return;
     }
-    add_delta(&key, value);
+    add_delta(key, value);
 }
 
 fn add_delta(key: &SubsystemKey, delta: i64) {
@@ -135,6 +164,7 @@ fn add_delta(key: &SubsystemKey, delta: i64) {
     }
 }
 
+#[inline(never)]
 fn count(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
     let tracked = if spec.action == usdt_action::TRACK_ARGUMENT {
         match read_arg(ctx, &spec.args[0]) {
@@ -202,6 +232,10 @@ fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> Option<i64> {
 /// Reads a C string into `name`, which stays zero-padded after the NUL, so equal names make equal
 /// keys. A longer name is cut (the helper always terminates it).
 fn read_name(address: u64, name: &mut [u8; SUBSYSTEM_NAME_LEN]) -> bool {
+    // The slot held an earlier name: a shorter one must not end in its bytes.
+    for byte in name.iter_mut() {
+        *byte = 0;
+    }
     // The string read cannot fault pages in; a one-byte copy can. Try, fault in the first page,
     // try again, fault in the next page (a name may cross into it), try a last time.
     let next_page = (address + 4096) & !4095;

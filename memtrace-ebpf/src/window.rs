@@ -1,19 +1,20 @@
-//! The traced stack as the unwinder reads it: a kilobyte at a time into a per-CPU window, and a memo
-//! of the last walk, so that a stack taken again from the same place costs one short read.
+//! The traced stack as the unwinder reads it: a kilobyte at a time into a window (in the run's
+//! claimed scratch slot, scratch.rs), and a memo of the slot's last walk, so that a stack taken
+//! again from the same place costs one short read.
 //!
 //! A call of bpf_probe_read_user costs about 110 ns here whatever its size up to a page, and a frame
 //! takes one or two reads: one window read serves the frames of a kilobyte of stack. A walk is a
 //! function of its start (program image, registers, the unwind tables as they stand) and of the
-//! words it reads; when the next walk on the CPU starts the same and finds the same words where the
+//! words it reads; when the next walk in the slot starts the same and finds the same words where the
 //! last one read them, it is the same walk, and its stack is the memo's. A loop that allocates from
-//! one place, the common case, is unwound once per CPU.
+//! one place, the common case, is unwound once per slot.
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated},
     macros::map,
-    maps::{Array, PerCpuArray},
+    maps::Array,
 };
 use memtrace_common::unwind_stop::READ_FAULT;
 
@@ -139,18 +140,10 @@ pub(crate) struct StackWindow {
     memo: WalkMemo,
 }
 
-#[map]
-static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
-
-/// This CPU's window.
-pub(crate) fn stack_window() -> Option<&'static mut StackWindow> {
-    // SAFETY: a per-CPU map value, ours until the program ends.
-    STACK_WINDOW.get_ptr_mut(0).map(|window| unsafe { &mut *window })
-}
-
 impl StackWindow {
     /// The memo's stack key and stop if a walk from `start` would be the memoized walk: the same
     /// start, and the same words where it read them (one read per window fill it made).
+    #[inline(never)]
     pub(crate) fn recall(&mut self, start: &WalkStart) -> Option<(u64, u64)> {
         let logged = self.memo.logged;
         if self.memo.valid == 0 || !start.same_as(&self.memo.start) || logged > MEMO_WORDS as u64 {
