@@ -221,6 +221,11 @@ pub enum Subcommand {
                             run)\n\nExamples:\n  sudo memtrace top --all\n  sudo memtrace top \
                             --summary run.json -- ./server --port 8080")]
     Top(Box<RunArgs>),
+    /// Load every BPF program with the verifier's statistics and print the stack each one uses,
+    /// one JSON line a program; exit 1 if one breaks the stack rules (memtrace-ebpf's
+    /// kernel_stack.rs). For memtrace's own tests.
+    #[command(hide = true)]
+    VerifierReport,
 }
 
 #[derive(Debug, clap::Parser)]

@@ -84,6 +84,7 @@ fn main() -> ExitCode {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => export::saved::report(args),
+        Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
         Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
@@ -93,4 +94,24 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `memtrace verifier-report`: the programs loaded as a run loads them, then each again with the
+/// verifier's statistics.
+fn verifier_report() -> anyhow::Result<()> {
+    let probes = probes::Probes::load(&probes::ProbeConfig {
+        max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
+        max_stacks: memtrace_common::MAX_STACKS,
+        capture_stacks: true,
+        ..probes::ProbeConfig::default()
+    })?;
+    let report = probes.verifier_report()?;
+    let problems: Vec<String> = report.iter().filter_map(|program| program.problem()).collect();
+    for program in &report {
+        println!("{}", serde_json::to_string(program)?);
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("the BPF programs break the stack rules:\n{}", problems.join("\n"));
+    }
+    Ok(())
 }

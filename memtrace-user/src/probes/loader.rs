@@ -11,7 +11,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    ffi::CString,
     io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
 };
@@ -20,7 +19,10 @@ use anyhow::{bail, Context, Result};
 use aya::{maps::Map, Ebpf};
 use aya_obj::{
     btf::BtfFeatures,
-    generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type::BPF_PROG_TYPE_KPROBE},
+    generated::{
+        bpf_attach_type::BPF_TRACE_UPROBE_MULTI,
+        bpf_prog_type::{BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_RAW_TRACEPOINT},
+    },
     Function, Object, ProgramSection,
 };
 
@@ -34,7 +36,7 @@ const LOG_SIZE: usize = 1 << 20;
 /// `union bpf_attr` for BPF_PROG_LOAD, up to the expected attach type: all a uprobe program needs.
 #[repr(C)]
 #[derive(Default)]
-struct ProgLoadAttr {
+pub(super) struct ProgLoadAttr {
     prog_type: u32,
     insn_cnt: u32,
     insns: u64,
@@ -49,10 +51,10 @@ struct ProgLoadAttr {
     expected_attach_type: u32,
     prog_btf_fd: u32,
     func_info_rec_size: u32,
-    func_info: u64,
+    pub(super) func_info: u64,
     func_info_cnt: u32,
     line_info_rec_size: u32,
-    line_info: u64,
+    pub(super) line_info: u64,
     line_info_cnt: u32,
 }
 
@@ -74,9 +76,15 @@ pub struct MultiPrograms {
     _btf: OwnedFd,
 }
 
-impl MultiPrograms {
-    /// Loads the named uprobe programs of `object`, whose maps `ebpf` created from the same bytes.
-    pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&str]) -> Result<Self> {
+/// The embedded object parsed and relocated against the maps aya created, with its BTF in the
+/// kernel: ready for BPF_PROG_LOAD of any of its programs.
+pub(super) struct Prepared {
+    obj: Object,
+    btf: OwnedFd,
+}
+
+impl Prepared {
+    pub(super) fn new(object: &[u8], ebpf: &Ebpf) -> Result<Self> {
         let mut obj = Object::parse(object).context("parsing the embedded BPF object")?;
         let btf = load_btf(&mut obj)?;
         let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
@@ -88,22 +96,72 @@ impl MultiPrograms {
         }
         obj.relocate_maps(maps.into_iter(), &text_sections).context("relocating map references")?;
         obj.relocate_calls(&text_sections).context("relocating function calls")?;
+        Ok(Self { obj, btf })
+    }
+
+    /// A program's section and its code (the main function with its subprograms appended).
+    pub(super) fn program(&self, name: &str) -> Result<(&ProgramSection, &Function)> {
+        let program =
+            self.obj.programs.get(name).with_context(|| format!("the BPF object has no program {name}"))?;
+        let function = self
+            .obj
+            .functions
+            .get(&(program.section_index, program.address))
+            .with_context(|| format!("the BPF object has no code for program {name}"))?;
+        Ok((&program.section, function))
+    }
+}
+
+/// How a program is loaded: its type, expected attach type and flags.
+#[derive(Clone, Copy)]
+pub(super) struct ProgramKind {
+    prog_type: u32,
+    attach_type: u32,
+    pub(super) sleepable: bool,
+}
+
+impl ProgramKind {
+    /// A uprobe program (kprobe-type), which runs preemptible.
+    pub(super) fn preemptible(&self) -> bool {
+        self.prog_type == BPF_PROG_TYPE_KPROBE as u32
+    }
+
+    /// The kind of a uprobe (for `attach_type`) or raw tracepoint section; None for others.
+    pub(super) fn of(section: &ProgramSection, attach_type: u32) -> Option<Self> {
+        let sleepable = match section {
+            ProgramSection::UProbe { sleepable } | ProgramSection::URetProbe { sleepable } => *sleepable,
+            ProgramSection::RawTracePoint => {
+                return Some(Self {
+                    prog_type: BPF_PROG_TYPE_RAW_TRACEPOINT as u32,
+                    attach_type: 0,
+                    sleepable: false,
+                })
+            }
+            _ => return None,
+        };
+        Some(Self { prog_type: BPF_PROG_TYPE_KPROBE as u32, attach_type, sleepable })
+    }
+}
+
+impl MultiPrograms {
+    /// Loads the named uprobe programs of `object`, whose maps `ebpf` created from the same bytes.
+    pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&str]) -> Result<Self> {
+        let prepared = Prepared::new(object, ebpf)?;
         let mut programs = HashMap::new();
         for &name in names {
-            let program =
-                obj.programs.get(name).with_context(|| format!("the BPF object has no program {name}"))?;
-            let sleepable = matches!(
-                program.section,
-                ProgramSection::UProbe { sleepable: true } | ProgramSection::URetProbe { sleepable: true }
-            );
-            let function = obj
-                .functions
-                .get(&(program.section_index, program.address))
-                .with_context(|| format!("the BPF object has no code for program {name}"))?;
-            let fd = load_program(name, function, btf.as_fd(), &obj.license, sleepable)?;
+            let (section, function) = prepared.program(name)?;
+            let kind = ProgramKind::of(section, BPF_TRACE_UPROBE_MULTI as u32)
+                .with_context(|| format!("BPF program {name} is no uprobe"))?;
+            let fd = load_program(name, function, &prepared, kind)
+                .with_context(|| format!("the kernel refused program {name} for uprobe_multi"))?;
             programs.insert(name.to_owned(), fd);
         }
-        Ok(Self { programs, _btf: btf })
+        Ok(Self { programs, _btf: prepared.btf })
+    }
+
+    /// Every program loaded here.
+    pub fn all(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.programs.values().map(|fd| fd.as_fd())
     }
 
     pub fn program(&self, name: &str) -> Result<BorrowedFd<'_>> {
@@ -173,53 +231,65 @@ fn load_btf(obj: &mut Object) -> Result<OwnedFd> {
     })
 }
 
-/// BPF_PROG_LOAD of one kprobe-type program with expected attach type BPF_TRACE_UPROBE_MULTI; on
-/// failure, loads it again with the verifier's log to say why.
-fn load_program(
-    name: &str,
-    function: &Function,
-    btf: BorrowedFd<'_>,
-    license: &CString,
-    sleepable: bool,
-) -> Result<OwnedFd> {
-    let instructions = &function.instructions;
+/// BPF_PROG_LOAD of one program; on failure, loads it again with the verifier's log to say why.
+fn load_program(name: &str, function: &Function, prepared: &Prepared, kind: ProgramKind) -> Result<OwnedFd> {
+    let mut attr = program_attr(name, function, prepared, kind)?;
     // Kept alive until the program is loaded.
     let (func_info, line_info) = (function.func_info.func_info_bytes(), function.line_info.line_info_bytes());
+    attr.func_info = func_info.as_ptr() as u64;
+    attr.line_info = line_info.as_ptr() as u64;
+    if let Ok(fd) = prog_load(&attr) {
+        return Ok(fd);
+    }
+    let (result, log) = load_with_log(&mut attr, 1);
+    match result {
+        Ok(fd) => Ok(fd),
+        Err(err) => {
+            let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            bail!("{err}\n{}", tail.join("\n"))
+        }
+    }
+}
+
+/// The load attribute of a program, without its func and line info pointers.
+pub(super) fn program_attr(
+    name: &str,
+    function: &Function,
+    prepared: &Prepared,
+    kind: ProgramKind,
+) -> Result<ProgLoadAttr> {
+    let instructions = &function.instructions;
     let mut prog_name = [0u8; 16];
     for (slot, byte) in prog_name.iter_mut().zip(name.bytes().take(15)) {
         *slot = byte;
     }
-    let mut attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_KPROBE as u32,
+    Ok(ProgLoadAttr {
+        prog_type: kind.prog_type,
         insn_cnt: u32::try_from(instructions.len()).context("program too long")?,
         insns: instructions.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        prog_flags: if sleepable { BPF_F_SLEEPABLE } else { 0 },
+        license: prepared.obj.license.as_ptr() as u64,
+        prog_flags: if kind.sleepable { BPF_F_SLEEPABLE } else { 0 },
         prog_name,
-        expected_attach_type: BPF_TRACE_UPROBE_MULTI as u32,
-        prog_btf_fd: btf.as_raw_fd() as u32,
+        expected_attach_type: kind.attach_type,
+        prog_btf_fd: prepared.btf.as_raw_fd() as u32,
         func_info_rec_size: function.func_info_rec_size as u32,
-        func_info: func_info.as_ptr() as u64,
         func_info_cnt: function.func_info.len() as u32,
         line_info_rec_size: function.line_info_rec_size as u32,
-        line_info: line_info.as_ptr() as u64,
         line_info_cnt: function.line_info.len() as u32,
         ..ProgLoadAttr::default()
-    };
-    if let Ok(fd) = prog_load(&attr) {
-        return Ok(fd);
-    }
+    })
+}
+
+/// Loads with the verifier's log at `level` (1: the walk, 4: statistics only), returning the log.
+pub(super) fn load_with_log(attr: &mut ProgLoadAttr, level: u32) -> (io::Result<OwnedFd>, String) {
     let mut log = vec![0u8; LOG_SIZE];
-    attr.log_level = 1;
+    attr.log_level = level;
     attr.log_size = LOG_SIZE as u32;
     attr.log_buf = log.as_mut_ptr() as u64;
-    let err = match prog_load(&attr) {
-        Ok(fd) => return Ok(fd),
-        Err(err) => err,
-    };
-    let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-    let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
-    bail!("the kernel refused program {name} for uprobe_multi: {err}\n{}", tail.join("\n"))
+    let result = prog_load(attr);
+    attr.log_buf = 0;
+    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
+    (result, text)
 }
 
 fn prog_load(attr: &ProgLoadAttr) -> io::Result<OwnedFd> {

@@ -7,7 +7,9 @@ mod links;
 mod live_table;
 mod loader;
 mod map_ops;
+mod prog_info;
 pub mod tables;
+pub mod verifier_report;
 pub use map_ops::KeyLookup;
 pub use map_ops::Taken;
 
@@ -424,7 +426,32 @@ impl Probes {
     /// Events that could not be charged to any process (the statistics map was full).
     pub fn unattributed_lost_events(&self) -> Result<u64> {
         let lost: Array<&MapData, u64> = Array::try_from(self.map("LOST_EVENTS")?)?;
-        Ok(lost.get(&GLOBAL_LOST_SLOT, 0)?)
+        Ok(lost.get(&GLOBAL_LOST_SLOT, 0)? + self.skipped_runs()?)
+    }
+
+    /// The stack every program uses, as this kernel's verifier reports it.
+    pub fn verifier_report(&self) -> Result<Vec<verifier_report::ProgramStack>> {
+        let attach_type = match self.link_kind() {
+            LinkKind::Multi => aya_obj::generated::bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+            LinkKind::PerfEvent => 0,
+        };
+        verifier_report::report(BPF_OBJECT, &self.ebpf, attach_type)
+    }
+
+    /// Runs of any program that the kernel skipped (its recursion guard: the program was already
+    /// running on that CPU), each an event not recorded.
+    pub fn skipped_runs(&self) -> Result<u64> {
+        let mut skipped = 0;
+        for (name, program) in self.ebpf.programs() {
+            // Programs aya did not load (the uprobes, where uprobe_multi links are used) have no fd.
+            let Ok(fd) = program.fd() else { continue };
+            skipped += prog_info::recursion_misses(fd.as_fd())
+                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
+        }
+        for fd in self.multi.iter().flat_map(MultiPrograms::all) {
+            skipped += prog_info::recursion_misses(fd).context("reading a uprobe program's statistics")?;
+        }
+        Ok(skipped)
     }
 
     /// Every live allocation the kernel knows, of every traced process.
