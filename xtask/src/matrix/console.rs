@@ -88,6 +88,7 @@ impl Report {
                 _ => {}
             }
         }
+        binary.cut_short(&mut report);
         report.preemption = preemption(&version, &sched, &dmesg);
         report
     }
@@ -177,32 +178,49 @@ impl Report {
     }
 }
 
-/// The test binary being read: its `test result:` lines and failed tests, until its MATRIX-TEST-RC.
+/// The test binary being read, from its MATRIX-TEST-BEGIN to its MATRIX-TEST-RC: each
+/// `test NAME ... ok|FAILED` line counts (so a VM that dies mid-binary still reports what ran).
 #[derive(Default)]
 struct Binary {
     name: String,
-    results: u32,
+    tests: u32,
+    ended: bool,
 }
 
 impl Binary {
     fn read(&mut self, line: &str, report: &mut Report) {
-        if line.starts_with("test result: ") {
-            self.results += 1;
-            report.tally.add(line);
-        } else if let Some(test) =
-            line.strip_prefix("test ").and_then(|rest| rest.strip_suffix(" ... FAILED"))
-        {
-            report.failed_tests.push(format!("{}::{test}", self.name));
+        let Some((test, outcome)) = line.strip_prefix("test ").and_then(|rest| rest.rsplit_once(" ... "))
+        else {
+            return;
+        };
+        self.tests += 1;
+        match outcome {
+            "ok" => report.tally.passed += 1,
+            "FAILED" => {
+                report.tally.failed += 1;
+                report.failed_tests.push(format!("{}::{test}", self.name));
+            }
+            _ => {}
         }
     }
 
-    /// `NAME RC SECONDS`: a binary that ended without a `test result:` line (a crash, the guest's
+    /// `NAME RC SECONDS`: a binary that ended badly with no test failed (a crash, the guest's
     /// timeout) counts as one failed test.
     fn end(&mut self, value: &str, report: &mut Report) {
+        self.ended = true;
         let rc = value.split_whitespace().nth(1).unwrap_or("?");
-        if self.results == 0 && rc != "0" {
+        if rc != "0" && !report.failed_tests.iter().any(|test| test.starts_with(&format!("{}::", self.name)))
+        {
             report.tally.failed += 1;
-            report.failed_tests.push(format!("{} (exit {rc}, no test result)", self.name));
+            report.failed_tests.push(format!("{} (exit {rc}, no test failed)", self.name));
+        }
+    }
+
+    /// At the console's end: a binary still running when the VM stopped failed.
+    fn cut_short(&self, report: &mut Report) {
+        if !self.name.is_empty() && !self.ended {
+            report.tally.failed += 1;
+            report.failed_tests.push(format!("{} (the VM stopped while it ran)", self.name));
         }
     }
 }
@@ -316,7 +334,7 @@ MATRIX-END\r
         assert_eq!((report.tally.passed, report.tally.failed), (1, 2));
         assert_eq!(
             report.failed_tests,
-            ["accounting::threads_lose_nothing", "usdt (exit 124, no test result)"]
+            ["accounting::threads_lose_nothing", "usdt (exit 124, no test failed)"]
         );
         assert_eq!(
             report.bad_kernel_line.as_deref(),
