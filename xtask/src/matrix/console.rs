@@ -35,6 +35,8 @@ pub struct Report {
     doctor_missing: bool,
     probe: Option<i32>,
     probe_error: Option<String>,
+    /// The verifier's own last word in a load error (e.g. "R2 min value is negative, ...").
+    probe_verdict: Option<String>,
     may_refuse: bool,
     skipped: bool,
     bad_kernel_line: Option<String>,
@@ -77,6 +79,9 @@ impl Report {
                 "PROBE-RC" => report.probe = value.parse().ok(),
                 "PROBE-OUT" if report.probe_error.is_none() && value.starts_with("memtrace: error:") => {
                     report.probe_error = Some(value.to_owned())
+                }
+                "PROBE-OUT" if report.probe_error.is_some() && is_verifier_verdict(value) => {
+                    report.probe_verdict = Some(value.to_owned())
                 }
                 "DOCTOR-RC" => report.doctor = value.parse().ok(),
                 "DOCTOR" if is_unknown_command(value) => report.doctor_missing = true,
@@ -163,6 +168,9 @@ impl Report {
         if !self.skipped {
             if let (Some(rc), Some(error)) = (self.probe.filter(|rc| *rc != 0), &self.probe_error) {
                 notes += &format!(" | memtrace -- true: exit {rc}: {}", short(error));
+                if let Some(verdict) = &self.probe_verdict {
+                    notes += &format!(" | verifier: {}", short(verdict));
+                }
             }
         }
         if !self.failed_tests.is_empty() {
@@ -223,6 +231,15 @@ impl Binary {
             report.failed_tests.push(format!("{} (the VM stopped while it ran)", self.name));
         }
     }
+}
+
+/// A verifier log line that is neither an instruction, a source line nor its closing statistics:
+/// what the verifier objected to.
+fn is_verifier_verdict(line: &str) -> bool {
+    const NOT: &[&str] =
+        &["processed ", "memtrace:", "Func#", "func#", "from ", "stack depth", "verification time", ";", "("];
+    let starts_with_number_or_space = line.starts_with(|c: char| c.is_ascii_digit() || c.is_whitespace());
+    !line.is_empty() && !starts_with_number_or_space && !NOT.iter().any(|prefix| line.starts_with(prefix))
 }
 
 /// `MATRIX-KEY value` -> (KEY, value).
