@@ -36,7 +36,7 @@ else
     name=$(basename "${words[0]}" | sed 's/-[0-9a-f]*$//')
     echo "MATRIX-TEST-BEGIN $name"
     start=$(date +%s)
-    timeout 900 "${words[@]}" --test-threads="$TEST_THREADS" 2>&1
+    timeout 900 "${words[@]}" --test-threads="$TEST_THREADS" --color never 2>&1
     rc=$?
     echo "MATRIX-TEST-RC $name $rc $(($(date +%s) - start))s"
   done

@@ -27,7 +27,9 @@ mount -t tmpfs tmp $n/tmp; mount -t tmpfs run $n/run
 mount -t debugfs debugfs $n/sys/kernel/debug; mount -t tracefs tracefs $n/sys/kernel/tracing
 mount -t bpf bpf $n/sys/fs/bpf; mount -t cgroup2 cgroup2 $n/sys/fs/cgroup
 echo "MATRIX-BOOTED"
-chroot $n /bin/bash "$MATRIX_GUEST" "$MATRIX_PLAN"
+# A copy: bash reads a script as it runs, and the host's may be edited meanwhile.
+cp "$n$MATRIX_GUEST" $n/tmp/matrix-guest.sh || fail "reading $MATRIX_GUEST from the host"
+chroot $n /bin/bash /tmp/matrix-guest.sh "$MATRIX_PLAN"
 echo "MATRIX-GUEST-RC $?"
 echo MATRIX-END
 sync
