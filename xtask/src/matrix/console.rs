@@ -267,11 +267,11 @@ fn strip_escapes(line: &str) -> String {
                 if chars.next_if_eq(&'[').is_some() {
                     // parameters, then one final byte in @..~
                     while chars.next().is_some_and(|p| !('@'..='~').contains(&p)) {}
-                } else {
-                    chars.next();
+                } else if chars.next().is_some_and(|c| c == '(' || c == ')') {
+                    chars.next(); // a character set: ESC ( B
                 }
             }
-            '\r' => {}
+            c if c.is_control() && c != '\t' => {}
             c => out.push(c),
         }
     }
@@ -379,6 +379,7 @@ MATRIX-END\r
         assert!(is_kernel_line("[    7.295426] Kernel panic - not syncing"));
         assert!(!is_kernel_line("[unknown] WARNING: from a test's output"));
         assert_eq!(strip_escapes("\x1bc\x1b[?7l\x1b[2J[ 1.0] x\r"), "[ 1.0] x");
+        assert_eq!(strip_escapes("test a ... \x1b[31mFAILED\x1b(B\x1b[m\x0f"), "test a ... FAILED");
         assert_eq!(preemption("#1 SMP PREEMPT_RT Debian", "", ""), "PREEMPT_RT");
         assert_eq!(
             preemption("#1 SMP PREEMPT_DYNAMIC", "", "Dynamic Preempt: lazy"),
