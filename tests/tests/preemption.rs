@@ -25,8 +25,9 @@ fn leak_bytes(t: u64) -> u64 {
 }
 
 /// glibc's own calls, as accounting.rs's THREAD_FIGURES explains them: pthread_create callocs each
-/// thread's 272-byte DTV (live at the end; the barrier keeps any thread from reusing a cached
-/// stack), and a thread's exit frees, without memtrace having seen them allocated, the blocks its
+/// thread's 272-byte DTV (live at the end: the barrier keeps any thread from reusing a cached
+/// stack, and the fixture's 256 KiB stacks keep all 8 within glibc's stack cache, which would
+/// otherwise free the DTVs of the stacks beyond its 40 MiB), and a thread's exit frees, without memtrace having seen them allocated, the blocks its
 /// tcache still holds (one a size class: the 4 sizes a thread churns fall in 4 classes) and the
 /// tcache itself.
 const DTV_BYTES: u64 = 17 * 16;
