@@ -151,8 +151,12 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask matrix`: the memtrace built here, or $MEMTRACE_BIN (another build to compare).
 fn matrix(packages: &[String]) -> Result<()> {
-    let memtrace = build()?;
+    let memtrace = match std::env::var_os("MEMTRACE_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build()?,
+    };
     if !is_root() {
         bail!("the kernel matrix installs packages and boots VMs: run `sudo cargo xtask matrix`");
     }
