@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: memtrace's developer tasks. Each task installs what it needs when missing.
 
 mod bench;
+mod matrix;
 mod soak;
 mod toolchain;
 
@@ -27,8 +28,19 @@ enum Task {
     Build,
     /// Build, then trace the bundled demo program and say where the trace is
     Demo,
-    /// Run every check: formatting, clippy, unit tests and the integration tests against the kernel
-    Test,
+    /// Run every check: formatting, clippy, unit tests, the integration tests against this
+    /// machine's kernel, then the kernel matrix (see `matrix`)
+    Test {
+        /// Leave out the kernel matrix (CI does not)
+        #[arg(long)]
+        no_matrix: bool,
+    },
+    /// Boot Debian's kernel packages in QEMU and run the integration tests inside each (default:
+    /// Debian 12's 6.1, 6.12 and 6.12-rt, Debian unstable's newest, Debian 11's 5.10)
+    Matrix {
+        /// Kernel packages to boot instead, e.g. linux-image-6.12-rt-amd64
+        packages: Vec<String>,
+    },
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
@@ -46,7 +58,8 @@ fn main() -> Result<()> {
         Task::Setup => toolchain::setup(),
         Task::Build => build().map(drop),
         Task::Demo => demo(),
-        Task::Test => test(),
+        Task::Test { no_matrix } => test(!no_matrix),
+        Task::Matrix { packages } => matrix(&packages),
         Task::Bench => bench::run(&build()?),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
@@ -138,7 +151,21 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
-fn test() -> Result<()> {
+/// `cargo xtask matrix`: the memtrace built here, or $MEMTRACE_BIN (another build to compare).
+fn matrix(packages: &[String]) -> Result<()> {
+    let memtrace = match std::env::var_os("MEMTRACE_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build()?,
+    };
+    if !is_root() {
+        bail!("the kernel matrix installs packages and boots VMs: run `sudo cargo xtask matrix`");
+    }
+    matrix::run(&memtrace, packages)
+}
+
+/// The host's checks and tests, then (with `with_matrix`) the kernel matrix, which runs even when
+/// the host's tests fail: both verdicts are worth having from one CI run.
+fn test(with_matrix: bool) -> Result<()> {
     let memtrace = build()?;
     if !is_root() {
         bail!("the integration tests load BPF programs into the kernel: run `sudo cargo xtask test`");
@@ -152,10 +179,21 @@ fn test() -> Result<()> {
     let (tally, status) = run_tests(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))?;
     // One closing line for the whole run: cargo's own last line is that of its last test binary.
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
-    if !status.success() || tally.failed > 0 || tally.passed == 0 {
-        bail!("the tests did not pass ({status})");
+    let host = if !status.success() || tally.failed > 0 || tally.passed == 0 {
+        Err(anyhow::anyhow!("the tests did not pass on this machine's kernel ({status})"))
+    } else {
+        Ok(())
+    };
+    if !with_matrix {
+        return host;
     }
-    Ok(())
+    eprintln!("xtask: the kernel matrix");
+    match (host, matrix::run(&memtrace, &[])) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(host), Ok(())) => Err(host),
+        (Ok(()), Err(matrix)) => Err(matrix),
+        (Err(host), Err(matrix)) => bail!("{host:#}; and {matrix:#}"),
+    }
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
