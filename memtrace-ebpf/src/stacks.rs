@@ -390,7 +390,8 @@ fn record_locations(stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the claimed slot's state.
     let depth = unsafe { read_volatile(&scratch.state.depth) };
     let frames: *mut StackFrames = &raw mut scratch.frames;
-    let mut record = Record { raw: &scratch.raw, locations: &scratch.locations, frames: frames.cast(), depth };
+    let mut record =
+        Record { raw: &scratch.raw, locations: &scratch.locations, frames: frames.cast(), depth };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe { bpf_loop(STACK_DEPTH as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
@@ -510,7 +511,12 @@ fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
 
 /// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
 /// stored in STACKS; its key, or NO_STACK.
-fn resolve_build_ids(ctx: &RetProbeContext, stats: &ProcessStats, frames: &mut StackFrames, depth: usize) -> u64 {
+fn resolve_build_ids(
+    ctx: &RetProbeContext,
+    stats: &ProcessStats,
+    frames: &mut StackFrames,
+    depth: usize,
+) -> u64 {
     let frames: *mut StackFrames = frames;
     let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
     let size = core::mem::size_of::<StackFrames>() as u32;
