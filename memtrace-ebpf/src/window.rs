@@ -9,7 +9,7 @@
 //! last one read them, it is the same walk, and its stack is the memo's. A loop that allocates from
 //! one place, the common case, is unwound once per slot.
 
-use core::ffi::c_void;
+use core::{arch::asm, ffi::c_void};
 
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated},
@@ -166,7 +166,7 @@ impl StackWindow {
                 let at = ((place >> 32) as usize * WINDOW_WORDS + (place as usize & (WINDOW_WORDS - 1)))
                     & (RECALL_WORDS - 1);
                 // All ones for a logged word (slot < logged), else 0.
-                let logged_mask = ((slot as u64).wrapping_sub(logged) >> 63).wrapping_neg();
+                let logged_mask = all_ones_if_below(slot as u64, logged);
                 differ |= (self.again[at] ^ self.memo.value[slot]) & logged_mask;
             }
         }
@@ -305,4 +305,21 @@ fn copy_user(words: &mut [u64], address: u64, bytes: u64) -> bool {
         generated::bpf_probe_read_user(words.as_mut_ptr().cast(), bytes as u32, address as *const c_void)
     };
     read == 0
+}
+
+/// All ones if `a < b` (both below 2^63), else 0, with no branch: written as LLVM would write a
+/// compare, it becomes one (BPF has no conditional move), and the verifier of 6.1 walks every way
+/// through a run of sixteen such branches (2^16 ways: "BPF program is too large").
+fn all_ones_if_below(a: u64, b: u64) -> u64 {
+    let mut mask = a;
+    // SAFETY: arithmetic on registers only.
+    unsafe {
+        asm!(
+            "{mask} -= {b}",
+            "{mask} s>>= 63",
+            mask = inout(reg) mask,
+            b = in(reg) b,
+        );
+    }
+    mask
 }
