@@ -221,6 +221,11 @@ pub enum Subcommand {
                             run)\n\nExamples:\n  sudo memtrace top --all\n  sudo memtrace top \
                             --summary run.json -- ./server --port 8080")]
     Top(Box<RunArgs>),
+    /// Say whether tracing can work on this machine: the kernel, each kernel feature memtrace uses
+    /// (found or missing), the attach path and unwinder, the privileges held, and whether the
+    /// kernel accepts memtrace's BPF programs (loaded, then unloaded); exits 1 when it cannot
+    #[command(after_help = "Example:\n  sudo memtrace doctor")]
+    Doctor,
 }
 
 #[derive(Debug, clap::Parser)]

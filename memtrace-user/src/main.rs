@@ -3,11 +3,13 @@
 mod bpf_log;
 mod cli;
 mod collector;
+mod doctor;
 mod elf;
 mod export;
 mod folding;
 mod following;
 mod held_execs;
+mod kernel_features;
 mod levels;
 mod model;
 mod peaks;
@@ -84,6 +86,7 @@ fn main() -> ExitCode {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => export::saved::report(args),
+        Some(cli::Subcommand::Doctor) => doctor::run(),
         Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
