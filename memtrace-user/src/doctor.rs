@@ -58,13 +58,13 @@ pub fn run() -> Result<ExitCode> {
     println!("privileges   {}", describe_privileges(&privileges::held()));
     let missing_privileges = privileges::missing_for_a_run(link_kind == LinkKind::PerfEvent);
     let refusal = features.refusal(Needs::default());
-    let programs = match (&missing_privileges, &refusal) {
-        (Some(_), _) => Programs::NotTried("not loaded: loading needs root".into()),
-        (None, Some(_)) => Programs::NotTried("not loaded: the kernel lacks what they need".into()),
-        (None, None) => load_programs(&features),
+    let programs = match (missing_privileges.is_empty(), &refusal) {
+        (false, _) => Programs::NotTried("not loaded: loading needs root".into()),
+        (true, Some(_)) => Programs::NotTried("not loaded: the kernel lacks what they need".into()),
+        (true, None) => load_programs(&features),
     };
     println!("programs     {}", describe_programs(&programs));
-    let verdict = verdict(missing_privileges.as_deref(), refusal.as_deref(), &programs);
+    let verdict = verdict(&missing_privileges, refusal.as_deref(), &programs);
     println!("{verdict}");
     Ok(match verdict {
         Verdict::CanWork => ExitCode::SUCCESS,
@@ -102,6 +102,9 @@ fn without(info: &FeatureInfo, features: &KernelFeatures) -> String {
 }
 
 fn describe_links(kind: LinkKind, features: &KernelFeatures) -> String {
+    if let Presence::Unknown(_) = features.presence(Feature::UprobeMulti) {
+        return "unknown: uprobe_multi links cannot be probed without root".into();
+    }
     let forced = match probes::link_kind_for(features).ok() == Some(features.link_kind()) {
         true => "",
         false => " (as MEMTRACE_LINKS says)",
@@ -201,10 +204,12 @@ pub fn verifier_reason(log: &str) -> Option<&str> {
 
 /// The verdict: privileges first (without them nothing was probed for sure), then what the kernel
 /// lacks, then whether it took the programs.
-pub fn verdict(missing_privileges: Option<&str>, refusal: Option<&str>, programs: &Programs) -> Verdict {
+pub fn verdict(missing_privileges: &[&str], refusal: Option<&str>, programs: &Programs) -> Verdict {
     let cannot = |why: String, fix: &str| Verdict::Cannot { why, fix: fix.to_owned() };
-    if let Some(missing) = missing_privileges {
-        return cannot(format!("not run as root ({missing})"), "run it as root: sudo memtrace doctor");
+    if !missing_privileges.is_empty() {
+        let missing = missing_privileges.join(", ");
+        let why = format!("not run as root (missing {missing}), so the kernel was not fully probed");
+        return cannot(why, "run it as root: sudo memtrace doctor");
     }
     if let Some(refusal) = refusal {
         let (why, fix) = refusal.split_once("; ").unwrap_or((refusal, "run memtrace on a newer kernel"));
@@ -254,20 +259,20 @@ mod tests {
 
     #[test]
     fn the_verdict_puts_privileges_first_then_the_kernel_then_the_programs() {
-        assert_eq!(verdict(None, None, &Programs::Accepted), Verdict::CanWork);
-        assert_eq!(verdict(None, None, &Programs::Accepted).to_string(), "memtrace: tracing can work here");
-        let not_root = verdict(Some("missing: CAP_BPF"), None, &Programs::NotTried("x".into())).to_string();
+        assert_eq!(verdict(&[], None, &Programs::Accepted), Verdict::CanWork);
+        assert_eq!(verdict(&[], None, &Programs::Accepted).to_string(), "memtrace: tracing can work here");
+        let not_root = verdict(&["CAP_BPF"], None, &Programs::NotTried("x".into())).to_string();
         assert!(not_root.starts_with("memtrace: tracing cannot work here: not run as root"), "{not_root}");
         assert!(not_root.ends_with("; run it as root: sudo memtrace doctor"), "{not_root}");
         let features = KernelFeatures::with_missing("5.10.0-32-amd64", &[Feature::BpfLoop]);
         let refusal = features.refusal(Needs::default()).unwrap();
-        let old = verdict(None, Some(&refusal), &Programs::NotTried("x".into())).to_string();
+        let old = verdict(&[], Some(&refusal), &Programs::NotTried("x".into())).to_string();
         assert!(old.contains("cannot work here: this kernel (5.10.0-32-amd64) lacks bpf_loop"), "{old}");
         assert!(
             old.ends_with("; run memtrace on a newer kernel (Debian 12's 6.1 is the oldest tested)"),
             "{old}"
         );
-        let rejected = verdict(None, None, &Programs::Rejected("alloc_exit: Too large".into())).to_string();
+        let rejected = verdict(&[], None, &Programs::Rejected("alloc_exit: Too large".into())).to_string();
         assert!(
             rejected.contains("verifier rejected memtrace's BPF programs (alloc_exit: Too large); "),
             "{rejected}"

@@ -98,15 +98,15 @@ pub fn held() -> Vec<Held> {
         .collect()
 }
 
-/// What a run here lacks, said as a run says it; None when it can load its programs and attach
-/// them (per-site perf links also need CAP_SYS_ADMIN).
-pub fn missing_for_a_run(per_site_links: bool) -> Option<String> {
+/// The capabilities a run here lacks to load its programs and attach them (per-site perf links
+/// also need CAP_SYS_ADMIN), by name.
+pub fn missing_for_a_run(per_site_links: bool) -> Vec<&'static str> {
     let effective = effective();
     let mut missing = missing_for_loading(effective);
     if per_site_links && !has(effective, CAP_SYS_ADMIN) {
         missing.push(CAP_SYS_ADMIN);
     }
-    (!missing.is_empty()).then(|| format!("{NEEDS}; missing: {}", describe(&missing)))
+    missing.iter().map(|cap| cap.name).collect()
 }
 
 fn effective() -> u64 {
