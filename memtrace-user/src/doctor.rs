@@ -168,8 +168,10 @@ fn load_programs(features: &KernelFeatures) -> Programs {
 fn rejection(error: &str) -> String {
     let first = error.lines().next().unwrap_or_default();
     let what = first.split(": ").next().unwrap_or(first);
-    match verifier_reason(error) {
-        Some(reason) if !first.ends_with(reason) => format!("{what}: {reason}"),
+    // aya quotes the log after its own words, on the error's first line.
+    let reason = verifier_reason(error).map(|line| line.rsplit("Verifier output: ").next().unwrap_or(line));
+    match reason {
+        Some(reason) if reason != what => format!("{what}: {reason}"),
         _ => first.to_owned(),
     }
 }
@@ -219,8 +221,8 @@ pub fn verdict(missing_privileges: &[&str], refusal: Option<&str>, programs: &Pr
         Programs::Accepted => Verdict::CanWork,
         Programs::Rejected(reason) => cannot(
             format!("the kernel's verifier rejected memtrace's BPF programs ({reason})"),
-            "this memtrace build does not fit this kernel: report it with this output, and trace on a \
-             kernel the README's Kernels section lists meanwhile",
+            "nothing on this machine can make the kernel take them: report it to memtrace's \
+             maintainers with this output",
         ),
         Programs::NotTried(why) => cannot(why.clone(), "run it as root: sudo memtrace doctor"),
     }
@@ -254,6 +256,17 @@ mod tests {
         assert_eq!(
             rejection(STACK_LOG),
             "the kernel refused program alloc_exit for uprobe_multi: combined stack size of 2 calls is 736. Too large"
+        );
+    }
+
+    #[test]
+    fn a_rejection_through_aya_drops_its_wrapping() {
+        let aya = "verifying BPF program usdt_site: the BPF_PROG_LOAD syscall returned Permission denied \
+                   (os error 13). Verifier output: combined stack size of 2 calls is 608. Too large\n\
+                   verification time 12 usec\nstack depth 352+256\n: Permission denied (os error 13)";
+        assert_eq!(
+            rejection(aya),
+            "verifying BPF program usdt_site: combined stack size of 2 calls is 608. Too large"
         );
     }
 
