@@ -561,4 +561,12 @@ mod tests {
         assert!(Cli::try_parse_from(["memtrace", "usdt"]).is_err());
         assert!(Cli::try_parse_from(["memtrace", "usdt", "--pid", "7", "/bin/true"]).is_err());
     }
+
+    #[test]
+    fn doctor_takes_no_target_and_no_options() {
+        let cli = Cli::try_parse_from(["memtrace", "doctor"]).unwrap();
+        assert!(matches!(cli.subcommand, Some(Subcommand::Doctor)));
+        let extra = Cli::try_parse_from(["memtrace", "doctor", "--pid", "7"]).unwrap_err();
+        assert_eq!(extra.kind(), ErrorKind::UnknownArgument);
+    }
 }
