@@ -59,84 +59,34 @@ pub struct FeatureInfo {
 }
 
 /// Every feature, in the order `memtrace doctor` lists them: the table said once.
+#[rustfmt::skip]
 pub const FEATURES: [FeatureInfo; 13] = [
-    row(
-        Feature::Btf,
-        "BTF (/sys/kernel/btf/vmlinux)",
-        (5, 4),
-        Without::RefuseForTrees(
-            "following a process tree needs (where the kernel keeps a task's parent and memory)",
-        ),
-    ),
-    row(
-        Feature::UprobeMulti,
-        "uprobe_multi links",
-        (6, 6),
-        Without::Fallback("per-site uprobe perf links (the same figures; each site takes ~100 ms to detach)"),
-    ),
-    row(
-        Feature::UprobePerfEvents,
-        "uprobe perf events",
-        (4, 17),
-        Without::RefuseUnless(Feature::UprobeMulti, "attaching probes needs without uprobe_multi links"),
-    ),
-    row(
-        Feature::RefCtrOffset,
-        "uprobe semaphores (ref_ctr_offset)",
-        (4, 20),
-        Without::Fallback("per-site links cannot raise USDT semaphores: apps that test them report nothing"),
-    ),
-    row(
-        Feature::Cookies,
-        "BPF cookies (bpf_get_attach_cookie)",
-        (5, 15),
-        Without::Refuse("memtrace's probes need to tell which function or USDT site fired"),
-    ),
-    row(
-        Feature::BpfLoop,
-        "bpf_loop",
-        (5, 17),
-        Without::Refuse("memtrace's unwinder and live-allocation table need"),
-    ),
-    row(Feature::RingBuf, "BPF ring buffers", (5, 8), Without::Refuse("memtrace's exec announcements need")),
-    row(
-        Feature::MmapableArrays,
-        "mmapable BPF arrays (BPF_F_MMAPABLE)",
-        (5, 5),
-        Without::Refuse("memtrace's live-allocation table needs"),
-    ),
-    row(
-        Feature::OptimizedUprobes,
-        "optimized uprobes (uprobe syscall)",
-        (6, 18),
-        Without::Fallback("nothing to do: each probe hit costs a trap (a little slower)"),
-    ),
-    row(
-        Feature::UretprobeSyscall,
-        "uretprobe syscall",
-        (6, 11),
-        Without::Fallback("nothing to do: each return probe costs a trap (a little slower)"),
-    ),
-    row(
-        Feature::FanotifyExecPerm,
-        "fanotify exec permission events",
-        (5, 0),
-        Without::Fallback(
-            "execs are not held: a followed static program is probed after its first instructions",
-        ),
-    ),
-    row(
-        Feature::RecursionMisses,
-        "bpf_prog_info recursion_misses",
-        (5, 12),
-        Without::Fallback("runs the kernel skips cannot be counted in lost_events"),
-    ),
-    row(
-        Feature::BpfStats,
-        "BPF run-time stats (BPF_ENABLE_STATS)",
-        (5, 8),
-        Without::Fallback("nothing to do: memtrace does not need them (`bpftool prog` shows no run time)"),
-    ),
+    row(Feature::Btf, "BTF (/sys/kernel/btf/vmlinux)", (5, 4), Without::RefuseForTrees(
+        "following a process tree needs (where the kernel keeps a task's parent and memory)")),
+    row(Feature::UprobeMulti, "uprobe_multi links", (6, 6), Without::Fallback(
+        "per-site uprobe perf links (the same figures; each site takes ~100 ms to detach)")),
+    row(Feature::UprobePerfEvents, "uprobe perf events", (4, 17), Without::RefuseUnless(
+        Feature::UprobeMulti, "attaching probes needs without uprobe_multi links")),
+    row(Feature::RefCtrOffset, "uprobe semaphores (ref_ctr_offset)", (4, 20), Without::Fallback(
+        "per-site links cannot raise USDT semaphores: apps that test them report nothing")),
+    row(Feature::Cookies, "BPF cookies (bpf_get_attach_cookie)", (5, 15), Without::Refuse(
+        "memtrace's probes need to tell which function or USDT site fired")),
+    row(Feature::BpfLoop, "bpf_loop", (5, 17), Without::Refuse(
+        "memtrace's unwinder and live-allocation table need")),
+    row(Feature::RingBuf, "BPF ring buffers", (5, 8), Without::Refuse(
+        "memtrace's exec announcements need")),
+    row(Feature::MmapableArrays, "mmapable BPF arrays (BPF_F_MMAPABLE)", (5, 5), Without::Refuse(
+        "memtrace's live-allocation table needs")),
+    row(Feature::OptimizedUprobes, "optimized uprobes (uprobe syscall)", (6, 18), Without::Fallback(
+        "nothing to do: each probe hit costs a trap (a little slower)")),
+    row(Feature::UretprobeSyscall, "uretprobe syscall", (6, 11), Without::Fallback(
+        "nothing to do: each return probe costs a trap (a little slower)")),
+    row(Feature::FanotifyExecPerm, "fanotify exec permission events", (5, 0), Without::Fallback(
+        "execs are not held: a followed static program is probed after its first instructions")),
+    row(Feature::RecursionMisses, "bpf_prog_info recursion_misses", (5, 12), Without::Fallback(
+        "runs the kernel skips cannot be counted in lost_events")),
+    row(Feature::BpfStats, "BPF run-time stats (BPF_ENABLE_STATS)", (5, 8), Without::Fallback(
+        "nothing to do: memtrace does not read them (they time its programs in `bpftool prog`)")),
 ];
 
 const fn row(feature: Feature, name: &'static str, since: (u32, u32), without: Without) -> FeatureInfo {
