@@ -156,6 +156,7 @@ impl StackWindow {
         }
         // Runs of words without a branch inside (a branch a word would be verified once per
         // way through every word before it), words past the last logged masked out.
+        let logged = opaque(logged);
         let mut differ = 0;
         for run in 0..MEMO_WORDS / RECALL_RUN {
             if (run * RECALL_RUN) as u64 >= logged {
@@ -166,7 +167,7 @@ impl StackWindow {
                 let at = ((place >> 32) as usize * WINDOW_WORDS + (place as usize & (WINDOW_WORDS - 1)))
                     & (RECALL_WORDS - 1);
                 // All ones for a logged word (slot < logged), else 0.
-                let logged_mask = all_ones_if_below(slot as u64, logged);
+                let logged_mask = ((slot as u64).wrapping_sub(logged) >> 63).wrapping_neg();
                 differ |= (self.again[at] ^ self.memo.value[slot]) & logged_mask;
             }
         }
@@ -307,19 +308,14 @@ fn copy_user(words: &mut [u64], address: u64, bytes: u64) -> bool {
     read == 0
 }
 
-/// All ones if `a < b` (both below 2^63), else 0, with no branch: written as LLVM would write a
-/// compare, it becomes one (BPF has no conditional move), and the verifier of 6.1 walks every way
-/// through a run of sixteen such branches (2^16 ways: "BPF program is too large").
-fn all_ones_if_below(a: u64, b: u64) -> u64 {
-    let mut mask = a;
-    // SAFETY: arithmetic on registers only.
-    unsafe {
-        asm!(
-            "{mask} -= {b}",
-            "{mask} s>>= 63",
-            mask = inout(reg) mask,
-            b = in(reg) b,
-        );
-    }
-    mask
+/// `value`, as something the compiler knows nothing about. Where it knows a bound (the memo's
+/// `logged` is at most `MEMO_WORDS` past the check), it turns `(slot - logged) >> 63` into a compare,
+/// and a compare into a branch (BPF has no conditional move): a branch a word, and 6.1's verifier
+/// walks every way through a run of sixteen of them ("BPF program is too large").
+fn opaque(value: u64) -> u64 {
+    let mut value = value;
+    // SAFETY: a move of the register to itself. (An empty template would leave two line-info
+    // records on one instruction, which the kernel refuses.)
+    unsafe { asm!("{value} = {value}", value = inout(reg) value) };
+    value
 }

@@ -226,6 +226,11 @@ pub enum Subcommand {
     /// kernel_stack.rs). For memtrace's own tests.
     #[command(hide = true)]
     VerifierReport,
+    /// Say whether tracing can work on this machine: the kernel, each kernel feature memtrace uses
+    /// (found or missing), the attach path and unwinder, the privileges held, and whether the
+    /// kernel accepts memtrace's BPF programs (loaded, then unloaded); exits 1 when it cannot
+    #[command(after_help = "Example:\n  sudo memtrace doctor")]
+    Doctor,
 }
 
 #[derive(Debug, clap::Parser)]
@@ -560,5 +565,13 @@ mod tests {
         assert_eq!(args.path, Some(PathBuf::from("/bin/true")));
         assert!(Cli::try_parse_from(["memtrace", "usdt"]).is_err());
         assert!(Cli::try_parse_from(["memtrace", "usdt", "--pid", "7", "/bin/true"]).is_err());
+    }
+
+    #[test]
+    fn doctor_takes_no_target_and_no_options() {
+        let cli = Cli::try_parse_from(["memtrace", "doctor"]).unwrap();
+        assert!(matches!(cli.subcommand, Some(Subcommand::Doctor)));
+        let extra = Cli::try_parse_from(["memtrace", "doctor", "--pid", "7"]).unwrap_err();
+        assert_eq!(extra.kind(), ErrorKind::UnknownArgument);
     }
 }

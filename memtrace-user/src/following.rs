@@ -28,6 +28,7 @@ use nix::{
 use crate::{
     allocator::{installed_allocator_libraries, Allocator, Overrides},
     held_execs::{HeldExecs, Holding, ProbeRequest, Probed, ProbedFiles},
+    kernel_features::{Feature, KernelFeatures},
     model::Model,
     probes::{Probes, Reach, Scope},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
@@ -58,7 +59,12 @@ pub struct Following {
 impl Following {
     /// Starts following execs; under `Reach::AllProcesses`, probes the allocators of every running
     /// process and every allocator library installed. Targets are named with `add_target`.
-    pub fn start(probes: &mut Probes, overrides: Overrides, reach: Reach) -> Result<Self> {
+    pub fn start(
+        probes: &mut Probes,
+        overrides: Overrides,
+        reach: Reach,
+        features: &KernelFeatures,
+    ) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
         crate::process::raise_open_file_limit();
         let cache = FileCache::default();
@@ -73,7 +79,10 @@ impl Following {
             .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
             .context("starting the exec watcher")?;
         let probed_for_all = ProbedFiles::default();
-        let held = hold_execs(probes, &reach, Arc::clone(&probed_for_all), &cache, &overrides, hold_wake)?;
+        let held = match features.lacks(Feature::FanotifyExecPerm) {
+            true => cannot_hold_execs(&reach),
+            false => hold_execs(probes, &reach, Arc::clone(&probed_for_all), &cache, &overrides, hold_wake)?,
+        };
         let mut this = Self {
             overrides,
             reach,
@@ -277,6 +286,22 @@ fn hold_execs(
             Ok(None)
         }
     }
+}
+
+/// Where the kernel has no fanotify exec permission events, execs of followed processes go on
+/// unheld: says so, and what that misses.
+fn cannot_hold_execs(reach: &Reach) -> Option<HeldExecs> {
+    if !matches!(reach, Reach::Targets) {
+        let info = Feature::FanotifyExecPerm.info();
+        eprintln!(
+            "memtrace: warning: this kernel lacks {} (Linux {}.{}, CONFIG_FANOTIFY_ACCESS_PERMISSIONS); {}",
+            info.name,
+            info.since.0,
+            info.since.1,
+            crate::process::exec_hold::MISSED_WITHOUT_HOLD
+        );
+    }
+    None
 }
 
 /// The exec watcher: names the files of each exec'd process while it still exists, hands them on

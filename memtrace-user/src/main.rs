@@ -3,11 +3,13 @@
 mod bpf_log;
 mod cli;
 mod collector;
+mod doctor;
 mod elf;
 mod export;
 mod folding;
 mod following;
 mod held_execs;
+mod kernel_features;
 mod levels;
 mod model;
 mod peaks;
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         }
         Some(cli::Subcommand::Report(args)) => export::saved::report(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
+        Some(cli::Subcommand::Doctor) => doctor::run(),
         Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
     };
     match result {
@@ -99,12 +102,15 @@ fn main() -> ExitCode {
 /// `memtrace verifier-report`: the programs loaded as a run loads them, then each again with the
 /// verifier's statistics.
 fn verifier_report() -> anyhow::Result<()> {
-    let probes = probes::Probes::load(&probes::ProbeConfig {
-        max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
-        max_stacks: memtrace_common::MAX_STACKS,
-        capture_stacks: true,
-        ..probes::ProbeConfig::default()
-    })?;
+    let probes = probes::Probes::load(
+        &probes::ProbeConfig {
+            max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
+            max_stacks: memtrace_common::MAX_STACKS,
+            capture_stacks: true,
+            ..probes::ProbeConfig::default()
+        },
+        &kernel_features::KernelFeatures::probe(),
+    )?;
     let report = probes.verifier_report()?;
     let problems: Vec<String> = report.iter().filter_map(|program| program.problem()).collect();
     for program in &report {

@@ -81,6 +81,34 @@ pub fn check_uprobe_perf_events() -> Result<()> {
     bail!("{NEEDS}; missing: {}; run it with sudo", describe(&[CAP_SYS_ADMIN]))
 }
 
+/// A capability memtrace uses, whether this process holds it, and what it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub name: &'static str,
+    pub why: &'static str,
+    pub held: bool,
+}
+
+/// Every capability memtrace uses, held or not by this process.
+pub fn held() -> Vec<Held> {
+    let effective = effective();
+    [CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE]
+        .into_iter()
+        .map(|cap| Held { name: cap.name, why: cap.why, held: has(effective, cap) })
+        .collect()
+}
+
+/// The capabilities a run here lacks to load its programs and attach them (per-site perf links
+/// also need CAP_SYS_ADMIN), by name.
+pub fn missing_for_a_run(per_site_links: bool) -> Vec<&'static str> {
+    let effective = effective();
+    let mut missing = missing_for_loading(effective);
+    if per_site_links && !has(effective, CAP_SYS_ADMIN) {
+        missing.push(CAP_SYS_ADMIN);
+    }
+    missing.iter().map(|cap| cap.name).collect()
+}
+
 fn effective() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     effective_capabilities(&status).unwrap_or(0)

@@ -28,6 +28,7 @@ use crate::{
         StacksWanted,
     },
     following::Following,
+    kernel_features::{KernelFeatures, Needs},
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
     probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Reach},
@@ -42,12 +43,15 @@ use crate::{
 /// unless -o names one, no report at the end, and tracing goes on until a signal ends it.
 pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     privileges::check(&cli)?;
+    let reach = reach_of(&cli);
+    // What the kernel cannot do is said before anything is loaded.
+    let features = KernelFeatures::probe();
+    features.check(Needs { follows_tree: matches!(reach, Reach::Tree) })?;
     let pids = processes_to_attach(&cli.pids)?;
     let signals = block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
     let (exporters, trace_path) = open_outputs(&cli, serve)?;
-    let reach = reach_of(&cli);
-    let mut probes = load_probes(&cli, &reach)?;
+    let mut probes = load_probes(&cli, &reach, &features)?;
     let overrides =
         Overrides { lib: cli.lib.clone(), prefix: cli.allocator.as_deref().map(Overrides::prefix_for) };
     let mut collector = Collector::default();
@@ -57,7 +61,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
         kernel_maps: serve.map(|_| KernelMaps::default()),
         ..Model::default()
     };
-    let mut following = Following::start(&mut probes, overrides, reach)?;
+    let mut following = Following::start(&mut probes, overrides, reach, &features)?;
     let Targets { watched: targets, held, preload } = if cli.system_wide() {
         Targets::default()
     } else if cli.command.is_empty() {
@@ -102,8 +106,8 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
 }
 
 /// Loads the kernel side as the command line configures it, and checks what its links need.
-fn load_probes(cli: &Cli, reach: &Reach) -> Result<Probes> {
-    let mut probes = Probes::load(&ProbeConfig {
+fn load_probes(cli: &Cli, reach: &Reach, features: &KernelFeatures) -> Result<Probes> {
+    let config = ProbeConfig {
         max_allocations: cli.max_allocations,
         max_stacks: cli.max_stacks,
         capture_stacks: !cli.no_stacks,
@@ -111,7 +115,8 @@ fn load_probes(cli: &Cli, reach: &Reach) -> Result<Probes> {
         sample_mean: cli.sample.unwrap_or(0),
         reach: reach.clone(),
         debug_bpf: cli.debug_bpf,
-    })?;
+    };
+    let mut probes = Probes::load(&config, features)?;
     // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
     // uprobe_multi links need only what loading needed.
     if probes.link_kind() == LinkKind::PerfEvent {

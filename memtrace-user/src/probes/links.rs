@@ -22,7 +22,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
+/// The uprobe PMU's perf event type: per-site uprobe perf events exist where this file does.
+pub const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
+/// Where the uprobe PMU says it takes a semaphore's offset (ref_ctr_offset) in attr.config.
+pub const UPROBE_PMU_REF_CTR_OFFSET: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
 /// attr.config bits 32-63 (/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset).
 const REF_CTR_OFFSET_SHIFT: u32 = 32;
 /// attr.config bit 0 (/sys/bus/event_source/devices/uprobe/format/retprobe).
@@ -177,7 +180,7 @@ fn attach_multi(
     sites: &[Site],
     scope: Scope,
     direction: Direction,
-) -> Result<OwnedFd> {
+) -> io::Result<OwnedFd> {
     let offsets: Vec<u64> = sites.iter().map(|site| site.offset).collect();
     let cookies: Vec<u64> = sites.iter().map(|site| site.cookie).collect();
     let semaphores: Vec<u64> = sites.iter().map(|site| site.semaphore.unwrap_or(0)).collect();
@@ -192,7 +195,7 @@ fn attach_multi(
             0
         },
         cookies: cookies.as_ptr() as u64,
-        cnt: u32::try_from(sites.len()).context("too many probe sites in one file")?,
+        cnt: u32::try_from(sites.len()).map_err(|_| io::Error::other("too many probe sites in one file"))?,
         multi_flags: if direction == Direction::Return { UPROBE_MULTI_RETURN } else { 0 },
         pid: match scope {
             Scope::Process(pid) => pid,
@@ -205,7 +208,15 @@ fn attach_multi(
     let fd = unsafe {
         libc::syscall(libc::SYS_bpf, BPF_LINK_CREATE, &raw const attr, size_of::<UprobeMultiAttr>() as u32)
     };
-    owned(fd)
+    owned_fd(fd)
+}
+
+/// A uprobe_multi link of `program` at offset 0 of `path`, for process `pid` (0: every process):
+/// what the kernel feature probe tries, for its errno.
+pub fn try_multi_link(program: BorrowedFd<'_>, path: &CString, pid: u32) -> io::Result<OwnedFd> {
+    let site = Site { offset: 0, cookie: 0, semaphore: None };
+    let scope = if pid == 0 { Scope::AllProcesses } else { Scope::Process(pid) };
+    attach_multi(program, path, &[site], scope, Direction::Entry)
 }
 
 /// The leading fields of `struct perf_event_attr`, in kernel layout.
@@ -297,8 +308,12 @@ fn link_perf_event(program: BorrowedFd<'_>, event: &OwnedFd, cookie: u64) -> Res
 
 /// A syscall's new descriptor, or its error.
 fn owned(fd: libc::c_long) -> Result<OwnedFd> {
+    Ok(owned_fd(fd)?)
+}
+
+fn owned_fd(fd: libc::c_long) -> io::Result<OwnedFd> {
     if fd < 0 {
-        return Err(io::Error::last_os_error().into());
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })

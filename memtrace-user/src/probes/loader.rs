@@ -56,6 +56,9 @@ pub(super) struct ProgLoadAttr {
     line_info_rec_size: u32,
     pub(super) line_info: u64,
     line_info_cnt: u32,
+    /// The kernel's next field, zero: without it the struct's padding would be read as it,
+    /// whatever bytes it held (EINVAL, now and then).
+    attach_btf_id: u32,
 }
 
 /// `union bpf_attr` for BPF_BTF_LOAD.
@@ -67,6 +70,8 @@ struct BtfLoadAttr {
     btf_size: u32,
     btf_log_size: u32,
     btf_log_level: u32,
+    /// Written by the kernel; declared so that no padding is passed in its place.
+    btf_log_true_size: u32,
 }
 
 /// memtrace's uprobe programs, loaded for uprobe_multi links, by name.
@@ -223,10 +228,11 @@ fn load_btf(obj: &mut Object) -> Result<OwnedFd> {
         btf_log_buf: log.as_mut_ptr() as u64,
         btf_log_size: LOG_SIZE as u32,
         btf_log_level: 1,
+        btf_log_true_size: 0,
     };
     // SAFETY: the attribute, the BTF and the log it points to outlive the call.
     unsafe { bpf(BPF_BTF_LOAD, std::ptr::from_ref(&attr).cast(), size_of::<BtfLoadAttr>()) }.map_err(|err| {
-        let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
+        let log = log_text(&log);
         anyhow::anyhow!("the kernel refused the BPF object's BTF: {err}\n{log}")
     })
 }
@@ -288,8 +294,41 @@ pub(super) fn load_with_log(attr: &mut ProgLoadAttr, level: u32) -> (io::Result<
     attr.log_buf = log.as_mut_ptr() as u64;
     let result = prog_load(attr);
     attr.log_buf = 0;
-    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-    (result, text)
+    (result, log_text(&log))
+}
+
+/// A program the kernel refused, with the verifier's log.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: io::Error,
+    pub log: String,
+}
+
+/// BPF_PROG_LOAD of a tiny program from raw instructions (8 bytes each, as the kernel reads them),
+/// with the verifier's log on failure: what kernel feature probes load.
+pub fn load_raw_program(
+    prog_type: u32,
+    expected_attach_type: u32,
+    instructions: &[u64],
+) -> Result<OwnedFd, Refused> {
+    let mut log = vec![0u8; 1 << 16];
+    let attr = ProgLoadAttr {
+        prog_type,
+        insn_cnt: instructions.len() as u32,
+        insns: instructions.as_ptr() as u64,
+        license: c"GPL".as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        expected_attach_type,
+        ..ProgLoadAttr::default()
+    };
+    prog_load(&attr).map_err(|error| Refused { error, log: log_text(&log) })
+}
+
+/// The NUL-terminated text the kernel wrote into a log buffer.
+fn log_text(log: &[u8]) -> String {
+    String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned()
 }
 
 fn prog_load(attr: &ProgLoadAttr) -> io::Result<OwnedFd> {
@@ -323,5 +362,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(ProgLoadAttr, func_info), 80);
         assert_eq!(std::mem::offset_of!(ProgLoadAttr, line_info_cnt), 104);
         assert_eq!(std::mem::offset_of!(BtfLoadAttr, btf_log_level), 24);
+        // No padding: every byte passed is a field the kernel reads.
+        assert_eq!(size_of::<ProgLoadAttr>(), std::mem::offset_of!(ProgLoadAttr, attach_btf_id) + 4);
+        assert_eq!(size_of::<BtfLoadAttr>(), 32);
     }
 }

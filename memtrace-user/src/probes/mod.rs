@@ -26,12 +26,18 @@ use memtrace_common::{
     StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
+pub use kernel_btf::VMLINUX_BTF;
 use links::Links;
-pub use links::{Direction, LinkKind, Scope, Site};
+pub use links::{
+    try_multi_link, Direction, LinkKind, Scope, Site, UPROBE_PMU_REF_CTR_OFFSET, UPROBE_PMU_TYPE,
+};
 use live_table::{LiveTable, TableSize};
+pub use loader::load_raw_program;
 use loader::MultiPrograms;
 
-use crate::{allocator::Allocator, bpf_log::BpfLog, process::map_calls::MapCalls};
+use crate::{
+    allocator::Allocator, bpf_log::BpfLog, kernel_features::KernelFeatures, process::map_calls::MapCalls,
+};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
@@ -165,8 +171,8 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads every program into the kernel.
-    pub fn load(config: &ProbeConfig) -> Result<Self> {
+    /// Loads every program into the kernel, for the links this kernel has.
+    pub fn load(config: &ProbeConfig, features: &KernelFeatures) -> Result<Self> {
         let filter = match &config.reach {
             Reach::AllProcesses(filter) => filter.clone(),
             _ => ProcessFilter::default(),
@@ -194,7 +200,7 @@ impl Probes {
             .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
             .load(BPF_OBJECT)
             .with_context(|| loading_failed(&live_size))?;
-        let multi = load_multi(&ebpf)?;
+        let multi = load_multi(&ebpf, features)?;
         for (name, program) in ebpf.programs_mut() {
             match program {
                 Program::UProbe(_) if multi.is_some() => Ok(()),
@@ -495,16 +501,23 @@ impl Probes {
     }
 }
 
-/// Loads the uprobe programs for uprobe_multi links; None where the kernel cannot (before 6.6), or
-/// when MEMTRACE_LINKS=perf asks for per-site links.
-fn load_multi(ebpf: &Ebpf) -> Result<Option<MultiPrograms>> {
-    match std::env::var(LINK_KIND_VARIABLE).as_deref() {
-        Ok("perf") => return Ok(None),
-        Ok("multi") => return MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
+/// How a run links probe sites: as the kernel's features allow, unless MEMTRACE_LINKS says.
+pub fn link_kind_for(features: &KernelFeatures) -> Result<LinkKind> {
+    Ok(match std::env::var(LINK_KIND_VARIABLE).as_deref() {
+        Ok("perf") => LinkKind::PerfEvent,
+        Ok("multi") => LinkKind::Multi,
         Ok(other) => bail!("{LINK_KIND_VARIABLE}={other:?}: use `multi`, `perf`, or leave it unset"),
-        Err(_) => {}
+        Err(_) => features.link_kind(),
+    })
+}
+
+/// Loads the uprobe programs for uprobe_multi links where the kernel has them; None where it has
+/// not (before 6.6), or when MEMTRACE_LINKS=perf asks for per-site links.
+fn load_multi(ebpf: &Ebpf, features: &KernelFeatures) -> Result<Option<MultiPrograms>> {
+    match link_kind_for(features)? {
+        LinkKind::Multi => MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
+        LinkKind::PerfEvent => Ok(None),
     }
-    Ok(MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).ok())
 }
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual

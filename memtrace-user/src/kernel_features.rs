@@ -1,0 +1,680 @@
+//! What the running kernel can do for memtrace, learnt once at start-up with real syscalls, in the
+//! spirit of `bpftool feature probe`: tiny programs loaded from raw instructions, maps created,
+//! links tried and syscalls' errnos read; never a version check. [`FEATURES`] says, once, what each
+//! feature is, the oldest mainline kernel that has it and what memtrace does without it: take a
+//! fallback that keeps figures exact, or refuse to start with one error naming the feature.
+//! Everything else reads the typed [`KernelFeatures`] (`has`, `link_kind`, `check`).
+
+use std::{
+    ffi::CString,
+    fmt, io,
+    os::fd::{AsFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use anyhow::{bail, Result};
+use aya_obj::generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type::BPF_PROG_TYPE_KPROBE};
+
+use crate::probes::{self, LinkKind};
+
+/// A kernel feature memtrace uses or would use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    Btf,
+    UprobeMulti,
+    UprobePerfEvents,
+    RefCtrOffset,
+    Cookies,
+    BpfLoop,
+    RingBuf,
+    MmapableArrays,
+    OptimizedUprobes,
+    UretprobeSyscall,
+    FanotifyExecPerm,
+    RecursionMisses,
+    BpfStats,
+}
+
+/// What memtrace does on a kernel without a feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Without {
+    /// Refuses to start: nothing stands in for it. Says what needs it ("which ... need").
+    Refuse(&'static str),
+    /// Refuses to follow a process tree, which needs it; other runs do without.
+    RefuseForTrees(&'static str),
+    /// Refuses to start unless the other feature is there, which serves instead.
+    RefuseUnless(Feature, &'static str),
+    /// Goes on another way, which this says.
+    Fallback(&'static str),
+}
+
+/// One row of the feature table.
+#[derive(Debug, Clone, Copy)]
+pub struct FeatureInfo {
+    pub feature: Feature,
+    pub name: &'static str,
+    /// The oldest mainline kernel that has it (major, minor).
+    pub since: (u32, u32),
+    pub without: Without,
+}
+
+/// Every feature, in the order `memtrace doctor` lists them: the table said once.
+#[rustfmt::skip]
+pub const FEATURES: [FeatureInfo; 13] = [
+    row(Feature::Btf, "BTF (/sys/kernel/btf/vmlinux)", (5, 4), Without::RefuseForTrees(
+        "following a process tree needs (where the kernel keeps a task's parent and memory)")),
+    row(Feature::UprobeMulti, "uprobe_multi links", (6, 6), Without::Fallback(
+        "per-site uprobe perf links (the same figures; each site takes ~100 ms to detach)")),
+    row(Feature::UprobePerfEvents, "uprobe perf events", (4, 17), Without::RefuseUnless(
+        Feature::UprobeMulti, "attaching probes needs without uprobe_multi links")),
+    row(Feature::RefCtrOffset, "uprobe semaphores (ref_ctr_offset)", (4, 20), Without::Fallback(
+        "per-site links cannot raise USDT semaphores: apps that test them report nothing")),
+    row(Feature::Cookies, "BPF cookies (bpf_get_attach_cookie)", (5, 15), Without::Refuse(
+        "memtrace's probes need to tell which function or USDT site fired")),
+    row(Feature::BpfLoop, "bpf_loop", (5, 17), Without::Refuse(
+        "memtrace's unwinder and live-allocation table need")),
+    row(Feature::RingBuf, "BPF ring buffers", (5, 8), Without::Refuse(
+        "memtrace's exec announcements need")),
+    row(Feature::MmapableArrays, "mmapable BPF arrays (BPF_F_MMAPABLE)", (5, 5), Without::Refuse(
+        "memtrace's live-allocation table needs")),
+    row(Feature::OptimizedUprobes, "optimized uprobes (uprobe syscall)", (6, 18), Without::Fallback(
+        "nothing to do: each probe hit costs a trap (a little slower)")),
+    row(Feature::UretprobeSyscall, "uretprobe syscall", (6, 11), Without::Fallback(
+        "nothing to do: each return probe costs a trap (a little slower)")),
+    row(Feature::FanotifyExecPerm, "fanotify exec permission events", (5, 0), Without::Fallback(
+        "execs are not held: a followed static program is probed after its first instructions")),
+    row(Feature::RecursionMisses, "bpf_prog_info recursion_misses", (5, 12), Without::Fallback(
+        "runs the kernel skips cannot be counted in lost_events")),
+    row(Feature::BpfStats, "BPF run-time stats (BPF_ENABLE_STATS)", (5, 8), Without::Fallback(
+        "nothing to do: memtrace does not read them (they time its programs in `bpftool prog`)")),
+];
+
+const fn row(feature: Feature, name: &'static str, since: (u32, u32), without: Without) -> FeatureInfo {
+    FeatureInfo { feature, name, since, without }
+}
+
+/// What a refusal tells users to do, unless the feature says otherwise.
+const NEWER_KERNEL: &str = "run memtrace on a newer kernel (Debian 12's 6.1 is the oldest tested)";
+const TREES_WITHOUT_BTF: &str = "trace with --no-children (or --pid without --children), or on a kernel \
+                                 built with CONFIG_DEBUG_INFO_BTF";
+
+impl Feature {
+    pub fn info(self) -> &'static FeatureInfo {
+        FEATURES.iter().find(|info| info.feature == self).expect("every feature has a row")
+    }
+}
+
+/// Whether the kernel has a feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presence {
+    Found,
+    /// Missing, and how the probe saw it (an errno, a file not there).
+    Missing(String),
+    /// The probe could not tell (no privilege to try).
+    Unknown(String),
+}
+
+/// How the kernel preempts: where it does, another thread can run on a CPU in the middle of a
+/// uprobe program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Preemption {
+    /// PREEMPT_NONE or PREEMPT_VOLUNTARY, built in (no finer word in `uname -v`).
+    NotPreemptible,
+    /// A mode `/sys/kernel/debug/sched/preempt` or `preempt=` named: none, voluntary, full, lazy.
+    Mode(String),
+    /// PREEMPT_RT.
+    Realtime,
+    /// PREEMPT_DYNAMIC with the mode unknown (debugfs not mounted, no preempt= at boot).
+    DynamicUnknown,
+}
+
+impl fmt::Display for Preemption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPreemptible => write!(f, "none or voluntary (not preemptible)"),
+            Self::Mode(mode) => write!(f, "{mode}"),
+            Self::Realtime => write!(f, "PREEMPT_RT (fully preemptible)"),
+            Self::DynamicUnknown => {
+                write!(f, "dynamic, mode unknown (mount debugfs to read /sys/kernel/debug/sched/preempt)")
+            }
+        }
+    }
+}
+
+/// The kernel as `uname` and debugfs describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kernel {
+    pub release: String,
+    pub version: String,
+    pub preemption: Preemption,
+}
+
+/// What the kernel can do, probed once.
+#[derive(Debug, Clone)]
+pub struct KernelFeatures {
+    pub kernel: Kernel,
+    found: Vec<(Feature, Presence)>,
+}
+
+/// What the run at hand asks of the kernel beyond what every run does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    pub follows_tree: bool,
+}
+
+impl KernelFeatures {
+    /// Probes every feature of the running kernel.
+    pub fn probe() -> Self {
+        let found = FEATURES.iter().map(|info| (info.feature, probe(info.feature))).collect();
+        Self { kernel: running_kernel(), found }
+    }
+
+    /// A description made by hand, for tests: every feature found but those in `missing`.
+    #[cfg(test)]
+    pub fn with_missing(release: &str, missing: &[Feature]) -> Self {
+        let presence = |feature| match missing.contains(&feature) {
+            true => Presence::Missing("absent".into()),
+            false => Presence::Found,
+        };
+        let found = FEATURES.iter().map(|info| (info.feature, presence(info.feature))).collect();
+        let kernel = Kernel {
+            release: release.into(),
+            version: String::new(),
+            preemption: Preemption::NotPreemptible,
+        };
+        Self { kernel, found }
+    }
+
+    pub fn presence(&self, feature: Feature) -> &Presence {
+        let found = self.found.iter().find(|(each, _)| *each == feature);
+        &found.expect("every feature is probed").1
+    }
+
+    pub fn has(&self, feature: Feature) -> bool {
+        *self.presence(feature) == Presence::Found
+    }
+
+    /// Whether the kernel is known to lack a feature (not merely unprobed).
+    pub fn lacks(&self, feature: Feature) -> bool {
+        matches!(self.presence(feature), Presence::Missing(_))
+    }
+
+    /// How probe sites are linked on this kernel: one uprobe_multi link per file, or a perf link
+    /// per site.
+    pub fn link_kind(&self) -> LinkKind {
+        match self.has(Feature::UprobeMulti) {
+            true => LinkKind::Multi,
+            false => LinkKind::PerfEvent,
+        }
+    }
+
+    /// The features this run cannot do without that the kernel lacks, newest first.
+    pub fn missing_requirements(&self, needs: Needs) -> Vec<&'static FeatureInfo> {
+        let mut missing: Vec<&FeatureInfo> = FEATURES
+            .iter()
+            .filter(|info| self.lacks(info.feature))
+            .filter(|info| match info.without {
+                Without::Refuse(_) => true,
+                Without::RefuseForTrees(_) => needs.follows_tree,
+                Without::RefuseUnless(other, _) => !self.has(other),
+                Without::Fallback(_) => false,
+            })
+            .collect();
+        missing.sort_by_key(|info| std::cmp::Reverse(info.since));
+        missing
+    }
+
+    /// Fails with one error naming the newest feature the run needs and the kernel lacks, the
+    /// oldest kernel that has it and what to do.
+    pub fn check(&self, needs: Needs) -> Result<()> {
+        match self.refusal(needs) {
+            Some(refusal) => bail!("{refusal}"),
+            None => Ok(()),
+        }
+    }
+
+    /// What `check` says, if it refuses.
+    pub fn refusal(&self, needs: Needs) -> Option<String> {
+        let missing = self.missing_requirements(needs);
+        let (first, others) = missing.split_first()?;
+        let (needs_it, fix) = match first.without {
+            Without::RefuseForTrees(needs_it) => (needs_it, TREES_WITHOUT_BTF),
+            Without::Refuse(needs_it) | Without::RefuseUnless(_, needs_it) => (needs_it, NEWER_KERNEL),
+            Without::Fallback(what) => (what, NEWER_KERNEL),
+        };
+        let (major, minor) = first.since;
+        let also = match others {
+            [] => String::new(),
+            _ => format!(
+                ", and lacks {} too",
+                others.iter().map(|info| info.name).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        Some(format!(
+            "this kernel ({}) lacks {}, which {needs_it} (Linux {major}.{minor} or later){also}; {fix}",
+            self.kernel.release, first.name
+        ))
+    }
+}
+
+fn probe(feature: Feature) -> Presence {
+    match feature {
+        Feature::Btf => file_exists(probes::VMLINUX_BTF),
+        Feature::UprobeMulti => uprobe_multi(),
+        Feature::UprobePerfEvents => file_exists(probes::UPROBE_PMU_TYPE),
+        Feature::RefCtrOffset => file_exists(probes::UPROBE_PMU_REF_CTR_OFFSET),
+        Feature::Cookies => helper(HELPER_GET_ATTACH_COOKIE),
+        Feature::BpfLoop => helper(HELPER_LOOP),
+        Feature::RingBuf => map_creation(MapAttr::ringbuf()),
+        Feature::MmapableArrays => map_creation(MapAttr::mmapable_array()),
+        Feature::OptimizedUprobes => syscall_exists(SYS_UPROBE),
+        Feature::UretprobeSyscall => syscall_exists(SYS_URETPROBE),
+        Feature::FanotifyExecPerm => fanotify_exec_perm(),
+        Feature::RecursionMisses => recursion_misses(),
+        Feature::BpfStats => bpf_stats(),
+    }
+}
+
+fn file_exists(path: &str) -> Presence {
+    match Path::new(path).exists() {
+        true => Presence::Found,
+        false => Presence::Missing(format!("no {path}")),
+    }
+}
+
+/// The kernel's release and preemption model.
+fn running_kernel() -> Kernel {
+    let uname = nix::sys::utsname::uname().ok();
+    let text =
+        |field: Option<&std::ffi::OsStr>| field.map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let release = text(uname.as_ref().map(|u| u.release()));
+    let version = text(uname.as_ref().map(|u| u.version()));
+    let debugfs = std::fs::read_to_string("/sys/kernel/debug/sched/preempt").ok();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let preemption = preemption(&version, debugfs.as_deref(), &cmdline);
+    Kernel { release, version, preemption }
+}
+
+/// The preemption model from `uname -v`, refined by debugfs (`none voluntary (full) lazy`, the
+/// mode in use in parentheses) or the boot's `preempt=` where the model is chosen at boot.
+fn preemption(version: &str, debugfs: Option<&str>, cmdline: &str) -> Preemption {
+    let chosen = debugfs.and_then(|modes| {
+        let mode = modes.split_whitespace().find(|mode| mode.starts_with('('))?;
+        Some(mode.trim_matches(|c| c == '(' || c == ')').to_owned())
+    });
+    if let Some(mode) = chosen {
+        return Preemption::Mode(mode);
+    }
+    let words: Vec<&str> = version.split_whitespace().collect();
+    if words.contains(&"PREEMPT_RT") {
+        return Preemption::Realtime;
+    }
+    if let Some(mode) = words.iter().find_map(|word| word.strip_prefix("PREEMPT(")) {
+        return Preemption::Mode(mode.trim_end_matches(')').to_owned());
+    }
+    if words.contains(&"PREEMPT_DYNAMIC") {
+        let boot = cmdline.split_whitespace().find_map(|word| word.strip_prefix("preempt="));
+        return boot.map_or(Preemption::DynamicUnknown, |mode| Preemption::Mode(mode.to_owned()));
+    }
+    match words.contains(&"PREEMPT") {
+        true => Preemption::Mode("full".into()),
+        false => Preemption::NotPreemptible,
+    }
+}
+
+/// One BPF instruction as the kernel reads it: opcode, registers, offset, immediate.
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+    code as u64 | ((src << 4 | dst) as u64) << 8 | (off as u16 as u64) << 16 | (imm as u32 as u64) << 32
+}
+
+/// r0 = 0
+const RETURN_ZERO: u64 = insn(0xb7, 0, 0, 0, 0);
+const EXIT: u64 = insn(0x95, 0, 0, 0, 0);
+/// enum bpf_func_id
+const HELPER_GET_ATTACH_COOKIE: i32 = 174;
+const HELPER_LOOP: i32 = 181;
+
+/// How a load failed, as a feature probe reads it: no privilege says nothing of the kernel.
+fn refused(error: &io::Error) -> Presence {
+    match error.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => Presence::Unknown(format!("{error}: needs root")),
+        _ => Presence::Missing(error.to_string()),
+    }
+}
+
+/// A helper exists for kprobe-type programs unless the verifier calls it unknown (libbpf's
+/// libbpf_probe_bpf_helper): the call's arguments may well be wrong, which is another message.
+fn helper(id: i32) -> Presence {
+    let program = [insn(0x85, 0, 0, 0, id), RETURN_ZERO, EXIT];
+    match probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &program) {
+        Ok(_) => Presence::Found,
+        Err(refusal) if refusal.log.contains("invalid func ") || refusal.log.contains("unknown func ") => {
+            Presence::Missing(
+                refusal.log.lines().find(|line| line.contains(" func ")).unwrap_or("").to_owned(),
+            )
+        }
+        // The verifier never ran (no privilege, or an attribute this kernel does not know).
+        Err(refusal) if refusal.log.is_empty() => refused(&refusal.error),
+        Err(_) => Presence::Found,
+    }
+}
+
+/// uprobe_multi links, as libbpf probes them: a link on "/" (a directory) fails with EBADF where
+/// the kernel knows the link type; with pid -1 it fails with EINVAL where the kernel filters
+/// processes rather than threads (kernels before 6.9's fix looked the pid up, failing with ESRCH:
+/// memtrace attaches per process, so those take the per-site links).
+fn uprobe_multi() -> Presence {
+    let program = [RETURN_ZERO, EXIT];
+    let loaded =
+        probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, BPF_TRACE_UPROBE_MULTI as u32, &program);
+    let program = match loaded {
+        Ok(program) => program,
+        Err(refusal) => return refused(&refusal.error),
+    };
+    let root = CString::from(c"/");
+    // pid -1 as the kernel reads the field (a pid_t).
+    let errno =
+        |pid| probes::try_multi_link(program.as_fd(), &root, pid).err().and_then(|e| e.raw_os_error());
+    match (errno(0), errno(u32::MAX)) {
+        (Some(libc::EBADF), Some(libc::EINVAL)) => Presence::Found,
+        (Some(libc::EBADF), Some(libc::ESRCH)) => {
+            Presence::Missing("its pid filter follows threads, not processes (fixed in 6.9)".into())
+        }
+        (Some(code), _) if code != libc::EBADF => refused(&io::Error::from_raw_os_error(code)),
+        (first, second) => {
+            Presence::Missing(format!("unexpected answers to a link probe: {first:?}, {second:?}"))
+        }
+    }
+}
+
+/// `union bpf_attr` for BPF_MAP_CREATE, as far as a feature probe needs it.
+#[repr(C)]
+struct MapAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+impl MapAttr {
+    fn ringbuf() -> Self {
+        const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+        // A ring buffer's size is a power of 2 and a multiple of the page size.
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
+        Self { map_type: BPF_MAP_TYPE_RINGBUF, key_size: 0, value_size: 0, max_entries: page, map_flags: 0 }
+    }
+
+    fn mmapable_array() -> Self {
+        const BPF_MAP_TYPE_ARRAY: u32 = 2;
+        const BPF_F_MMAPABLE: u32 = 1 << 10;
+        Self {
+            map_type: BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: 8,
+            max_entries: 1,
+            map_flags: BPF_F_MMAPABLE,
+        }
+    }
+}
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_ENABLE_STATS: libc::c_long = 32;
+
+fn map_creation(attr: MapAttr) -> Presence {
+    // SAFETY: the attribute outlives the call, its size is passed along (the kernel zero-extends
+    // it) and the result is a new descriptor or -1.
+    let created = unsafe { bpf_fd(BPF_MAP_CREATE, std::ptr::from_ref(&attr).cast(), size_of::<MapAttr>()) };
+    created.map_or_else(|error| refused(&error), |_| Presence::Found)
+}
+
+/// bpf(2) for a command that returns a new descriptor.
+///
+/// # Safety
+/// `attr` points to `size` bytes of the command's attribute, whose pointers are valid for the call.
+unsafe fn bpf_fd(command: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
+    // SAFETY: as the caller promises.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr, size as u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// struct bpf_prog_info carries recursion_misses (at byte 208) where the kernel fills at least
+/// 216 bytes of it.
+fn recursion_misses() -> Presence {
+    const RECURSION_MISSES_END: u32 = 216;
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let program = match probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &[RETURN_ZERO, EXIT]) {
+        Ok(program) => program,
+        Err(refusal) => return refused(&refusal.error),
+    };
+    let mut info = [0u64; 64];
+    let mut attr = InfoAttr {
+        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&program) as u32,
+        info_len: size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: the attribute and the zeroed info buffer it points to outlive the call; the kernel
+    // writes at most info_len bytes and then the length it wrote.
+    let done = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &raw mut attr, size_of::<InfoAttr>() as u32)
+    };
+    if done < 0 {
+        return refused(&io::Error::last_os_error());
+    }
+    match attr.info_len >= RECURSION_MISSES_END {
+        true => Presence::Found,
+        false => Presence::Missing(format!("bpf_prog_info is {} bytes", attr.info_len)),
+    }
+}
+
+/// BPF_ENABLE_STATS turns run-time stats on while its descriptor is open: closed at once.
+fn bpf_stats() -> Presence {
+    const BPF_STATS_RUN_TIME: u32 = 0;
+    let attr = BPF_STATS_RUN_TIME;
+    // SAFETY: the attribute (one u32, the stats type) outlives the call.
+    let enabled = unsafe { bpf_fd(BPF_ENABLE_STATS, std::ptr::from_ref(&attr).cast(), size_of::<u32>()) };
+    enabled.map_or_else(|error| refused(&error), |_| Presence::Found)
+}
+
+/// fanotify permission events on exec: a group of the content class (which needs
+/// CONFIG_FANOTIFY_ACCESS_PERMISSIONS) marking memtrace's own executable for FAN_OPEN_EXEC_PERM,
+/// closed at once (an exec pending meanwhile is allowed when the group closes).
+fn fanotify_exec_perm() -> Presence {
+    use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
+    let init = InitFlags::FAN_CLASS_CONTENT | InitFlags::FAN_CLOEXEC | InitFlags::FAN_NONBLOCK;
+    let group = match Fanotify::init(init, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC) {
+        Ok(group) => group,
+        Err(errno) => return refused(&io::Error::from(errno)),
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return Presence::Unknown("cannot find memtrace's own executable to mark".into());
+    };
+    match group.mark(MarkFlags::FAN_MARK_ADD, MaskFlags::FAN_OPEN_EXEC_PERM, None, Some(&exe)) {
+        Ok(()) => Presence::Found,
+        Err(errno) => refused(&io::Error::from(errno)),
+    }
+}
+
+/// Syscall numbers on x86-64 (arch/x86/entry/syscalls/syscall_64.tbl).
+const SYS_URETPROBE: libc::c_long = 335;
+const SYS_UPROBE: libc::c_long = 336;
+/// A child's exit status: the syscall returned ENOSYS.
+const CHILD_ENOSYS: i32 = 3;
+/// A child's exit status: the kernel raised SIGILL, as it does when the syscall exists but was not
+/// made from a uprobe trampoline.
+const CHILD_SIGILL: i32 = 4;
+
+extern "C" fn exit_on_sigill(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe and ends the probing child.
+    unsafe { libc::_exit(CHILD_SIGILL) }
+}
+
+/// Whether a uprobe syscall exists: made outside a trampoline, it kills the caller with SIGILL, so
+/// a forked child makes it (with a SIGILL handler, so no core is dumped).
+fn syscall_exists(number: libc::c_long) -> Presence {
+    if cfg!(not(target_arch = "x86_64")) {
+        return Presence::Missing("x86-64 only".into());
+    }
+    // SAFETY: the child calls only async-signal-safe functions (sigaction, syscall, _exit).
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        // SAFETY: as above; the handler only calls _exit.
+        unsafe {
+            libc::signal(libc::SIGILL, exit_on_sigill as *const () as libc::sighandler_t);
+            let result = libc::syscall(number);
+            let enosys = result == -1 && *libc::__errno_location() == libc::ENOSYS;
+            libc::_exit(if enosys { CHILD_ENOSYS } else { 0 });
+        }
+    }
+    if child < 0 {
+        return Presence::Unknown(format!("fork: {}", io::Error::last_os_error()));
+    }
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+    match status {
+        Ok(nix::sys::wait::WaitStatus::Exited(_, CHILD_ENOSYS)) => Presence::Missing("ENOSYS".into()),
+        Ok(nix::sys::wait::WaitStatus::Exited(_, CHILD_SIGILL | 0)) => Presence::Found,
+        other => Presence::Unknown(format!("the probing child ended as {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_feature_has_one_row() {
+        for info in &FEATURES {
+            assert_eq!(FEATURES.iter().filter(|other| other.feature == info.feature).count(), 1, "{info:?}");
+            assert_eq!(info.feature.info().name, info.name);
+        }
+    }
+
+    #[test]
+    fn the_oldest_kernel_is_set_by_bpf_loop() {
+        let newest_required = FEATURES
+            .iter()
+            .filter(|info| matches!(info.without, Without::Refuse(_)))
+            .map(|info| info.since)
+            .max();
+        assert_eq!(newest_required, Some(Feature::BpfLoop.info().since));
+        assert_eq!(Feature::BpfLoop.info().since, (5, 17));
+        assert_eq!(Feature::UprobeMulti.info().since, (6, 6));
+    }
+
+    #[test]
+    fn a_missing_bpf_loop_is_refused_with_one_message() {
+        let features = KernelFeatures::with_missing("5.10.0-32-amd64", &[Feature::BpfLoop]);
+        let refusal = features.refusal(Needs::default()).expect("bpf_loop is required");
+        assert_eq!(
+            refusal,
+            "this kernel (5.10.0-32-amd64) lacks bpf_loop, which memtrace's unwinder and live-allocation \
+             table need (Linux 5.17 or later); run memtrace on a newer kernel (Debian 12's 6.1 is the \
+             oldest tested)"
+        );
+        let error = features.check(Needs::default()).unwrap_err();
+        assert_eq!(error.to_string(), refusal);
+    }
+
+    #[test]
+    fn the_newest_missing_requirement_is_named_first() {
+        let features =
+            KernelFeatures::with_missing("5.4.0", &[Feature::RingBuf, Feature::BpfLoop, Feature::Cookies]);
+        let refusal = features.refusal(Needs::default()).unwrap();
+        assert!(refusal.starts_with("this kernel (5.4.0) lacks bpf_loop,"), "{refusal}");
+        assert!(
+            refusal.contains("and lacks BPF cookies (bpf_get_attach_cookie), BPF ring buffers too"),
+            "{refusal}"
+        );
+    }
+
+    #[test]
+    fn fallbacks_are_not_refusals() {
+        let features = KernelFeatures::with_missing(
+            "6.1.0",
+            &[
+                Feature::UprobeMulti,
+                Feature::OptimizedUprobes,
+                Feature::UretprobeSyscall,
+                Feature::FanotifyExecPerm,
+            ],
+        );
+        assert_eq!(features.refusal(Needs { follows_tree: true }), None);
+        assert_eq!(features.link_kind(), LinkKind::PerfEvent);
+        assert_eq!(KernelFeatures::with_missing("6.18", &[]).link_kind(), LinkKind::Multi);
+    }
+
+    #[test]
+    fn btf_is_needed_only_to_follow_trees() {
+        let features = KernelFeatures::with_missing("6.1.0", &[Feature::Btf]);
+        assert_eq!(features.refusal(Needs { follows_tree: false }), None);
+        let refusal = features.refusal(Needs { follows_tree: true }).unwrap();
+        assert!(refusal.contains("lacks BTF") && refusal.contains("--no-children"), "{refusal}");
+    }
+
+    #[test]
+    fn probe_sites_need_one_way_to_attach() {
+        let perf_only = KernelFeatures::with_missing("6.1.0", &[Feature::UprobePerfEvents]);
+        assert_eq!(perf_only.refusal(Needs::default()), None, "uprobe_multi serves instead");
+        let neither =
+            KernelFeatures::with_missing("6.1.0", &[Feature::UprobePerfEvents, Feature::UprobeMulti]);
+        let refusal = neither.refusal(Needs::default()).unwrap();
+        assert!(refusal.contains("lacks uprobe perf events"), "{refusal}");
+    }
+
+    #[test]
+    fn preemption_models() {
+        let debian = "#1 SMP PREEMPT_DYNAMIC Debian 6.1.140-1 (2025-05-22)";
+        assert_eq!(preemption(debian, None, "root=/dev/vda"), Preemption::DynamicUnknown);
+        assert_eq!(preemption(debian, None, "preempt=full quiet"), Preemption::Mode("full".into()));
+        assert_eq!(
+            preemption(debian, Some("none voluntary (full) lazy\n"), ""),
+            Preemption::Mode("full".into())
+        );
+        assert_eq!(preemption("#1 SMP PREEMPT_RT Debian 6.12.43-1", None, ""), Preemption::Realtime);
+        assert_eq!(
+            preemption("#1 SMP PREEMPT(lazy) Debian 7.2.13-1", None, ""),
+            Preemption::Mode("lazy".into())
+        );
+        assert_eq!(preemption("#1 SMP PREEMPT Tue Jan 1", None, ""), Preemption::Mode("full".into()));
+        assert_eq!(preemption("#1 SMP Debian 5.10.237-1", None, ""), Preemption::NotPreemptible);
+    }
+
+    #[test]
+    fn instructions_are_encoded_as_the_kernel_reads_them() {
+        // call 181: opcode 0x85, imm 181 in the upper half.
+        assert_eq!(insn(0x85, 0, 0, 0, HELPER_LOOP), 0x0000_00b5_0000_0085);
+        assert_eq!(insn(0xb7, 1, 0, 0, -1), 0xffff_ffff_0000_01b7);
+        assert_eq!(insn(0x79, 2, 1, -8, 0), 0x0000_0000_fff8_1279);
+    }
+
+    /// Probes that tell missing from found on any kernel (the unit tests run as root).
+    #[test]
+    fn probes_tell_missing_from_found() {
+        const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+        assert_eq!(
+            helper(BPF_FUNC_MAP_LOOKUP_ELEM),
+            Presence::Found,
+            "its arguments are wrong, its name known"
+        );
+        assert!(matches!(helper(100_000), Presence::Missing(how) if how.contains("invalid func")));
+        assert_eq!(syscall_exists(libc::SYS_getppid), Presence::Found);
+        assert_eq!(syscall_exists(100_000), Presence::Missing("ENOSYS".into()));
+        assert_eq!(map_creation(MapAttr::mmapable_array()), Presence::Found);
+    }
+
+    #[test]
+    fn map_attribute_layout_matches_the_kernel() {
+        assert_eq!(std::mem::offset_of!(MapAttr, map_flags), 16);
+    }
+}
