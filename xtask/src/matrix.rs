@@ -34,6 +34,10 @@ const HOST_PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static", "cpio", "k
 /// The integration tests each kernel runs: a test binary of tests/tests/ and name filters (none:
 /// all of it). Together they reach every BPF program and attach path.
 const PLAN: &[(&str, &[&str])] = &[
+    // the stack every program uses, as this kernel's verifier reports it, both attach paths
+    ("kernel_stack", &[]),
+    // memtrace doctor: every line, its verdict and exit status
+    ("doctor", &[]),
     // every glibc entry point, threads, a full live table counted as lost, per-site perf links
     ("accounting", &[]),
     // stacks with frame pointers, --no-stacks, sampling
@@ -73,10 +77,8 @@ const MEMORY: &str = "4096";
 /// How long one kernel may take, boot to power-off, before the VM is killed.
 const DEADLINE: Duration = Duration::from_secs(20 * 60);
 
-/// TODO(doctor): `memtrace doctor` does not exist yet, so its exit status is only recorded. Once it
-/// lands, set this to true: a kernel then fails unless doctor exits 0 where memtrace works and 1
-/// where it refuses.
-const DOCTOR_REQUIRED: bool = false;
+/// A kernel fails unless `memtrace doctor` exits 0 where memtrace works and 1 where it refuses.
+const DOCTOR_REQUIRED: bool = true;
 
 /// Boots each kernel (the default set when `packages` is empty) and runs the plan; fails if any
 /// kernel fails.
