@@ -36,19 +36,24 @@ fn assert_levels_of_the_fixture(memory: &Value, live_bytes: u64) {
 fn every_level_of_a_running_and_of_an_exited_process() {
     let mut run = Memtrace::new().command(&fixture("levels")).spawn();
     run.wait_for_stdout("ready");
-    // While it runs, the levels come from /proc and the kernel's mapping figures.
-    let trace = run.wait_for_trace("the program's 8 MiB mapping in a memory counter", |trace| {
-        trace.counters("memory").any(|event| event["args"]["mapped_anon_bytes"].as_u64() >= Some(8 * MIB))
+    // While it runs, the levels come from /proc and the kernel's mapping figures. The program maps
+    // its 8 MiB before it mallocs its 256 blocks, so a sample may fall between the two (on a slow
+    // machine, an emulated kernel of the matrix, it does): the one to check has both.
+    let blocks = 256 * 4096;
+    let sample = |trace: &Trace| {
+        trace.counters("memory").find_map(|memory| {
+            let heap = trace
+                .counters("heap")
+                .filter(|heap| heap["ts"] == memory["ts"] && heap["pid"] == memory["pid"])
+                .find_map(|heap| heap["args"]["live_bytes"].as_u64())?;
+            let mapped = memory["args"]["mapped_anon_bytes"].as_u64()?;
+            (mapped >= 8 * MIB && heap >= blocks).then(|| (memory.clone(), heap))
+        })
+    };
+    let trace = run.wait_for_trace("a sample with the program's 8 MiB mapping and its 256 blocks", |trace| {
+        sample(trace).is_some()
     });
-    let running = trace
-        .counters("memory")
-        .find(|event| event["args"]["mapped_anon_bytes"].as_u64() >= Some(8 * MIB))
-        .unwrap();
-    let heap = trace
-        .counters("heap")
-        .filter(|event| event["ts"] == running["ts"])
-        .find_map(|event| event["args"]["live_bytes"].as_u64())
-        .expect("a heap counter at the same sample");
+    let (running, heap) = sample(&trace).unwrap();
     assert_levels_of_the_fixture(&running["args"], heap);
     run.send(b"x");
     let outcome = run.finish();
