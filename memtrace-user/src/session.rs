@@ -585,6 +585,13 @@ impl Run<'_> {
     fn report_new_losses(&mut self) {
         let lost = self.model.lost_events();
         if lost > self.lost_reported {
+            // Which ones the kernel skipped, said by program: no table size helps with those.
+            for (program, skipped) in self.probes.skipped_runs_by_program().unwrap_or_default() {
+                eprintln!(
+                    "memtrace: warning: the kernel skipped {skipped} runs of BPF program {program} in all \
+                     (it was running on that CPU already); each is an event lost"
+                );
+            }
             eprintln!(
                 "memtrace: warning: {} events lost in the last interval ({lost} in all); a kernel table \
                  is full: live allocations (--max-allocations {}) or stacks made within one interval \

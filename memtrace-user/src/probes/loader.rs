@@ -164,9 +164,9 @@ impl MultiPrograms {
         Ok(Self { programs, _btf: prepared.btf })
     }
 
-    /// Every program loaded here.
-    pub fn all(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
-        self.programs.values().map(|fd| fd.as_fd())
+    /// Every program loaded here, by name.
+    pub fn named(&self) -> impl Iterator<Item = (&str, BorrowedFd<'_>)> {
+        self.programs.iter().map(|(name, fd)| (name.as_str(), fd.as_fd()))
     }
 
     pub fn program(&self, name: &str) -> Result<BorrowedFd<'_>> {

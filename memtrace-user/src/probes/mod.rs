@@ -447,16 +447,25 @@ impl Probes {
     /// Runs of any program that the kernel skipped (its recursion guard: the program was already
     /// running on that CPU), each an event not recorded.
     pub fn skipped_runs(&self) -> Result<u64> {
-        let mut skipped = 0;
+        Ok(self.skipped_runs_by_program()?.iter().map(|(_, skipped)| skipped).sum())
+    }
+
+    /// The programs the kernel skipped runs of, and how many.
+    pub fn skipped_runs_by_program(&self) -> Result<Vec<(String, u64)>> {
+        let mut skipped = Vec::new();
         for (name, program) in self.ebpf.programs() {
             // Programs aya did not load (the uprobes, where uprobe_multi links are used) have no fd.
             let Ok(fd) = program.fd() else { continue };
-            skipped += prog_info::recursion_misses(fd.as_fd())
+            let misses = prog_info::recursion_misses(fd.as_fd())
                 .with_context(|| format!("reading BPF program {name}'s statistics"))?;
+            skipped.push((name.to_owned(), misses));
         }
-        for fd in self.multi.iter().flat_map(MultiPrograms::all) {
-            skipped += prog_info::recursion_misses(fd).context("reading a uprobe program's statistics")?;
+        for (name, fd) in self.multi.iter().flat_map(MultiPrograms::named) {
+            let misses = prog_info::recursion_misses(fd)
+                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
+            skipped.push((name.to_owned(), misses));
         }
+        skipped.retain(|(_, misses)| *misses > 0);
         Ok(skipped)
     }
 

@@ -88,7 +88,7 @@ pub fn report(object: &[u8], ebpf: &Ebpf, attach_type: u32) -> Result<Vec<Progra
         let (loaded, log) = load_with_log(&mut attr, LOG_STATS);
         let fd = loaded.with_context(|| format!("the kernel refused BPF program {name}:\n{log}"))?;
         let kept = stack_depths(&log)
-            .with_context(|| format!("no `stack depth` in the verifier's log of {name}"))?;
+            .with_context(|| format!("no `stack depth` in the verifier's log of {name}:\n{log}"))?;
         let graph = CallGraph::of(&function.instructions);
         let kept_types = prog_info::function_types(fd.as_fd())?;
         let types: Vec<u32> = function.func_info.func_info.iter().map(|info| info.type_id).collect();
