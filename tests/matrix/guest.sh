@@ -9,6 +9,9 @@
 set -u
 # shellcheck source=/dev/null
 source "$1" || { echo "MATRIX-GUEST-FAILED cannot read the plan $1 (it must be on the host's root filesystem, not /tmp)"; exit 1; }
+# Emulated CPUs run a test some 30 times slower than the host: whole runs may take 4 times the
+# host's deadline (tests/src/lib.rs run_deadline).
+export MEMTRACE_TEST_SLOWDOWN=4
 export MEMTRACE_BIN PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 echo "MATRIX-KERNEL $(uname -r)"
 echo "MATRIX-VERSION $(uname -v)"

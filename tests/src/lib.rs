@@ -26,6 +26,14 @@ pub mod chromium;
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);
 
+/// How long a whole run of memtrace may take: [`DEADLINE`], times `$MEMTRACE_TEST_SLOWDOWN` on a
+/// machine known to be that much slower (the kernel matrix's emulated CPUs: tests/matrix/guest.sh).
+pub fn run_deadline() -> Duration {
+    let slowdown =
+        std::env::var("MEMTRACE_TEST_SLOWDOWN").ok().and_then(|factor| factor.parse().ok()).unwrap_or(1);
+    DEADLINE * slowdown
+}
+
 /// The interval every test run samples at, so that short runs still see several samples.
 pub const INTERVAL: &str = "100ms";
 
@@ -248,14 +256,14 @@ impl Spawned {
 
     /// Waits for the child to exit, for at most [`DEADLINE`].
     pub fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + run_deadline();
         loop {
             if let Some(status) = self.try_wait() {
                 return status;
             }
             if Instant::now() >= deadline {
                 self.kill();
-                self.fail(&format!("still running after {DEADLINE:?}; killed it"));
+                self.fail(&format!("still running after {:?}; killed it", run_deadline()));
             }
             thread::sleep(Duration::from_millis(10));
         }
@@ -433,7 +441,7 @@ impl Running {
 
     /// Polls the trace file until `ready` holds for what it holds, for at most [`DEADLINE`].
     pub fn wait_for_trace(&mut self, what: &str, ready: impl Fn(&Trace) -> bool) -> Trace {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + run_deadline();
         loop {
             if let Some(trace) = self.trace_so_far().filter(&ready) {
                 return trace;

@@ -37,8 +37,9 @@ fn every_level_of_a_running_and_of_an_exited_process() {
     let mut run = Memtrace::new().command(&fixture("levels")).spawn();
     run.wait_for_stdout("ready");
     // While it runs, the levels come from /proc and the kernel's mapping figures. The program maps
-    // its 8 MiB before it mallocs its 256 blocks, so a sample may fall between the two (on a slow
-    // machine, an emulated kernel of the matrix, it does): the one to check has both.
+    // its 8 MiB, mallocs its 256 blocks and touches its static data one after the other, so a
+    // sample may fall in between (on a slow machine, an emulated kernel of the matrix, it does):
+    // the one to check comes after all three.
     let blocks = 256 * 4096;
     let sample = |trace: &Trace| {
         trace.counters("memory").find_map(|memory| {
@@ -47,10 +48,12 @@ fn every_level_of_a_running_and_of_an_exited_process() {
                 .filter(|heap| heap["ts"] == memory["ts"] && heap["pid"] == memory["pid"])
                 .find_map(|heap| heap["args"]["live_bytes"].as_u64())?;
             let mapped = memory["args"]["mapped_anon_bytes"].as_u64()?;
-            (mapped >= 8 * MIB && heap >= blocks).then(|| (memory.clone(), heap))
+            // ... and has touched its static data: all it does before it says "ready".
+            let anon = memory["args"]["rss_anon_bytes"].as_u64()?;
+            (mapped >= 8 * MIB && heap >= blocks && anon >= 15 * MIB).then(|| (memory.clone(), heap))
         })
     };
-    let trace = run.wait_for_trace("a sample with the program's 8 MiB mapping and its 256 blocks", |trace| {
+    let trace = run.wait_for_trace("a sample after the program's mapping, blocks and static data", |trace| {
         sample(trace).is_some()
     });
     let (running, heap) = sample(&trace).unwrap();

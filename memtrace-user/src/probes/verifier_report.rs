@@ -48,11 +48,19 @@ pub struct ProgramStack {
     /// of the matrix has BPF_JIT_ALWAYS_ON).
     pub deepest_chain: Vec<usize>,
     pub deepest_bytes: u32,
+    /// The deepest chain as the verifier itself sums it, where it says (`... max N`).
+    pub verifier_max: Option<u32>,
 }
 
 impl ProgramStack {
     /// What is wrong with the program's stack, if anything.
     pub fn problem(&self) -> Option<String> {
+        if let Some(max) = self.verifier_max.filter(|&max| max > MAX_CHAIN_BYTES) {
+            return Some(format!(
+                "{}: the verifier sums its deepest chain of calls to {max} bytes of stack",
+                self.name
+            ));
+        }
         if self.deepest_bytes > MAX_CHAIN_BYTES {
             return Some(format!(
                 "{}: a chain of calls takes {} bytes of stack (functions {:?} of frames {:?}), more than {MAX_CHAIN_BYTES}",
@@ -87,7 +95,7 @@ pub fn report(object: &[u8], ebpf: &Ebpf, attach_type: u32) -> Result<Vec<Progra
         attr.line_info = line_info.as_ptr() as u64;
         let (loaded, log) = load_with_log(&mut attr, LOG_STATS);
         let fd = loaded.with_context(|| format!("the kernel refused BPF program {name}:\n{log}"))?;
-        let kept = stack_depths(&log)
+        let (kept, verifier_max) = stack_depths(&log)
             .with_context(|| format!("no `stack depth` in the verifier's log of {name}:\n{log}"))?;
         let graph = CallGraph::of(&function.instructions);
         let kept_types = prog_info::function_types(fd.as_fd())?;
@@ -114,16 +122,24 @@ pub fn report(object: &[u8], ebpf: &Ebpf, attach_type: u32) -> Result<Vec<Progra
             frames,
             deepest_chain,
             deepest_bytes,
+            verifier_max,
         });
     }
     report.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(report)
 }
 
-/// The figures of the log's `stack depth 48+104+0` line.
-fn stack_depths(log: &str) -> Option<Vec<u32>> {
+/// The figures of the log's `stack depth 48+104+0` line, and the deepest chain where the kernel
+/// says it too (`stack depth 48+0+40 max 88`, newer kernels).
+fn stack_depths(log: &str) -> Option<(Vec<u32>, Option<u32>)> {
     let line = log.lines().find_map(|line| line.strip_prefix("stack depth "))?;
-    line.trim().split('+').map(|figure| figure.parse().ok()).collect()
+    let mut words = line.split_whitespace();
+    let frames = words.next()?.split('+').map(|figure| figure.parse().ok()).collect::<Option<Vec<u32>>>()?;
+    let max = match (words.next(), words.next()) {
+        (Some("max"), Some(max)) => Some(max.parse().ok()?),
+        _ => None,
+    };
+    Some((frames, max))
 }
 
 const CALL: u8 = 0x85;
@@ -188,7 +204,11 @@ mod tests {
     #[test]
     fn stack_depth_line_is_read() {
         let log = "func#0 @0\nverification time 68340 usec\nstack depth 224+0+376+16\nprocessed 10 insns\n";
-        assert_eq!(stack_depths(log), Some(vec![224, 0, 376, 16]));
+        assert_eq!(stack_depths(log), Some((vec![224, 0, 376, 16], None)));
+        assert_eq!(
+            stack_depths("stack depth 48+0+40+16+48 max 112\n"),
+            Some((vec![48, 0, 40, 16, 48], Some(112)))
+        );
         assert_eq!(stack_depths("processed 10 insns"), None);
     }
 
@@ -202,6 +222,7 @@ mod tests {
             frames,
             deepest_chain: vec![0, 1],
             deepest_bytes: chain,
+            verifier_max: None,
         };
         assert!(stack(vec![352, 376], 736, true).problem().unwrap().contains("736 bytes"));
         assert!(stack(vec![48, 280], 352, true).problem().is_none());
