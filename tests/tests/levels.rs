@@ -37,26 +37,22 @@ fn every_level_of_a_running_and_of_an_exited_process() {
     let mut run = Memtrace::new().command(&fixture("levels")).spawn();
     run.wait_for_stdout("ready");
     // While it runs, the levels come from /proc and the kernel's mapping figures. The program maps
-    // its 8 MiB, mallocs its 256 blocks and touches its static data one after the other, so a
-    // sample may fall in between (on a slow machine, an emulated kernel of the matrix, it does):
-    // the one to check comes after all three.
-    let blocks = 256 * 4096;
-    let sample = |trace: &Trace| {
-        trace.counters("memory").find_map(|memory| {
-            let heap = trace
-                .counters("heap")
-                .filter(|heap| heap["ts"] == memory["ts"] && heap["pid"] == memory["pid"])
-                .find_map(|heap| heap["args"]["live_bytes"].as_u64())?;
-            let mapped = memory["args"]["mapped_anon_bytes"].as_u64()?;
-            // ... and has touched its static data: all it does before it says "ready".
-            let anon = memory["args"]["rss_anon_bytes"].as_u64()?;
-            (mapped >= 8 * MIB && heap >= blocks && anon >= 15 * MIB).then(|| (memory.clone(), heap))
-        })
-    };
-    let trace = run.wait_for_trace("a sample after the program's mapping, blocks and static data", |trace| {
-        sample(trace).is_some()
+    // its 8 MiB, mallocs its 256 blocks and touches its static data before it says "ready", and a
+    // sample may fall in between (on a slow machine, an emulated kernel of the matrix, one does):
+    // the one to check is the last of two or more samples taken after "ready" was seen.
+    let seen = run
+        .wait_for_trace("a memory counter", |trace| trace.counters("memory").count() > 0)
+        .counters("memory")
+        .count();
+    let trace = run.wait_for_trace("two samples after the program said it was ready", |trace| {
+        trace.counters("memory").count() >= seen + 2
     });
-    let (running, heap) = sample(&trace).unwrap();
+    let running = trace.counters("memory").last().unwrap().clone();
+    let heap = trace
+        .counters("heap")
+        .filter(|event| event["ts"] == running["ts"] && event["pid"] == running["pid"])
+        .find_map(|event| event["args"]["live_bytes"].as_u64())
+        .expect("a heap counter at the same sample");
     assert_levels_of_the_fixture(&running["args"], heap);
     run.send(b"x");
     let outcome = run.finish();
