@@ -20,7 +20,7 @@ const FEATURES: [&str; 13] = [
     "uretprobe syscall",
     "fanotify exec permission events",
     "bpf_prog_info recursion_misses",
-    "BPF run-time stats (BPF_ENABLE_STATS)",
+    "BPF run-time stats (kernel.bpf_stats_enabled)",
 ];
 
 const CAN_WORK: &str = "memtrace: tracing can work here";
