@@ -28,7 +28,10 @@ fn assert_levels_of_the_fixture(memory: &Value, live_bytes: u64) {
     let dark = level(memory, "dark_bytes");
     assert!((5 * MIB..9 * MIB).contains(&dark), "dark_bytes {dark} (6 MiB of static data): {memory}");
     let anon = level(memory, "rss_anon_bytes");
-    assert!(anon >= 15 * MIB, "8 + 6 + 1 MiB touched, resident: {memory}");
+    // Before 6.2 a thread's resident-page counts reach its process's only every 64 page faults
+    // (SPLIT_RSS_COUNTING): up to 64 pages may be missing from them (4 were on Debian's 6.1).
+    let unsynced = 64 * 4096;
+    assert!(anon >= 15 * MIB - unsynced, "8 + 6 + 1 MiB touched, resident: {memory}");
     assert!(level(memory, "rss_file_bytes") > 0, "{memory}");
 }
 
