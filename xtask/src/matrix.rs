@@ -51,11 +51,14 @@ const PLAN: &[(&str, &[&str])] = &[
     ),
     // stacks without frame pointers: the .eh_frame unwinder
     ("unwind", &["chain_without_frame_pointers_is_whole_and_one_group"]),
-    // USDT: a semaphore and --usdt arguments, by pid and launched
+    // USDT: memtrace.h's semaphore and its reports (the claimed key slot), and --usdt arguments,
+    // launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
+    // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the
+    // breakpoint of its site is written, so a program spinning on it can pass the site unprobed.)
     (
         "usdt",
         &[
-            "semaphore_is_set_while_memtrace_listens_and_cleared_after",
+            "subsystems_from_the_header_match_what_the_program_reported",
             "argument_forms_decode_to_the_values_passed_at_o0_and_o2",
         ],
     ),
