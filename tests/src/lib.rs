@@ -637,7 +637,13 @@ impl Figures {
 /// Asserts the figures of the one traced process exactly, and that nothing was lost.
 pub fn assert_figures(outcome: &Outcome, expected: Figures) {
     assert_figures_of(outcome.process(), expected);
-    assert_eq!(outcome.summary()["lost_events"], 0, "the run lost events: {:#}", outcome.summary());
+    assert_eq!(
+        outcome.summary()["lost_events"],
+        0,
+        "the run lost events: {:#}\n--- memtrace's stderr ---\n{}",
+        outcome.summary(),
+        outcome.stderr
+    );
 }
 
 /// Compares one process entry of a summary with the fixture's figures, exactly.

@@ -34,7 +34,7 @@ fn assert_both_leaks_and_no_temporary(outcome: &Outcome) {
     let leaks = process["leaks"].as_array().unwrap();
     assert_eq!(leaks.len(), 2, "only the two leaking call sites: {leaks:#?}");
     assert!(leaks.iter().all(|leak| !stack_names(leak).contains(&"scratch")));
-    assert_eq!(outcome.summary()["lost_events"], 0);
+    assert_eq!(outcome.summary()["lost_events"], 0, "lost events; memtrace's stderr:\n{}", outcome.stderr);
 }
 
 fn function<'a>(process: &'a Value, name: &str) -> &'a Value {
