@@ -420,7 +420,6 @@ impl MapAttr {
 }
 
 const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
 fn map_creation(attr: MapAttr) -> Presence {
     // SAFETY: the attribute outlives the call, its size is passed along (the kernel zero-extends
@@ -447,33 +446,14 @@ unsafe fn bpf_fd(command: libc::c_long, attr: *const u8, size: usize) -> io::Res
 /// 216 bytes of it.
 fn recursion_misses() -> Presence {
     const RECURSION_MISSES_END: u32 = 216;
-    #[repr(C)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
     let program = match probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &[RETURN_ZERO, EXIT]) {
         Ok(program) => program,
         Err(refusal) => return refused(&refusal.error),
     };
-    let mut info = [0u64; 64];
-    let mut attr = InfoAttr {
-        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&program) as u32,
-        info_len: size_of_val(&info) as u32,
-        info: info.as_mut_ptr() as u64,
-    };
-    // SAFETY: the attribute and the zeroed info buffer it points to outlive the call; the kernel
-    // writes at most info_len bytes and then the length it wrote.
-    let done = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &raw mut attr, size_of::<InfoAttr>() as u32)
-    };
-    if done < 0 {
-        return refused(&io::Error::last_os_error());
-    }
-    match attr.info_len >= RECURSION_MISSES_END {
-        true => Presence::Found,
-        false => Presence::Missing(format!("bpf_prog_info is {} bytes", attr.info_len)),
+    match probes::prog_info::info_size(program.as_fd()) {
+        Err(error) => refused(&error),
+        Ok(filled) if filled >= RECURSION_MISSES_END => Presence::Found,
+        Ok(filled) => Presence::Missing(format!("bpf_prog_info is {filled} bytes")),
     }
 }
 

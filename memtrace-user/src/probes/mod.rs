@@ -7,7 +7,7 @@ mod links;
 mod live_table;
 mod loader;
 mod map_ops;
-mod prog_info;
+pub mod prog_info;
 pub mod tables;
 pub mod verifier_report;
 pub use map_ops::KeyLookup;
