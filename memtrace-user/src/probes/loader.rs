@@ -36,7 +36,7 @@ const LOG_SIZE: usize = 1 << 20;
 /// `union bpf_attr` for BPF_PROG_LOAD, up to the expected attach type: all a uprobe program needs.
 #[repr(C)]
 #[derive(Default)]
-pub(super) struct ProgLoadAttr {
+struct ProgLoadAttr {
     prog_type: u32,
     insn_cnt: u32,
     insns: u64,
@@ -51,10 +51,10 @@ pub(super) struct ProgLoadAttr {
     expected_attach_type: u32,
     prog_btf_fd: u32,
     func_info_rec_size: u32,
-    pub(super) func_info: u64,
+    func_info: u64,
     func_info_cnt: u32,
     line_info_rec_size: u32,
-    pub(super) line_info: u64,
+    line_info: u64,
     line_info_cnt: u32,
     /// The kernel's next field, zero: without it the struct's padding would be read as it,
     /// whatever bytes it held (EINVAL, now and then).
@@ -239,26 +239,40 @@ fn load_btf(obj: &mut Object) -> Result<OwnedFd> {
 
 /// BPF_PROG_LOAD of one program; on failure, loads it again with the verifier's log to say why.
 fn load_program(name: &str, function: &Function, prepared: &Prepared, kind: ProgramKind) -> Result<OwnedFd> {
-    let mut attr = program_attr(name, function, prepared, kind)?;
-    // Kept alive until the program is loaded.
-    let (func_info, line_info) = (function.func_info.func_info_bytes(), function.line_info.line_info_bytes());
-    attr.func_info = func_info.as_ptr() as u64;
-    attr.line_info = line_info.as_ptr() as u64;
-    if let Ok(fd) = prog_load(&attr) {
+    if let (Ok(fd), _) = load_logged(name, function, prepared, kind, None)? {
         return Ok(fd);
     }
-    let (result, log) = load_with_log(&mut attr, 1);
-    match result {
-        Ok(fd) => Ok(fd),
-        Err(err) => {
+    match load_logged(name, function, prepared, kind, Some(1))? {
+        (Ok(fd), _) => Ok(fd),
+        (Err(err), log) => {
             let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
             bail!("{err}\n{}", tail.join("\n"))
         }
     }
 }
 
+/// BPF_PROG_LOAD of one program, with the verifier's log at `level` if given (1: the walk, 4:
+/// statistics only): the load's result and the log (empty without one).
+pub(super) fn load_logged(
+    name: &str,
+    function: &Function,
+    prepared: &Prepared,
+    kind: ProgramKind,
+    level: Option<u32>,
+) -> Result<(io::Result<OwnedFd>, String)> {
+    let mut attr = program_attr(name, function, prepared, kind)?;
+    // Kept alive until the program is loaded.
+    let (func_info, line_info) = (function.func_info.func_info_bytes(), function.line_info.line_info_bytes());
+    attr.func_info = func_info.as_ptr() as u64;
+    attr.line_info = line_info.as_ptr() as u64;
+    Ok(match level {
+        None => (prog_load(&attr), String::new()),
+        Some(level) => load_with_log(&mut attr, level),
+    })
+}
+
 /// The load attribute of a program, without its func and line info pointers.
-pub(super) fn program_attr(
+fn program_attr(
     name: &str,
     function: &Function,
     prepared: &Prepared,
@@ -287,7 +301,7 @@ pub(super) fn program_attr(
 }
 
 /// Loads with the verifier's log at `level` (1: the walk, 4: statistics only), returning the log.
-pub(super) fn load_with_log(attr: &mut ProgLoadAttr, level: u32) -> (io::Result<OwnedFd>, String) {
+fn load_with_log(attr: &mut ProgLoadAttr, level: u32) -> (io::Result<OwnedFd>, String) {
     let mut log = vec![0u8; LOG_SIZE];
     attr.log_level = level;
     attr.log_size = LOG_SIZE as u32;

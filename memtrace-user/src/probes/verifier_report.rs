@@ -19,7 +19,7 @@ use aya_obj::generated::bpf_insn;
 use std::os::fd::AsFd;
 
 use super::{
-    loader::{load_with_log, program_attr, Prepared, ProgramKind},
+    loader::{load_logged, Prepared, ProgramKind},
     prog_info,
 };
 
@@ -88,12 +88,7 @@ pub fn report(object: &[u8], ebpf: &Ebpf, attach_type: u32) -> Result<Vec<Progra
     for (name, _) in ebpf.programs() {
         let (section, function) = prepared.program(name)?;
         let Some(kind) = ProgramKind::of(section, attach_type) else { continue };
-        let mut attr = program_attr(name, function, &prepared, kind)?;
-        let (func_info, line_info) =
-            (function.func_info.func_info_bytes(), function.line_info.line_info_bytes());
-        attr.func_info = func_info.as_ptr() as u64;
-        attr.line_info = line_info.as_ptr() as u64;
-        let (loaded, log) = load_with_log(&mut attr, LOG_STATS);
+        let (loaded, log) = load_logged(name, function, &prepared, kind, Some(LOG_STATS))?;
         let fd = loaded.with_context(|| format!("the kernel refused BPF program {name}:\n{log}"))?;
         let (kept, verifier_max) = stack_depths(&log)
             .with_context(|| format!("no `stack depth` in the verifier's log of {name}:\n{log}"))?;
