@@ -373,6 +373,22 @@ impl Memtrace {
         self.dir.path()
     }
 
+    /// memtrace as nobody, with no capabilities, able to write its outputs in its directory: only
+    /// privileges stand in its way.
+    pub fn unprivileged() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let memtrace = Self::new().wrapped_in([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ]);
+        fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777))
+            .expect("opening the run's directory");
+        memtrace
+    }
+
     pub fn spawn(self) -> Running {
         let binary = memtrace_bin();
         let mut command = match self.wrapper.split_first() {

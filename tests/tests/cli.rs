@@ -59,15 +59,7 @@ fn no_target_is_a_usage_error() {
 
 #[test]
 fn unprivileged_run_says_what_it_needs() {
-    let memtrace = Memtrace::new().wrapped_in([
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-    ]);
-    // The unprivileged memtrace must be able to write its outputs: only privileges stand in its way.
-    fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777)).unwrap();
+    let memtrace = Memtrace::unprivileged();
     let outcome = memtrace.args(["--", "true"]).run();
     outcome.assert_exit_code(1);
     let error = outcome.error_line();

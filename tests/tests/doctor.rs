@@ -2,7 +2,7 @@
 //! kernel that has it, the attach path, the unwinder, the privileges and whether the kernel takes
 //! memtrace's BPF programs, and ends with a verdict its exit status agrees with.
 
-use std::{fs, os::unix::fs::PermissionsExt, process::ExitStatus};
+use std::{fs, process::ExitStatus};
 
 use memtrace_tests::{assert_root, Memtrace};
 
@@ -124,15 +124,7 @@ fn doctor_names_the_attach_path_memtrace_links_asks_for() {
 #[test]
 fn unprivileged_doctor_says_to_run_as_root_and_still_reports() {
     assert_root();
-    let memtrace = Memtrace::new().wrapped_in([
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-    ]);
-    fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777)).unwrap();
-    let doctor = Doctor::run(memtrace);
+    let doctor = Doctor::run(Memtrace::unprivileged());
     assert_eq!(doctor.status.code(), Some(1), "{}{}", doctor.stdout, doctor.stderr);
     doctor.line("kernel ");
     doctor.assert_every_feature_listed();
