@@ -40,6 +40,12 @@ enum Task {
     Matrix {
         /// Kernel packages to boot instead, e.g. linux-image-6.12-rt-amd64
         packages: Vec<String>,
+        /// Run only these test binaries of the plan (e.g. --only preemption), to chase one failure
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Run the (chosen) tests this many times in each VM
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
     },
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
@@ -59,7 +65,7 @@ fn main() -> Result<()> {
         Task::Build => build().map(drop),
         Task::Demo => demo(),
         Task::Test { no_matrix } => test(!no_matrix),
-        Task::Matrix { packages } => matrix(&packages),
+        Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Bench => bench::run(&build()?),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
@@ -152,7 +158,7 @@ fn demo() -> Result<()> {
 }
 
 /// `cargo xtask matrix`: the memtrace built here, or $MEMTRACE_BIN (another build to compare).
-fn matrix(packages: &[String]) -> Result<()> {
+fn matrix(packages: &[String], selection: &matrix::Selection) -> Result<()> {
     let memtrace = match std::env::var_os("MEMTRACE_BIN") {
         Some(path) => PathBuf::from(path),
         None => build()?,
@@ -160,7 +166,7 @@ fn matrix(packages: &[String]) -> Result<()> {
     if !is_root() {
         bail!("the kernel matrix installs packages and boots VMs: run `sudo cargo xtask matrix`");
     }
-    matrix::run(&memtrace, packages)
+    matrix::run(&memtrace, packages, selection)
 }
 
 /// The host's checks and tests, then (with `with_matrix`) the kernel matrix, which runs even when
@@ -188,7 +194,7 @@ fn test(with_matrix: bool) -> Result<()> {
         return host;
     }
     eprintln!("xtask: the kernel matrix");
-    match (host, matrix::run(&memtrace, &[])) {
+    match (host, matrix::run(&memtrace, &[], &matrix::Selection::default())) {
         (Ok(()), Ok(())) => Ok(()),
         (Err(host), Ok(())) => Err(host),
         (Ok(()), Err(matrix)) => Err(matrix),

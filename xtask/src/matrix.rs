@@ -83,12 +83,45 @@ const DEADLINE: Duration = Duration::from_secs(20 * 60);
 /// A kernel fails unless `memtrace doctor` exits 0 where memtrace works and 1 where it refuses.
 const DOCTOR_REQUIRED: bool = true;
 
+/// Which of the plan runs, and how often: all of it once (CI), or one binary many times to chase a
+/// failure seen once.
+pub struct Selection {
+    /// Test binaries of the plan to run; empty: all.
+    pub only: Vec<String>,
+    pub repeat: u32,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Self { only: Vec::new(), repeat: 1 }
+    }
+}
+
+impl Selection {
+    /// The plan's entries chosen, each `repeat` times; an `--only` name the plan lacks is an error.
+    fn entries(&self) -> Result<Vec<(&'static str, &'static [&'static str])>> {
+        if let Some(unknown) = self.only.iter().find(|name| !PLAN.iter().any(|(planned, _)| planned == name))
+        {
+            let names: Vec<&str> = PLAN.iter().map(|(name, _)| *name).collect();
+            bail!(
+                "--only {unknown}: the matrix's plan has no test binary of that name (it has {})",
+                names.join(", ")
+            );
+        }
+        let chosen =
+            PLAN.iter().filter(|(name, _)| self.only.is_empty() || self.only.iter().any(|only| only == name));
+        let once: Vec<_> = chosen.copied().collect();
+        Ok((0..self.repeat.max(1)).flat_map(|_| once.iter().copied()).collect())
+    }
+}
+
 /// Boots each kernel (the default set when `packages` is empty) and runs the plan; fails if any
 /// kernel fails.
-pub fn run(memtrace: &Path, packages: &[String]) -> Result<()> {
+pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Result<()> {
     toolchain::ensure_packages(HOST_PACKAGES)?;
+    let entries = selection.entries()?;
     let kernels = kernels::resolve(packages)?;
-    let tests = test_executables()?;
+    let tests = planned(&entries, &test_executables()?)?;
     let out = workspace_root().join("target/matrix");
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let mut failed = Vec::new();
@@ -99,6 +132,7 @@ pub fn run(memtrace: &Path, packages: &[String]) -> Result<()> {
         println!("{line}");
         lines.push(line);
         if !report.passed(DOCTOR_REQUIRED) {
+            report.failure_output.iter().for_each(|output| println!("    {output}"));
             failed.push(kernel.package.clone());
         }
     }
@@ -113,7 +147,7 @@ pub fn run(memtrace: &Path, packages: &[String]) -> Result<()> {
 
 /// Boots one kernel and reads its console into a report; a kernel that cannot be fetched or booted
 /// is a failed report saying why.
-fn run_kernel(kernel: &Kernel, memtrace: &Path, tests: &BTreeMap<String, PathBuf>, out: &Path) -> Report {
+fn run_kernel(kernel: &Kernel, memtrace: &Path, tests: &[Planned], out: &Path) -> Report {
     let started = Instant::now();
     let log = out.join(format!("{}.log", kernel.package));
     let mut report = match boot(kernel, memtrace, tests, out, &log) {
@@ -140,7 +174,7 @@ fn run_kernel(kernel: &Kernel, memtrace: &Path, tests: &BTreeMap<String, PathBuf
 fn boot(
     kernel: &Kernel,
     memtrace: &Path,
-    tests: &BTreeMap<String, PathBuf>,
+    tests: &[Planned],
     out: &Path,
     log: &Path,
 ) -> Result<(String, bool)> {
@@ -148,7 +182,7 @@ fn boot(
     let dir = out.join(&kernel.package);
     fs::create_dir_all(&dir)?;
     let plan = dir.join("plan.sh");
-    fs::write(&plan, plan_text(memtrace, tests, kernel.may_refuse)?)?;
+    fs::write(&plan, plan_text(memtrace, tests, kernel.may_refuse))?;
     let initrd = kernels::initramfs(&unpacked, &dir)?;
     eprintln!("xtask: matrix: booting {} (console: {})", kernel.package, log.display());
     let in_time = qemu(&unpacked.vmlinuz, &initrd, &plan, log)?;
@@ -156,20 +190,38 @@ fn boot(
     Ok((String::from_utf8_lossy(&bytes).into_owned(), in_time))
 }
 
+/// One run of a test binary in the guest: its executable and name filters.
+type Planned = (PathBuf, &'static [&'static str]);
+
+/// The chosen plan entries with their executables.
+fn planned(
+    entries: &[(&'static str, &'static [&'static str])],
+    executables: &BTreeMap<String, PathBuf>,
+) -> Result<Vec<Planned>> {
+    entries
+        .iter()
+        .map(|(name, filters)| {
+            let executable = executables.get(*name).with_context(|| {
+                format!(
+                    "cargo built no test binary `{name}` (tests/tests/{name}.rs): the matrix's PLAN names it"
+                )
+            })?;
+            Ok((executable.clone(), *filters))
+        })
+        .collect()
+}
+
 /// The bash file guest.sh sources: the binary under test and the test binaries with their filters.
-fn plan_text(memtrace: &Path, tests: &BTreeMap<String, PathBuf>, may_refuse: bool) -> Result<String> {
+fn plan_text(memtrace: &Path, tests: &[Planned], may_refuse: bool) -> String {
     let mut text = format!(
         "MEMTRACE_BIN='{}'\nTEST_THREADS={TEST_THREADS}\nALLOW_REFUSAL={}\nTESTS=(\n",
         memtrace.display(),
         u8::from(may_refuse)
     );
-    for (name, filters) in PLAN {
-        let executable = tests.get(*name).with_context(|| {
-            format!("cargo built no test binary `{name}` (tests/tests/{name}.rs): the matrix's PLAN names it")
-        })?;
+    for (executable, filters) in tests {
         text += &format!("  '{} {}'\n", executable.display(), filters.join(" "));
     }
-    Ok(text + ")\n")
+    text + ")\n"
 }
 
 /// Builds the workspace's test binaries (as `cargo test --workspace` does, so nothing is built

@@ -31,6 +31,9 @@ pub struct Report {
     preemption: String,
     tally: Tally,
     failed_tests: Vec<String>,
+    /// What the failed tests printed (libtest's `---- NAME stdout ----` sections), for CI's log:
+    /// the console log stays on the machine that ran the matrix.
+    pub failure_output: Vec<String>,
     doctor: Option<i32>,
     doctor_missing: bool,
     probe: Option<i32>,
@@ -186,17 +189,26 @@ impl Report {
     }
 }
 
+/// Lines of one failed test's output kept for the report; the rest is in the console log.
+const FAILURE_LINES: usize = 60;
+
 /// The test binary being read, from its MATRIX-TEST-BEGIN to its MATRIX-TEST-RC: each
-/// `test NAME ... ok|FAILED` line counts (so a VM that dies mid-binary still reports what ran).
+/// `test NAME ... ok|FAILED` line counts (so a VM that dies mid-binary still reports what ran),
+/// and the output libtest prints for each failed test is kept.
 #[derive(Default)]
 struct Binary {
     name: String,
     tests: u32,
     ended: bool,
+    /// Lines kept of the failed test whose `---- NAME stdout ----` section is being read.
+    capturing: Option<usize>,
 }
 
 impl Binary {
     fn read(&mut self, line: &str, report: &mut Report) {
+        if self.capture(line, report) {
+            return;
+        }
         let Some((test, outcome)) = line.strip_prefix("test ").and_then(|rest| rest.rsplit_once(" ... "))
         else {
             return;
@@ -210,6 +222,28 @@ impl Binary {
             }
             _ => {}
         }
+    }
+
+    /// Keeps the lines of a failed test's output section (from libtest's `---- NAME stdout ----`
+    /// to the next section or its closing `failures:`); true when `line` was one of them.
+    fn capture(&mut self, line: &str, report: &mut Report) -> bool {
+        if line.starts_with("---- ") && line.ends_with(" ----") {
+            report.failure_output.push(format!("{}: {line}", self.name));
+            self.capturing = Some(0);
+            return true;
+        }
+        let Some(kept) = self.capturing.as_mut() else { return false };
+        if line == "failures:" || line.starts_with("test result:") {
+            self.capturing = None;
+            return false;
+        }
+        *kept += 1;
+        if *kept <= FAILURE_LINES {
+            report.failure_output.push(format!("  {line}"));
+        } else if *kept == FAILURE_LINES + 1 {
+            report.failure_output.push("  [... the rest is in the console log]".to_owned());
+        }
+        true
     }
 
     /// `NAME RC SECONDS`: a binary that ended badly with no test failed (a crash, the guest's
@@ -334,6 +368,16 @@ MATRIX-DOCTOR-RC 0\r
 MATRIX-TEST-BEGIN accounting\r
 test malloc_and_free ... ok\r
 test threads_lose_nothing ... FAILED\r
+\r
+failures:\r
+\r
+---- threads_lose_nothing stdout ----\r
+thread 'threads_lose_nothing' panicked at tests/tests/accounting.rs:9:5:\r
+lost_events: 1\r
+\r
+failures:\r
+    threads_lose_nothing\r
+\r
 test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
 MATRIX-TEST-RC accounting 101 30s\r
 MATRIX-TEST-BEGIN usdt\r
@@ -356,6 +400,15 @@ MATRIX-END\r
         assert_eq!(
             report.bad_kernel_line.as_deref(),
             Some("[   12.5] WARNING: CPU: 1 PID: 77 at kernel/bpf/x.c:1 f+0x1")
+        );
+        assert_eq!(
+            report.failure_output,
+            [
+                "accounting: ---- threads_lose_nothing stdout ----",
+                "  thread 'threads_lose_nothing' panicked at tests/tests/accounting.rs:9:5:",
+                "  lost_events: 1",
+                "  ",
+            ]
         );
         assert!(report.finished);
         assert!(!report.passed(false));
