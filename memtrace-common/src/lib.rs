@@ -373,6 +373,16 @@ pub struct ThreadState {
     pub map_call: PendingMapCall,
 }
 
+/// A slot of memtrace-ebpf's thread array (threads.rs): the tid that holds it (0 when free: the
+/// idle task makes no calls) and its state. Userspace frees the slots of threads whose exit the
+/// kernel did not run process_exit for (a run it skipped).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadSlot {
+    pub tid: u64,
+    pub state: ThreadState,
+}
+
 /// The C library's calls that map and unmap memory, probed to follow anonymous mappings: the BPF
 /// cookie of their probes is the discriminant.
 #[repr(u64)]
@@ -460,6 +470,7 @@ mod pod {
     unsafe impl aya::Pod for super::Allocation {}
     unsafe impl aya::Pod for super::LiveSlot {}
     unsafe impl aya::Pod for super::ThreadState {}
+    unsafe impl aya::Pod for super::ThreadSlot {}
     unsafe impl aya::Pod for super::PendingCall {}
     // USDT: #[repr(C)] plain integers and byte arrays, padding spelled out as fields.
     unsafe impl aya::Pod for super::UsdtSpec {}

@@ -5,12 +5,18 @@
 //! preemption is not, on PREEMPT(lazy) and PREEMPT_RT kernels), so another thread can run the same
 //! program on the same CPU in the middle of a run. Each CPU has `SLOTS_PER_CPU` slots; a run takes
 //! the first free one with a compare-and-exchange of its owner word and gives it back when its
-//! `Claim` drops. A run that finds them all held takes no stack, and its allocation counts it as
-//! lost (`capture_stack`): never a slot two runs write at once.
+//! `Claim` drops. A run that finds them all held takes one of `SPARE_SLOTS` slots every CPU shares
+//! (more runs of one CPU can be under way at once than it has slots: as many as threads of traced
+//! processes wait on it, each preempted inside a program); a run that finds those held too takes
+//! no stack, and its allocation counts it as lost (`capture_stack`): never a slot two runs write at
+//! once.
 
 use memtrace_common::{StackFrames, STACK_DEPTH};
 
-use aya_ebpf::{macros::map, maps::PerCpuArray};
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, PerCpuArray},
+};
 
 use crate::{
     counters::compare_exchange,
@@ -65,13 +71,22 @@ unsafe impl Claimable for Scratch {}
 /// without a stack.
 const SLOTS_PER_CPU: u32 = 4;
 
+/// Slots any CPU's runs take when their CPU's are all held. 8 threads on 2 CPUs, each preempted in
+/// the unwinder on the same CPU (seen under emulation on a PREEMPT(lazy) kernel), hold 4 of one
+/// CPU's slots and 4 of these.
+const SPARE_SLOTS: u32 = 16;
+
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(SLOTS_PER_CPU, 0);
 
+#[map]
+static SPARE_SCRATCH: Array<Scratch> = Array::with_max_entries(SPARE_SLOTS, 0);
+
 impl Scratch {
-    /// A free slot of this CPU for the unwinder, or None when every one is held.
+    /// A free slot of this CPU for the unwinder, else a free spare one; None when every one is
+    /// held.
     pub(crate) fn claim() -> Option<Claim<Scratch>> {
-        Claim::take(&SCRATCH, SLOTS_PER_CPU)
+        Claim::take(&SCRATCH, SLOTS_PER_CPU).or_else(|| Claim::take_spare(&SPARE_SCRATCH, SPARE_SLOTS))
     }
 }
 
@@ -91,16 +106,18 @@ impl<T: Claimable + 'static> Claim<T> {
     /// The first free one of this CPU's `count` slots, or None when every one is held by a run
     /// under way.
     pub(crate) fn take(slots: &'static PerCpuArray<T>, count: u32) -> Option<Self> {
-        for slot in 0..count {
-            let Some(value) = slots.get_ptr_mut(slot) else {
-                continue;
-            };
-            // The owner word is the value's first (`Claimable`).
-            if compare_exchange(value as *const u64, FREE, HELD) == FREE {
-                return Some(Self(value));
-            }
-        }
-        None
+        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?))
+    }
+
+    /// The first free one of `count` slots that every CPU shares, or None when every one is held.
+    pub(crate) fn take_spare(slots: &'static Array<T>, count: u32) -> Option<Self> {
+        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?))
+    }
+
+    /// The slot at `value`, if its owner word was free and is this run's now.
+    fn claimed(value: *mut T) -> Option<Self> {
+        // The owner word is the value's first (`Claimable`).
+        (compare_exchange(value as *const u64, FREE, HELD) == FREE).then_some(Self(value))
     }
 
     /// The slot's memory, this run's alone while the claim lives.

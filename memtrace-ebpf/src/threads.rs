@@ -6,21 +6,14 @@
 //! `tid % MAX_THREADS`: an array lookup is inlined by the verifier (no helper call), where a hash
 //! lookup costs 60-90 ns here and a malloc/free pair asks three times. Every slot a thread finds
 //! is a value of the one map, so the verifier goes on from one state, not one per home. A thread
-//! whose slots are all held by other live threads gets none (its events count as lost).
+//! whose slots are all held by other live threads gets none (its events count as lost). A slot
+//! whose release the kernel skipped (process_exit's recursion guard, on a preemptible kernel) is
+//! freed by userspace once its thread is gone (memtrace-user probes/thread_slots.rs).
 
 use aya_ebpf::{macros::map, maps::Array};
-use memtrace_common::{ThreadState, MAX_THREADS};
+use memtrace_common::{ThreadSlot, ThreadState, MAX_THREADS};
 
 use crate::counters::compare_exchange;
-
-/// A slot of the array: the tid that holds it (0 when free: the idle task makes no calls) and its
-/// state.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ThreadSlot {
-    tid: u64,
-    state: ThreadState,
-}
 
 #[map]
 static THREAD_SLOTS: Array<ThreadSlot> = Array::with_max_entries(MAX_THREADS, 0);

@@ -18,6 +18,7 @@ use crate::{
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
+    skipped_exits::SkippedExits,
     stack_table::StackTable,
     symbolize::{Frame, StackSymbolizer},
 };
@@ -32,6 +33,8 @@ pub struct Collector {
     stacks: StackTable,
     /// Each process's highest heap at a sample, and its stacks then.
     peaks: PeakTracker,
+    /// What exits the kernel skipped left undone.
+    skipped_exits: SkippedExits,
 }
 
 impl Collector {
@@ -78,7 +81,8 @@ impl Collector {
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
-        model.unattributed_lost_events = probes.unattributed_lost_events()?;
+        self.skipped_exits.recover(probes, model)?;
+        model.unattributed_lost_events = probes.unattributed_lost_events()? + self.skipped_exits.lost();
         crate::usdt::collect(probes, model)?;
         Ok(())
     }

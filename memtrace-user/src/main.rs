@@ -19,6 +19,7 @@ mod process;
 mod procfs;
 mod serve;
 mod session;
+mod skipped_exits;
 mod stack_table;
 mod symbolize;
 mod target;

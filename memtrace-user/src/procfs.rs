@@ -34,6 +34,13 @@ const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// The state letter and the flags of /proc/PID/stat (fields 3 and 9; the name before them may
 /// hold spaces and parentheses, so fields are counted after its last `)`).
+/// Whether a process or thread has ended: /proc has no entry of it, or it is a zombie (it exited
+/// and waits to be collected) or dead.
+pub fn has_ended(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    parse_stat_state_and_flags(&stat).is_some_and(|(state, _)| matches!(state, 'Z' | 'X'))
+}
+
 fn parse_stat_state_and_flags(stat: &str) -> Option<(char, u64)> {
     let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_ascii_whitespace();
     let state = fields.next()?.chars().next()?;
@@ -185,6 +192,19 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn a_process_has_ended_once_it_is_a_zombie_or_gone() {
+        use nix::sys::wait::{waitid, Id, WaitPidFlag};
+        assert!(!has_ended(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        // Waits for its exit without collecting it: a zombie now.
+        waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).unwrap();
+        assert!(has_ended(child.id()), "a zombie has ended");
+        assert!(child.wait().unwrap().success());
+        assert!(has_ended(child.id()), "a collected process has ended");
+    }
 
     #[test]
     fn maps_lines_keep_file_backed_mappings() {

@@ -652,6 +652,15 @@ impl Figures {
 
 /// Asserts the figures of the one traced process exactly, and that nothing was lost.
 pub fn assert_figures(outcome: &Outcome, expected: Figures) {
+    // First, with memtrace's stderr (which says why events were lost): assert_figures_of asserts
+    // the same without it.
+    assert_eq!(
+        outcome.process()["lost_events"],
+        0,
+        "the process lost events: {:#}\n--- memtrace's stderr ---\n{}",
+        outcome.process(),
+        outcome.stderr
+    );
     assert_figures_of(outcome.process(), expected);
     assert_eq!(
         outcome.summary()["lost_events"],

@@ -76,8 +76,12 @@ fn assert_whole_leak_stacks(process: &Value) {
     let from_fixture: Vec<&Value> = leaks.iter().filter(|leak| leak["stack"][0] == "leak_one").collect();
     assert_eq!(from_fixture.len(), 1, "one leak group from leak_one: {leaks:#?}");
     let leak = from_fixture[0];
-    assert_eq!(leak["allocations"], THREADS * LEAKS, "{leak:#}");
-    assert_eq!(leak["bytes"], (0..THREADS).map(leak_bytes).sum::<u64>(), "{leak:#}");
+    assert_eq!(leak["allocations"], THREADS * LEAKS, "every leak in one group: {leaks:#?}");
+    assert_eq!(
+        leak["bytes"],
+        (0..THREADS).map(leak_bytes).sum::<u64>(),
+        "every leak in one group: {leaks:#?}"
+    );
     let names = stack_names(leak);
     assert!(names.starts_with(&["leak_one", "leak_blocks", "worker"]), "a stack cut short: {names:?}");
     assert!(names.iter().all(|name| !name.contains("[unknown]")), "a frame outside every mapping: {names:?}");

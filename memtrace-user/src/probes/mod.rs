@@ -9,6 +9,7 @@ mod loader;
 mod map_ops;
 pub mod prog_info;
 pub mod tables;
+mod thread_slots;
 pub mod verifier_report;
 pub use map_ops::KeyLookup;
 pub use map_ops::Taken;
@@ -151,6 +152,10 @@ struct Calls<'a> {
     returns: Vec<Site>,
 }
 
+/// The program that marks exits: its runs the kernel skips lose no event of a traced process by
+/// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
+const EXIT_PROGRAM: &str = "process_exit";
+
 pub struct Probes {
     ebpf: Ebpf,
     /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
@@ -240,7 +245,7 @@ impl Probes {
             _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
-        probes.attach_raw_tracepoint("process_exit", "sched_process_exit")?;
+        probes.attach_raw_tracepoint(EXIT_PROGRAM, "sched_process_exit")?;
         if let Reach::Tree = config.reach {
             probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
         }
@@ -429,7 +434,8 @@ impl Probes {
         Ok(tables::STATS.get(&self.ebpf, &pid)?.unwrap_or_default())
     }
 
-    /// Events that could not be charged to any process (the statistics map was full).
+    /// Events that could not be charged to any process (the statistics map was full), and the
+    /// runs of programs the kernel skipped.
     pub fn unattributed_lost_events(&self) -> Result<u64> {
         let lost: Array<&MapData, u64> = Array::try_from(self.map("LOST_EVENTS")?)?;
         Ok(lost.get(&GLOBAL_LOST_SLOT, 0)? + self.skipped_runs()?)
@@ -444,14 +450,40 @@ impl Probes {
         verifier_report::report(BPF_OBJECT, &self.ebpf, attach_type)
     }
 
-    /// Runs of any program that the kernel skipped (its recursion guard: the program was already
-    /// running on that CPU), each an event not recorded.
+    /// Runs of programs that the kernel skipped (its recursion guard: the program was already
+    /// running on that CPU), each an event not recorded. process_exit's are not among them: what
+    /// its skipped runs leave undone is done from /proc (`skipped_exit_runs`).
     pub fn skipped_runs(&self) -> Result<u64> {
         Ok(self.skipped_runs_by_program()?.iter().map(|(_, skipped)| skipped).sum())
     }
 
-    /// The programs the kernel skipped runs of, and how many.
+    /// The programs the kernel skipped runs of that lose events, and how many.
     pub fn skipped_runs_by_program(&self) -> Result<Vec<(String, u64)>> {
+        let mut skipped = self.every_skipped_run()?;
+        skipped.retain(|(name, misses)| *misses > 0 && name != EXIT_PROGRAM);
+        Ok(skipped)
+    }
+
+    /// Runs of process_exit the kernel skipped, for every task of the system that exited while
+    /// another's exit ran on its CPU (a preemptible kernel): most are of processes not traced.
+    pub fn skipped_exit_runs(&self) -> Result<u64> {
+        let skipped = self.every_skipped_run()?;
+        Ok(skipped.iter().filter(|(name, _)| name == EXIT_PROGRAM).map(|(_, misses)| misses).sum())
+    }
+
+    /// Frees the kernel's slots of threads for which `gone` holds, whose exit the kernel skipped;
+    /// how many.
+    pub fn free_slots_of_gone_threads(&self, gone: impl Fn(u32) -> bool) -> Result<usize> {
+        thread_slots::free_slots_of_gone_threads(&self.ebpf, gone)
+    }
+
+    /// Whether the kernel saw the process exit: None when it has no figures of it.
+    pub fn saw_exit(&self, pid: u32) -> Result<Option<bool>> {
+        Ok(tables::STATS.get(&self.ebpf, &pid)?.map(|stats| stats.exited != 0))
+    }
+
+    /// Every loaded program and how many runs of it the kernel skipped.
+    fn every_skipped_run(&self) -> Result<Vec<(String, u64)>> {
         let mut skipped = Vec::new();
         for (name, program) in self.ebpf.programs() {
             // Programs aya did not load (the uprobes, where uprobe_multi links are used) have no fd.
@@ -465,7 +497,6 @@ impl Probes {
                 .with_context(|| format!("reading BPF program {name}'s statistics"))?;
             skipped.push((name.to_owned(), misses));
         }
-        skipped.retain(|(_, misses)| *misses > 0);
         Ok(skipped)
     }
 
