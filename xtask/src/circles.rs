@@ -7,11 +7,12 @@
 //! path such as `crate::x::y::Z` or `super::Z` in code (macro arguments included). A path resolves
 //! to the file of its longest module prefix: `crate::a::b::C` to a/b.rs (or a/b/mod.rs), or to
 //! a/b/c.rs when `c` is itself a module. A `mod x;` declaration is not an edge; a `pub use`
-//! re-export is. Inline modules (`mod tests { ... }`) belong to their file, so a test's
-//! `use super::*` ties nothing.
+//! re-export is. A module imported under another name (`use process::allocator;` in main.rs) is
+//! that module: `crate::allocator::X` names process/allocator.rs. Inline modules
+//! (`mod tests { ... }`) belong to their file, so a test's `use super::*` ties nothing.
 //!
-//! A circle is reported for every edge that lies on one, as the shortest way back through that
-//! edge: the names that tie each of its edges say what to move.
+//! Every edge that lies on a circle is shown once, in the shortest circle through it (shortest
+//! circles first), with the names that tie each edge: they say what to move.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -530,6 +531,44 @@ mod tests {
             ],
         );
         assert_eq!(lines(&dir), ["serve/http.rs -> serve/mod.rs -> serve/http.rs"]);
+    }
+
+    #[test]
+    fn a_module_imported_at_the_root_is_that_module() {
+        let dir = tree(
+            "alias",
+            &[
+                (
+                    "main.rs",
+                    "mod process;
+mod session;
+use process::allocator;
+fn main() { session::run() }
+",
+                ),
+                (
+                    "process/mod.rs",
+                    "pub mod allocator;
+",
+                ),
+                (
+                    "process/allocator.rs",
+                    "pub fn find() {}
+",
+                ),
+                (
+                    "session.rs",
+                    "pub fn run() { crate::allocator::find() }
+",
+                ),
+            ],
+        );
+        let graph = Graph::read(&dir).unwrap();
+        assert!(graph.circles().is_empty(), "{:?}", graph.circles());
+        assert_eq!(
+            graph.names("session.rs", "process/allocator.rs").unwrap().iter().collect::<Vec<_>>(),
+            ["find"]
+        );
     }
 
     #[test]
