@@ -12,7 +12,9 @@
 //! (`mod tests { ... }`) belong to their file, so a test's `use super::*` ties nothing.
 //!
 //! Every edge that lies on a circle is shown once, in the shortest circle through it (shortest
-//! circles first), with the names that tie each edge: they say what to move.
+//! circles first), with the names that tie each edge: they say what to move. A name only
+//! `#[cfg(test)]` code uses is marked "(in tests)": it counts all the same, as the test is the
+//! module's too, but it is often the cheaper side to move.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -26,6 +28,9 @@ use syn::visit::Visit;
 
 /// The crates whose module graphs must run one way, relative to the workspace root.
 pub const CHECKED: [&str; 2] = ["memtrace-user/src", "memtrace-ebpf/src"];
+
+/// Marks a name that only `#[cfg(test)]` code uses.
+const IN_TESTS: &str = " (in tests)";
 
 /// What to do about a circle, as every report ends.
 const ADVICE: &str = "cut each circle by moving the type or function to the side it belongs to (a lower \
@@ -70,13 +75,24 @@ impl Graph {
         }
         graph.find_aliases(&parsed);
         for (name, module, file) in &parsed {
-            let mut names = Names { graph: &graph, module: module.clone(), found: Vec::new() };
+            let mut names =
+                Names { graph: &graph, module: module.clone(), in_tests: false, found: Vec::new() };
             names.visit_file(file);
             let found = std::mem::take(&mut names.found);
             for (to, what) in found {
                 if &to != name {
                     graph.edges.entry((name.clone(), to)).or_default().insert(what);
                 }
+            }
+        }
+        for names in graph.edges.values_mut() {
+            let also_outside: Vec<String> = names
+                .iter()
+                .filter(|name| names.contains(name.trim_end_matches(IN_TESTS)))
+                .cloned()
+                .collect();
+            for name in also_outside.into_iter().filter(|name| name.ends_with(IN_TESTS)) {
+                names.remove(&name);
             }
         }
         Ok(graph)
@@ -254,10 +270,16 @@ fn declare(
         match &declared.content {
             Some((_, inner)) => declare(modules, pending, file, &path, &dir.join(&name), inner)?,
             None => {
-                let found = [dir.join(format!("{name}.rs")), dir.join(&name).join("mod.rs")]
-                    .into_iter()
-                    .find(|candidate| candidate.is_file())
-                    .with_context(|| format!("{file} declares `mod {name};` but {}.rs is missing", name))?;
+                let candidates = [dir.join(format!("{name}.rs")), dir.join(&name).join("mod.rs")];
+                let found =
+                    candidates.iter().find(|candidate| candidate.is_file()).cloned().with_context(|| {
+                        format!(
+                            "{file} declares `mod {name};` but neither {} nor {} exists (the circles check \
+                         follows no #[path] attribute)",
+                            candidates[0].display(),
+                            candidates[1].display()
+                        )
+                    })?;
                 pending.push((path, found));
             }
         }
@@ -335,6 +357,8 @@ struct Names<'a> {
     graph: &'a Graph,
     /// The module being walked (deeper than the file's own inside an inline module).
     module: Vec<String>,
+    /// Inside a `#[cfg(test)]` item: what it names is marked IN_TESTS.
+    in_tests: bool,
     found: Vec<(String, String)>,
 }
 
@@ -345,7 +369,8 @@ impl Names<'_> {
             return;
         }
         let found = self.graph.absolute(&self.module, segments).and_then(|path| self.graph.locate(&path));
-        self.found.extend(found);
+        let mark = if self.in_tests { IN_TESTS } else { "" };
+        self.found.extend(found.map(|(file, name)| (file, format!("{name}{mark}"))));
     }
 
     /// Paths inside a macro's arguments, which syn leaves as tokens: every `a::b::c` run.
@@ -384,6 +409,13 @@ impl Names<'_> {
 }
 
 impl<'ast> Visit<'ast> for Names<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let was_in_tests = self.in_tests;
+        self.in_tests |= is_test_only(item);
+        syn::visit::visit_item(self, item);
+        self.in_tests = was_in_tests;
+    }
+
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
         let mut paths = Vec::new();
         flatten(&item.tree, &mut Vec::new(), &mut paths);
@@ -420,6 +452,23 @@ impl<'ast> Visit<'ast> for Names<'_> {
 
     /// `pub(crate)`, `pub(super)` and `pub(in crate::x)` say who may see an item, not what it uses.
     fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+}
+
+/// Whether an item is compiled only for tests (`#[cfg(test)]`).
+fn is_test_only(item: &syn::Item) -> bool {
+    let attrs: &[syn::Attribute] = match item {
+        syn::Item::Mod(item) => &item.attrs,
+        syn::Item::Fn(item) => &item.attrs,
+        syn::Item::Impl(item) => &item.attrs,
+        syn::Item::Use(item) => &item.attrs,
+        syn::Item::Struct(item) => &item.attrs,
+        syn::Item::Const(item) => &item.attrs,
+        _ => &[],
+    };
+    attrs.iter().any(|attr| match &attr.meta {
+        syn::Meta::List(list) => list.path.is_ident("cfg") && list.tokens.to_string() == "test",
+        _ => false,
+    })
 }
 
 /// The report of one crate's circles: each circle, then the names that tie each of its edges.
@@ -515,6 +564,8 @@ mod tests {
                 ("high.rs", "use crate::low::Fact;\npub(crate) fn run() { let _ = format!(\"{:?}\", 1); }\n"),
             ],
         );
+        let graph = Graph::read(&dir).unwrap();
+        assert_eq!(graph.names("high.rs", "low.rs").unwrap().iter().collect::<Vec<_>>(), ["Fact"]);
         assert!(lines(&dir).is_empty(), "{:?}", lines(&dir));
         // pub(crate) is no reference to the crate root.
         assert!(Graph::read(&dir).unwrap().names("high.rs", "main.rs").is_none());
@@ -531,6 +582,26 @@ mod tests {
             ],
         );
         assert_eq!(lines(&dir), ["serve/http.rs -> serve/mod.rs -> serve/http.rs"]);
+    }
+
+    #[test]
+    fn what_only_tests_use_is_marked_and_still_counts() {
+        let dir = tree(
+            "tests",
+            &[
+                ("main.rs", "mod low;\nmod high;\nfn main() {}\n"),
+                ("low.rs", "pub struct Fact;\n#[cfg(test)]\nmod tests {\n    use crate::high::run;\n}\n"),
+                (
+                    "high.rs",
+                    "use crate::low::Fact;\npub fn run() {}\n#[cfg(test)]\nfn t() -> Fact { Fact }\n",
+                ),
+            ],
+        );
+        let graph = Graph::read(&dir).unwrap();
+        assert_eq!(lines(&dir), ["high.rs -> low.rs -> high.rs"]);
+        assert_eq!(graph.names("low.rs", "high.rs").unwrap().iter().collect::<Vec<_>>(), ["run (in tests)"]);
+        // Named outside tests too: not marked.
+        assert_eq!(graph.names("high.rs", "low.rs").unwrap().iter().collect::<Vec<_>>(), ["Fact"]);
     }
 
     #[test]
