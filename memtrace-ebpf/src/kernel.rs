@@ -2,7 +2,7 @@
 //! has no CO-RE): a forked child's tgid, an exiting process's memory counters.
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use memtrace_common::KernelLayout;
+use memtrace_common::{mm_counter, ExitMemory, KernelLayout};
 
 /// Set by the loader from /sys/kernel/btf/vmlinux.
 #[no_mangle]
@@ -37,4 +37,30 @@ pub(crate) fn read_at<T: Copy>(base: u64, offset: u32) -> Option<T> {
 pub(crate) fn current_task() -> u64 {
     // SAFETY: the helper takes no arguments and returns the current task's address.
     unsafe { bpf_get_current_task() }
+}
+
+/// The kernel's memory counters of the exiting process, read before its memory is released: its
+/// resident and swapped pages as /proc/PID/status shows them, and the size of its brk heap.
+pub(crate) fn exit_memory() -> Option<ExitMemory> {
+    let layout = layout();
+    if layout.task_mm == 0 {
+        return None;
+    }
+    let mm: u64 = read_at(current_task(), layout.task_mm)?;
+    let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
+    for counter in
+        [mm_counter::FILE_PAGES, mm_counter::ANON_PAGES, mm_counter::SWAP_ENTRIES, mm_counter::SHMEM_PAGES]
+    {
+        let at =
+            layout.mm_rss_stat + counter as u32 * layout.percpu_counter_size + layout.percpu_counter_count;
+        let pages: i64 = read_at(mm, at)?;
+        // As /proc reads it: per-CPU deltas can leave the shared count below zero for a moment.
+        if let Some(slot) = memory.pages.get_mut(counter) {
+            *slot = pages.max(0) as u64;
+        }
+    }
+    let start: u64 = read_at(mm, layout.mm_start_brk)?;
+    let end: u64 = read_at(mm, layout.mm_brk)?;
+    memory.heap_break_bytes = end.saturating_sub(start);
+    Some(memory)
 }

@@ -37,7 +37,7 @@ use memtrace_common::{
 
 use counters::{add, add_signed, compare_exchange};
 use live::Recorded;
-use processes::{attach_cookie, caller, is_traced, note_allocator, stats_of, Caller};
+use processes::{attach_cookie, caller, note_allocator, stats_of, traced_thread, Caller};
 use stacks::{capture_stack, count_in_stack, StackChange};
 
 fn raise_peak(stats: &ProcessStats, live: i64) {
@@ -55,24 +55,6 @@ fn raise_peak(stats: &ProcessStats, live: i64) {
         }
         seen = previous;
     }
-}
-
-/// The calling thread's slot if its process is traced. The common case is one array lookup, with
-/// no second one in the process filter (threads.rs).
-pub(crate) fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
-    if let Some(thread) = threads::find(caller.tid) {
-        return Some(thread);
-    }
-    if !is_traced(caller.tgid) {
-        return None;
-    }
-    let thread = threads::find_or_make(caller.tid);
-    if thread.is_none() {
-        if let Some(stats) = stats_of(caller.tgid) {
-            add(&stats.lost_events, 1);
-        }
-    }
-    thread
 }
 
 /// What a free means to the freeing thread.

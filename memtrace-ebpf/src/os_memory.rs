@@ -1,6 +1,7 @@
 //! What traced processes take from the OS themselves, beside the heap: private anonymous mappings,
 //! told apart by who made them (inside an allocator call: the allocator's; otherwise the program's,
-//! thread stacks left to dark memory), and, as a process exits, the kernel's own memory counters.
+//! thread stacks left to dark memory). What the kernel itself counts of a process as it exits is
+//! read in kernel.rs.
 //!
 //! Mappings are seen where programs and allocators make them: uprobes on the C library's mmap,
 //! munmap and mremap (the cookie says which), read at return. Not on the syscalls: a syscall
@@ -15,15 +16,12 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use memtrace_common::{
-    mm_counter, region_kind, ExitMemory, MapFunction, PendingMapCall, ProcessStats, Region, RegionKey,
-    MAX_REGIONS,
+    region_kind, MapFunction, PendingMapCall, ProcessStats, Region, RegionKey, MAX_REGIONS,
 };
 
 use crate::{
     counters::{add, add_signed},
-    kernel::{current_task, layout, read_at},
-    processes::{attach_cookie, caller, stats_of},
-    traced_thread,
+    processes::{attach_cookie, caller, stats_of, traced_thread},
 };
 
 #[map]
@@ -157,30 +155,4 @@ fn count(stats: &ProcessStats, kind: u64, bytes: i64) {
 
 fn page_aligned(len: u64) -> u64 {
     len.saturating_add(4095) & !4095
-}
-
-/// The kernel's memory counters of the exiting process, read before its memory is released: its
-/// resident and swapped pages as /proc/PID/status shows them, and the size of its brk heap.
-pub(crate) fn exit_memory() -> Option<ExitMemory> {
-    let layout = layout();
-    if layout.task_mm == 0 {
-        return None;
-    }
-    let mm: u64 = read_at(current_task(), layout.task_mm)?;
-    let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
-    for counter in
-        [mm_counter::FILE_PAGES, mm_counter::ANON_PAGES, mm_counter::SWAP_ENTRIES, mm_counter::SHMEM_PAGES]
-    {
-        let at =
-            layout.mm_rss_stat + counter as u32 * layout.percpu_counter_size + layout.percpu_counter_count;
-        let pages: i64 = read_at(mm, at)?;
-        // As /proc reads it: per-CPU deltas can leave the shared count below zero for a moment.
-        if let Some(slot) = memory.pages.get_mut(counter) {
-            *slot = pages.max(0) as u64;
-        }
-    }
-    let start: u64 = read_at(mm, layout.mm_start_brk)?;
-    let end: u64 = read_at(mm, layout.mm_brk)?;
-    memory.heap_break_bytes = end.saturating_sub(start);
-    Some(memory)
 }

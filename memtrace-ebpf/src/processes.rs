@@ -1,4 +1,5 @@
-//! Which processes are traced, their per-process totals, and what happens when they exec or exit.
+//! Which processes are traced (and the calling thread's slot when its process is), their per-process
+//! totals, and what happens when they exec or exit.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -9,7 +10,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    reach, ExecEvent, ProbeCookie, ProcessStats, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
+    reach, ExecEvent, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
     MAX_EXCLUDED_PIDS, MAX_PROCESSES,
 };
 
@@ -129,6 +130,24 @@ fn is_traced_system_wide(tgid: u32) -> bool {
     bpf_get_current_comm().is_ok_and(|comm| ALLOWED_COMMS.get_ptr(&comm).is_some())
 }
 
+/// The calling thread's slot if its process is traced. The common case is one array lookup, with
+/// no second one in the process filter (threads.rs).
+pub(crate) fn traced_thread(caller: &Caller) -> Option<&'static mut ThreadState> {
+    if let Some(thread) = crate::threads::find(caller.tid) {
+        return Some(thread);
+    }
+    if !is_traced(caller.tgid) {
+        return None;
+    }
+    let thread = crate::threads::find_or_make(caller.tid);
+    if thread.is_none() {
+        if let Some(stats) = stats_of(caller.tgid) {
+            add(&stats.lost_events, 1);
+        }
+    }
+    thread
+}
+
 /// The BPF cookie of the attachment that ran the program.
 pub(crate) fn attach_cookie(ctx: &impl EbpfContext) -> u64 {
     // SAFETY: the context is the program's own, as the helper expects.
@@ -158,7 +177,7 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     // It takes no more stacks.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
-        let exit_memory = crate::os_memory::exit_memory().unwrap_or_default();
+        let exit_memory = crate::kernel::exit_memory().unwrap_or_default();
         // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);

@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: memtrace's developer tasks. Each task installs what it needs when missing.
 
 mod bench;
+mod circles;
 mod matrix;
 mod soak;
 mod toolchain;
@@ -47,6 +48,12 @@ enum Task {
         #[arg(long, default_value_t = 1)]
         repeat: u32,
     },
+    /// Print the circles between modules of memtrace-user and memtrace-ebpf (a module that imports
+    /// one that imports it back), failing when there is one
+    Circles {
+        /// Crates' source folders to read instead, e.g. another checkout's memtrace-user/src
+        dirs: Vec<PathBuf>,
+    },
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
@@ -66,6 +73,7 @@ fn main() -> Result<()> {
         Task::Demo => demo(),
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
+        Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Bench => bench::run(&build()?),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
@@ -181,6 +189,8 @@ fn test(with_matrix: bool) -> Result<()> {
     run(cargo().args(["fmt", "--manifest-path", "memtrace-ebpf/Cargo.toml", "--", "--check"]))?;
     eprintln!("xtask: clippy");
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    eprintln!("xtask: circles between modules");
+    circles::check(&workspace_root(), &[])?;
     eprintln!("xtask: unit and integration tests");
     let (tally, status) = run_tests(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))?;
     // One closing line for the whole run: cargo's own last line is that of its last test binary.

@@ -32,11 +32,9 @@ use super::{
     metrics,
     profile::{self, Endpoint},
     push::{self, PushTarget},
-    Shared,
+    reply::{text, Reply},
+    shared::Shared,
 };
-
-/// Every response: the whole body at once (metrics and profiles are built before they are sent).
-pub type Reply = Response<Full<Bytes>>;
 
 const MAX_CONNECTIONS: usize = 64;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -187,14 +185,4 @@ fn metrics(shared: &Shared) -> Reply {
         .header(header::CONTENT_TYPE, metrics::CONTENT_TYPE)
         .body(Full::new(Bytes::from(body)))
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building the response\n".to_owned()))
-}
-
-/// A plain-text reply.
-pub fn text(status: StatusCode, body: String) -> Reply {
-    let mut reply = Response::new(Full::new(Bytes::from(body)));
-    *reply.status_mut() = status;
-    reply
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
-    reply
 }

@@ -10,7 +10,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::Snapshot;
+use super::shared::Snapshot;
 use crate::{
     levels::MemoryLevels,
     model::{KernelMaps, Process},
@@ -177,16 +177,6 @@ pub fn exposition(snapshot: &Snapshot, shown_exits: &mut HashSet<u32>, limits: &
 
 /// memtrace's own figures: what it traces, what it lost, its tables and its own footprint.
 fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, summed: usize, limits: &Limits) {
-    let gauge = |value: i64| {
-        let gauge: Gauge = Gauge::default();
-        gauge.set(value);
-        gauge
-    };
-    let counter = |value: u64| {
-        let counter: Counter = Counter::default();
-        counter.inc_by(value);
-        counter
-    };
     registry.register(
         "memtrace_lost_events",
         "Allocator events memtrace could not record (a kernel table was full)",
@@ -202,6 +192,26 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         "Processes beyond --max-series-processes, summed under comm=\"other\"",
         gauge(gauge_value(summed as u64)),
     );
+    register_tables(registry, snapshot, limits);
+    registry.register(
+        "process_resident_memory_bytes",
+        "Resident memory size of memtrace itself in bytes",
+        gauge(gauge_value(snapshot.agent_rss_bytes)),
+    );
+    if let Some(failures) = limits.push_failures {
+        registry.register(
+            "memtrace_push_failures",
+            "Heap profile pushes (--push) that failed after their retries",
+            counter(failures),
+        );
+    }
+    let cpu: Counter<f64, std::sync::atomic::AtomicU64> = Counter::default();
+    cpu.inc_by(snapshot.agent_cpu_seconds);
+    registry.register("process_cpu_seconds", "User and system CPU time of memtrace itself in seconds", cpu);
+}
+
+/// memtrace's kernel tables: their entries as last read, and the live-allocation table's capacity.
+fn register_tables(registry: &mut Registry, snapshot: &Snapshot, limits: &Limits) {
     let tables: Family<TableLabels, Gauge> = Family::default();
     let maps = snapshot.model.kernel_maps.unwrap_or_default();
     for (table, entries) in table_entries(&maps) {
@@ -221,21 +231,18 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         "Capacity of memtrace's kernel tables (--max-allocations)",
         capacity_family,
     );
-    registry.register(
-        "process_resident_memory_bytes",
-        "Resident memory size of memtrace itself in bytes",
-        gauge(gauge_value(snapshot.agent_rss_bytes)),
-    );
-    if let Some(failures) = limits.push_failures {
-        registry.register(
-            "memtrace_push_failures",
-            "Heap profile pushes (--push) that failed after their retries",
-            counter(failures),
-        );
-    }
-    let cpu: Counter<f64, std::sync::atomic::AtomicU64> = Counter::default();
-    cpu.inc_by(snapshot.agent_cpu_seconds);
-    registry.register("process_cpu_seconds", "User and system CPU time of memtrace itself in seconds", cpu);
+}
+
+fn gauge(value: i64) -> Gauge {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    gauge
+}
+
+fn counter(value: u64) -> Counter {
+    let counter: Counter = Counter::default();
+    counter.inc_by(value);
+    counter
 }
 
 fn table_entries(maps: &KernelMaps) -> [(&'static str, usize); 6] {

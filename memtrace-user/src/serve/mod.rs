@@ -7,6 +7,8 @@ mod http;
 mod metrics;
 mod profile;
 pub mod push;
+mod reply;
+mod shared;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -20,6 +22,8 @@ use std::{
 
 use anyhow::Result;
 use tokio::sync::watch;
+
+use shared::{Shared, Snapshot};
 
 use crate::{
     export::{Exporter, StacksWanted},
@@ -64,40 +68,6 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| {
         format!("`{text}` is not IP:PORT; write e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT}")
     })
-}
-
-/// The model as of one sample, as the server answers from it.
-pub struct Snapshot {
-    /// The processes to show, with neither mappings nor stacks; exited ones until a scrape has
-    /// shown them.
-    pub model: Model,
-    /// The processes with their stacks, as read for the latest heap profile request (shared by
-    /// every snapshot until the next one).
-    pub profile: Arc<Model>,
-    /// How long tracing had run at this sample.
-    pub traced_for: Duration,
-    /// The heap profile requests whose stacks `model` holds: every one up to this number.
-    pub profile_ticket: u64,
-    /// Events lost over the whole run, including those of processes that have left the model.
-    pub lost_events: u64,
-    /// memtrace's own resident set size and CPU time.
-    pub agent_rss_bytes: u64,
-    pub agent_cpu_seconds: f64,
-}
-
-/// What the exporter and the server share.
-pub struct Shared {
-    snapshot: watch::Sender<Arc<Snapshot>>,
-    /// Heap profile requests so far: each takes the next number and waits for stacks that answer it.
-    profile_requests: AtomicU64,
-    /// Exited processes that a /metrics response has shown: they leave the exposition.
-    shown_exits: Mutex<HashSet<u32>>,
-    max_series_processes: usize,
-    max_allocations: u32,
-    /// How long a heap profile request waits for a sample to read the stacks.
-    profile_wait: Duration,
-    /// `--push`: pushes that failed (None without --push).
-    push_failures: Option<AtomicU64>,
 }
 
 /// The exporter of `memtrace serve`.

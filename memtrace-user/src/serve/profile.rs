@@ -2,14 +2,12 @@
 //! serves it, a gzipped profile.proto, built from stacks read at the first sample after the request.
 //! `?pid=N` for one process; all traced processes otherwise, each sample labelled with its pid.
 
-use std::sync::{atomic::Ordering, Arc};
-
 use http_body_util::Full;
 use hyper::{body::Bytes, header, StatusCode};
 
 use super::{
-    http::{text, Reply},
-    Shared, Snapshot,
+    reply::{text, Reply},
+    shared::Shared,
 };
 use crate::export::pprof::{build_profile, write_gzipped, Processes};
 
@@ -25,7 +23,7 @@ pub async fn respond(shared: &Shared, query: Option<&str>, endpoint: Endpoint) -
         Ok(pid) => pid,
         Err(problem) => return text(StatusCode::BAD_REQUEST, problem),
     };
-    let Some(snapshot) = fresh_snapshot(shared).await else {
+    let Some(snapshot) = shared.fresh_snapshot().await else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "memtrace took no sample to read the stacks in time; try again\n".to_owned(),
@@ -57,14 +55,6 @@ pub async fn respond(shared: &Shared, query: Option<&str>, endpoint: Endpoint) -
         .header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\""))
         .body(Full::new(Bytes::from(body)))
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building the response\n".to_owned()))
-}
-
-/// The first snapshot whose stacks were read after this call, or None if none comes in time.
-pub async fn fresh_snapshot(shared: &Shared) -> Option<Arc<Snapshot>> {
-    let ticket = shared.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;
-    let mut snapshots = shared.snapshot.subscribe();
-    let answered = async { snapshots.wait_for(|s| s.profile_ticket >= ticket).await.map(|s| Arc::clone(&s)) };
-    tokio::time::timeout(shared.profile_wait, answered).await.ok()?.ok()
 }
 
 /// `pid=N` from the query; `debug=N` asks for Go's text form, which memtrace does not write.

@@ -15,7 +15,7 @@ use hyper::{body::Bytes, header, Request, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::{profile::fresh_snapshot, Shared};
+use super::shared::Shared;
 use crate::{
     export::pprof::{build_profile, write_gzipped, Processes},
     model::Process,
@@ -59,7 +59,7 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
         ticks.tick().await;
         let until = unix_seconds();
         let from = until.saturating_sub(target.interval.as_secs().max(1));
-        let Some(snapshot) = fresh_snapshot(&shared).await else {
+        let Some(snapshot) = shared.fresh_snapshot().await else {
             failed(&shared, &target, 1, "no sample came to read the stacks".to_owned());
             continue;
         };

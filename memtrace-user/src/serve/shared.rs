@@ -1,0 +1,61 @@
+//! What the agent's exporter and its server share: the latest snapshot of the model, published at
+//! every sample and only read by the server, and the heap profile requests that ask the next
+//! sample to read the stacks.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+use crate::model::Model;
+
+/// The model as of one sample, as the server answers from it.
+pub struct Snapshot {
+    /// The processes to show, with neither mappings nor stacks; exited ones until a scrape has
+    /// shown them.
+    pub model: Model,
+    /// The processes with their stacks, as read for the latest heap profile request (shared by
+    /// every snapshot until the next one).
+    pub profile: Arc<Model>,
+    /// How long tracing had run at this sample.
+    pub traced_for: Duration,
+    /// The heap profile requests whose stacks `model` holds: every one up to this number.
+    pub profile_ticket: u64,
+    /// Events lost over the whole run, including those of processes that have left the model.
+    pub lost_events: u64,
+    /// memtrace's own resident set size and CPU time.
+    pub agent_rss_bytes: u64,
+    pub agent_cpu_seconds: f64,
+}
+
+/// What the exporter and the server share.
+pub struct Shared {
+    pub(super) snapshot: watch::Sender<Arc<Snapshot>>,
+    /// Heap profile requests so far: each takes the next number and waits for stacks that answer it.
+    pub(super) profile_requests: AtomicU64,
+    /// Exited processes that a /metrics response has shown: they leave the exposition.
+    pub(super) shown_exits: Mutex<HashSet<u32>>,
+    pub(super) max_series_processes: usize,
+    pub(super) max_allocations: u32,
+    /// How long a heap profile request waits for a sample to read the stacks.
+    pub(super) profile_wait: Duration,
+    /// `--push`: pushes that failed (None without --push).
+    pub(super) push_failures: Option<AtomicU64>,
+}
+
+impl Shared {
+    /// The first snapshot whose stacks were read after this call, or None if none comes in time.
+    pub async fn fresh_snapshot(&self) -> Option<Arc<Snapshot>> {
+        let ticket = self.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut snapshots = self.snapshot.subscribe();
+        let answered =
+            async { snapshots.wait_for(|s| s.profile_ticket >= ticket).await.map(|s| Arc::clone(&s)) };
+        tokio::time::timeout(self.profile_wait, answered).await.ok()?.ok()
+    }
+}
