@@ -9,10 +9,7 @@ use std::{
 
 use memtrace_common::ProcessStats;
 
-use crate::{
-    levels::MemoryLevels,
-    model::{FunctionTotals, Model, Process, StackProfile},
-};
+use crate::model::{levels::MemoryLevels, FunctionTotals, Model, Process, StackProfile};
 
 /// How many stacks and functions the detail of a process lists.
 pub const DETAIL_ENTRIES: usize = 20;

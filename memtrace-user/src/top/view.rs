@@ -404,7 +404,7 @@ mod tests {
     use super::*;
     use memtrace_common::ProcessStats;
 
-    use crate::levels::MemoryLevels;
+    use crate::model::levels::MemoryLevels;
 
     fn row(pid: u32, live: i64) -> Row {
         Row {
