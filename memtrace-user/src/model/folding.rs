@@ -1,6 +1,8 @@
 //! A long run sees many more processes than anyone reads reports of: beyond the most recent
 //! `--keep-exited N` exited processes, each is folded into its command's totals (`folded` in the
 //! model and the summary), so memtrace's memory stays bounded however many processes come and go.
+//! The model holds the totals (`FoldedProcesses`); this room works out when a process folds and
+//! what it adds, on the model, which names nothing of it.
 
 use super::{FoldedProcesses, Model, Process};
 
