@@ -12,15 +12,16 @@ use anyhow::Result;
 use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
-    levels::MemoryLevels,
-    model::{HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile},
+    model::{
+        frame::Frame, levels::MemoryLevels, HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
+    },
     peaks::PeakTracker,
     probes::Probes,
     process::{open_mapping, ObjectFile, Root},
     procfs::{self, Mapping},
     skipped_exits::SkippedExits,
     stack_table::StackTable,
-    symbolize::{Frame, StackSymbolizer},
+    symbolize::StackSymbolizer,
 };
 
 #[derive(Default)]
@@ -259,7 +260,7 @@ fn apply_estimate(stats: &mut ProcessStats, live: LiveEstimate, previous_peak: i
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbolize::Frame;
+    use crate::model::frame::Frame;
 
     fn stack(names: &[&str], live: i64) -> StackProfile {
         let frame = |name: &&str| {

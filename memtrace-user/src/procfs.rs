@@ -2,7 +2,7 @@
 
 use std::{fs, path::PathBuf};
 
-use crate::levels::OsMemory;
+use crate::model::levels::OsMemory;
 
 /// The process (thread group) a pid or thread id belongs to.
 pub fn tgid(pid: u32) -> Option<u32> {

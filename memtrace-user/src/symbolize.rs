@@ -1,8 +1,9 @@
-//! Turns captured stacks into function names. The kernel resolves most frames to (build ID, file
-//! offset) while the process is alive, so a process that has exited is still symbolized: its files
-//! are found by build ID among the objects the traced processes mapped. Frames with only an address
-//! are placed through the process's last known mappings. A frame in a known file without a symbol
-//! is kept as module+offset; a frame in no file ends the stack (it would be a guess).
+//! Turns captured stacks into the model's frames, named by function. The kernel resolves most
+//! frames to (build ID, file offset) while the process is alive, so a process that has exited is
+//! still symbolized: its files are found by build ID among the objects the traced processes mapped.
+//! Frames with only an address are placed through the process's last known mappings. A frame in a
+//! known file without a symbol is kept as module+offset; a frame in no file ends the stack (it
+//! would be a guess).
 
 use std::{
     cell::RefCell,
@@ -18,38 +19,10 @@ use blazesym::symbolize::{
 use memtrace_common::{StackFrames, FRAME_BUILD_ID, FRAME_IP};
 
 use crate::{
+    model::frame::Frame,
     process::{FileCache, FileId, ObjectFile},
     procfs::Mapping,
 };
-
-/// One resolved stack frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct Frame {
-    /// Demangled function name, when the object has symbols for the address.
-    pub function: Option<String>,
-    /// Source file and line, when the object has debug information.
-    pub file: Option<String>,
-    pub line: Option<u32>,
-    /// The object file (or a description of it when it could not be found).
-    pub module: String,
-    /// File offset within `module`, or the virtual address when the module is unknown.
-    pub offset: u64,
-}
-
-impl Frame {
-    /// The function name, or module+offset where there is none.
-    pub fn name(&self) -> String {
-        match &self.function {
-            Some(function) => function.clone(),
-            None => {
-                let module = Path::new(&self.module)
-                    .file_name()
-                    .map_or(self.module.as_str(), |n| n.to_str().unwrap_or(self.module.as_str()));
-                format!("{module}+{:#x}", self.offset)
-            }
-        }
-    }
-}
 
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,

@@ -62,7 +62,7 @@ mod tests {
     use memtrace_common::StackTotals;
 
     use super::*;
-    use crate::{model::StackProfile, symbolize::Frame};
+    use crate::model::{frame::Frame, StackProfile};
 
     #[test]
     fn stacks_fold_outermost_first() {

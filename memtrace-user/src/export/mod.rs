@@ -1,6 +1,7 @@
 //! Everything memtrace writes, behind one interface: each exporter sees every sample and the end.
 
 pub mod flamegraph;
+pub mod format;
 pub mod html;
 pub mod output_file;
 pub mod perfetto;

@@ -17,11 +17,7 @@ use super::{
     perfetto_proto::{self as proto, SEQ_INCREMENTAL_STATE_CLEARED, TYPE_COUNTER, UNIT_SIZE_BYTES},
     Exporter,
 };
-use crate::{
-    levels::MemoryLevels,
-    model::{Model, Process, RunEnd, StackProfile},
-    symbolize::Frame,
-};
+use crate::model::{frame::Frame, levels::MemoryLevels, Model, Process, RunEnd, StackProfile};
 
 /// Every packet memtrace writes is on this one sequence, so the heap profile's interned data is
 /// in scope for it.

@@ -9,10 +9,7 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use super::{output_file::OutputFile, Exporter};
-use crate::{
-    model::{Model, RunEnd},
-    symbolize::Frame,
-};
+use crate::model::{frame::Frame, Model, RunEnd};
 
 pub struct PprofFile {
     file: OutputFile,

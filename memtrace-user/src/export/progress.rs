@@ -9,11 +9,8 @@ use std::{
 
 use anyhow::Result;
 
-use super::Exporter;
-use crate::{
-    model::{Model, RunEnd, Sample},
-    top::format_elapsed,
-};
+use super::{format::format_elapsed, Exporter};
+use crate::model::{Model, RunEnd, Sample};
 
 /// How long a run goes on before its progress is shown: a short command's run shows none.
 const SHOWN_AFTER: Duration = Duration::from_secs(2);

@@ -13,8 +13,7 @@ use super::{
 };
 use crate::{
     cli::ReportArgs,
-    model::{HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
-    symbolize::Frame,
+    model::{frame::Frame, HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
 };
 
 /// `memtrace report RUN.json [--html PATH] [--pprof PATH] [--flamegraph PATH] [--perfetto PATH]`: the summary is
@@ -211,8 +210,7 @@ mod tests {
     use super::*;
     use crate::{
         export::pprof::{build_profile, Processes},
-        levels::MemoryLevels,
-        model::TimelinePoint,
+        model::{levels::MemoryLevels, TimelinePoint},
     };
 
     fn frame(name: &str, offset: u64) -> Arc<Frame> {

@@ -17,13 +17,10 @@ use memtrace_common::{unwind_stop, StackTotals};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::{output_file::OutputFile, Exporter};
-use crate::folding::FoldedProcesses;
-use crate::levels::MemoryLevels;
 use crate::model::{
-    FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling, StackProfile,
-    TimelinePoint, UsdtProbeCounter,
+    frame::Frame, levels::MemoryLevels, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model,
+    PeakConsumer, Process, RunEnd, Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
 };
-use crate::symbolize::Frame;
 
 pub const SUMMARY_VERSION: u32 = 1;
 

@@ -11,10 +11,7 @@ use prometheus_client::{
 };
 
 use super::shared::Snapshot;
-use crate::{
-    levels::MemoryLevels,
-    model::{KernelMaps, Process},
-};
+use crate::model::{levels::MemoryLevels, KernelMaps, Process};
 
 /// The `Content-Type` of the response.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

@@ -26,7 +26,6 @@ use crate::{
     export::{Exporter, StacksWanted},
     model::{Model, RunEnd, Sample},
 };
-pub use snapshot::format_elapsed;
 use snapshot::{Growth, Snapshot};
 use terminal::{Capture, Screen};
 use view::{App, Update};

@@ -25,16 +25,17 @@ use ratatui::{
 };
 
 use super::{
-    snapshot::{
-        format_bytes, format_elapsed, format_signed_bytes, sort_rows, Detail, Row, Snapshot, SortKey,
-    },
+    snapshot::{sort_rows, Detail, Row, Snapshot, SortKey},
     terminal::{lock, Held, Screen},
 };
+use crate::export::format::{format_bytes, format_elapsed, format_signed_bytes};
 
 /// How often the view looks at the keys and redraws when nothing else happens.
 const TICK: Duration = Duration::from_millis(100);
 /// Lines of memtrace's own messages (and a command's output) under the list.
 const MESSAGE_LINES: usize = 3;
+/// Headings: the help line, the list's titles, the opened process's name and sections.
+const BOLD: Style = Style::new().add_modifier(Modifier::BOLD);
 
 /// What the tracing side sends.
 pub enum Update {
@@ -196,7 +197,6 @@ impl App {
             Constraint::Length(1),
         ])
         .areas(frame.area());
-        let bold = Style::default().add_modifier(Modifier::BOLD);
         frame.render_widget(
             Paragraph::new(self.status()).style(Style::default().add_modifier(Modifier::REVERSED)),
             status,
@@ -207,7 +207,7 @@ impl App {
         }
         let lines: Vec<Line<'_>> = messages.iter().map(|m| Line::raw(m.as_str())).collect();
         frame.render_widget(Paragraph::new(lines), log);
-        frame.render_widget(Paragraph::new(self.help()).style(bold), help);
+        frame.render_widget(Paragraph::new(self.help()).style(BOLD), help);
     }
 
     fn draw_list(&mut self, frame: &mut Frame<'_>, area: Rect) {
@@ -219,12 +219,7 @@ impl App {
         };
         let titles = ["PID", "COMMAND", "LIVE HEAP", "GROWTH", "BLOCKS", "RSS", "DARK", "ALLOCATOR", "STATE"];
         let header = TableRow::new(titles.iter().enumerate().map(|(i, title)| {
-            let style = Style::default().add_modifier(Modifier::BOLD);
-            Cell::from(*title).style(if i == sorted {
-                style.add_modifier(Modifier::UNDERLINED)
-            } else {
-                style
-            })
+            Cell::from(*title).style(if i == sorted { BOLD.add_modifier(Modifier::UNDERLINED) } else { BOLD })
         }));
         let rows = self.snapshot.rows.iter().map(|row| TableRow::new(list_cells(row)));
         let widths = [
@@ -271,20 +266,27 @@ fn list_cells(row: &Row) -> Vec<String> {
     ]
 }
 
+/// The opened process: its figures, its subsystems and, once read, its heaviest stacks and
+/// functions.
 fn detail_lines<'a>(row: &Row, detail: &Detail, no_stacks: bool) -> Vec<Line<'a>> {
-    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let mut lines = figure_lines(row);
+    lines.push(subsystems_line(detail));
+    lines.push(Line::raw(""));
+    match (no_stacks, detail.stacks_read) {
+        (true, _) => lines.push(Line::raw("no call stacks (--no-stacks)")),
+        (false, false) => lines.push(Line::raw("reading the call stacks at the next sample...")),
+        (false, true) => lines.extend(stack_lines(detail)),
+    }
+    lines
+}
+
+/// Who the process is, what its heap did, and its memory level by level: the OS's levels on one
+/// line, the allocator's and the program's on the next.
+fn figure_lines<'a>(row: &Row) -> Vec<Line<'a>> {
     let stats = &row.stats;
+    let exited = if row.exited { ", exited" } else { "" };
     let mut lines = vec![
-        Line::styled(
-            format!(
-                "pid {} {} via {}{}",
-                row.pid,
-                row.comm,
-                row.allocator_kind,
-                if row.exited { ", exited" } else { "" }
-            ),
-            bold,
-        ),
+        Line::styled(format!("pid {} {} via {}{exited}", row.pid, row.comm, row.allocator_kind), BOLD),
         Line::raw(format!(
             "live heap {} in {} blocks · growth {} · allocated {} in {} · freed {} in {}",
             format_signed_bytes(stats.live_bytes, false),
@@ -296,7 +298,6 @@ fn detail_lines<'a>(row: &Row, detail: &Detail, no_stacks: bool) -> Vec<Line<'a>
             stats.frees
         )),
     ];
-    // The OS's levels, then the allocator's and the program's.
     let levels = row.memory.named();
     for part in [&levels[..4], &levels[4..]] {
         let named: Vec<String> = part
@@ -305,25 +306,25 @@ fn detail_lines<'a>(row: &Row, detail: &Detail, no_stacks: bool) -> Vec<Line<'a>
             .collect();
         lines.push(Line::raw(named.join(" · ")));
     }
+    lines
+}
+
+/// The process's USDT subsystems, as it last reported them.
+fn subsystems_line<'a>(detail: &Detail) -> Line<'a> {
     let subsystems: Vec<String> = detail
         .subsystems
         .iter()
         .map(|(name, bytes)| format!("{name} {}", format_signed_bytes(*bytes, false)))
         .collect();
-    lines.push(Line::raw(match subsystems.is_empty() {
+    Line::raw(match subsystems.is_empty() {
         true => "subsystems: none reported".to_owned(),
         false => format!("subsystems: {}", subsystems.join(" · ")),
-    }));
-    lines.push(Line::raw(""));
-    if no_stacks {
-        lines.push(Line::raw("no call stacks (--no-stacks)"));
-        return lines;
-    }
-    if !detail.stacks_read {
-        lines.push(Line::raw("reading the call stacks at the next sample..."));
-        return lines;
-    }
-    lines.push(Line::styled("call stacks by live bytes (innermost first):", bold));
+    })
+}
+
+/// The stacks holding the most live bytes, then the functions by live bytes.
+fn stack_lines<'a>(detail: &Detail) -> Vec<Line<'a>> {
+    let mut lines = vec![Line::styled("call stacks by live bytes (innermost first):", BOLD)];
     for stack in &detail.stacks {
         let frames: Vec<String> = stack.frames.iter().map(|frame| frame.name()).collect();
         lines.push(Line::from(vec![
@@ -336,7 +337,7 @@ fn detail_lines<'a>(row: &Row, detail: &Detail, no_stacks: bool) -> Vec<Line<'a>
         ]));
     }
     lines.push(Line::raw(""));
-    lines.push(Line::styled("functions by live bytes (inclusive / exclusive):", bold));
+    lines.push(Line::styled("functions by live bytes (inclusive / exclusive):", BOLD));
     for function in &detail.functions {
         lines.push(Line::raw(format!(
             "{:>10} {:>10}  {}",
@@ -404,7 +405,7 @@ mod tests {
     use super::*;
     use memtrace_common::ProcessStats;
 
-    use crate::levels::MemoryLevels;
+    use crate::model::levels::MemoryLevels;
 
     fn row(pid: u32, live: i64) -> Row {
         Row {
@@ -462,6 +463,36 @@ mod tests {
         app.receive(Update::Sample(Box::new(Snapshot { rows: vec![row(1, 10)], ..Snapshot::default() })));
         assert!(app.status().starts_with("memtrace: tracing, every probe attached"), "{}", app.status());
         assert!(app.status().contains("1 processes (1 running) · 0 events lost"));
+    }
+
+    #[test]
+    fn the_detail_shows_stacks_only_once_read() {
+        let text = |lines: Vec<Line<'_>>| lines.iter().map(|line| line.to_string()).collect::<Vec<_>>();
+        let mut detail = Detail {
+            pid: 42,
+            stacks_read: false,
+            stacks: Vec::new(),
+            functions: Vec::new(),
+            subsystems: [("cache".to_owned(), 2048)].into(),
+        };
+        let lines = text(detail_lines(&row(42, 5768), &detail, false));
+        assert_eq!(lines[0], "pid 42 p42 via glibc");
+        assert!(lines[1].starts_with("live heap 5768 B in 2 blocks · growth 0 ·"), "{lines:?}");
+        assert_eq!(
+            lines[4..],
+            ["subsystems: cache 2048 B", "", "reading the call stacks at the next sample..."]
+        );
+        assert_eq!(text(detail_lines(&row(42, 5768), &detail, true))[6], "no call stacks (--no-stacks)");
+        detail.stacks_read = true;
+        let lines = text(detail_lines(&row(42, 5768), &detail, false));
+        assert_eq!(
+            lines[6..],
+            [
+                "call stacks by live bytes (innermost first):",
+                "",
+                "functions by live bytes (inclusive / exclusive):"
+            ]
+        );
     }
 
     #[test]

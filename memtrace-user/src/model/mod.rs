@@ -1,10 +1,19 @@
-//! What memtrace knows about each traced process, as of the latest sample.
+//! What memtrace knows about each traced process, as of the latest sample: the room every output
+//! reads. Its parts: the frames of the call stacks (`frame`), the memory levels of a process
+//! (`levels`), and how exited processes fold into their command's totals (`folding`, which works
+//! on the model; the model names nothing of it).
+
+mod folding;
+pub mod frame;
+pub mod levels;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use memtrace_common::{ProcessStats, StackTotals};
 
-use crate::{levels::MemoryLevels, procfs::Mapping, symbolize::Frame};
+use crate::procfs::Mapping;
+use frame::Frame;
+use levels::MemoryLevels;
 
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -131,9 +140,31 @@ pub struct Model {
     /// `--sample`: live figures, frees, peaks and stacks are estimates from sampled allocations.
     pub sampling: Option<Sampling>,
     /// Exited processes beyond `--keep-exited`, summed per command (folding.rs).
-    pub folded: crate::folding::Folded,
+    pub folded: Folded,
     /// The pids of released processes, in the order they were released, for folding.
     pub released_order: std::collections::VecDeque<u32>,
+}
+
+/// Folded totals by command name (see folding.rs).
+pub type Folded = BTreeMap<String, FoldedProcesses>;
+
+/// What the folded exited processes of one command did, summed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FoldedProcesses {
+    pub comm: String,
+    pub processes: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub allocated_bytes: u64,
+    pub freed_bytes: u64,
+    /// Bytes still live when each exited (leaked at exit), summed.
+    pub live_bytes_at_exit: i64,
+    /// The highest peak of any of them.
+    pub peak_live_bytes: i64,
+    pub temporary_allocations: u64,
+    pub untracked_frees: u64,
+    pub failed_allocations: u64,
+    pub lost_events: u64,
 }
 
 /// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this
@@ -329,7 +360,6 @@ impl Process {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbolize::Frame;
 
     fn frame(name: &str) -> Frame {
         Frame { function: Some(name.into()), file: None, line: None, module: "m".into(), offset: 0 }

@@ -1,31 +1,10 @@
 //! A long run sees many more processes than anyone reads reports of: beyond the most recent
 //! `--keep-exited N` exited processes, each is folded into its command's totals (`folded` in the
 //! model and the summary), so memtrace's memory stays bounded however many processes come and go.
+//! The model holds the totals (`FoldedProcesses`); this room works out when a process folds and
+//! what it adds, on the model, which names nothing of it.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use crate::model::{Model, Process};
-
-/// What the folded exited processes of one command did, summed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FoldedProcesses {
-    pub comm: String,
-    pub processes: u64,
-    pub allocations: u64,
-    pub frees: u64,
-    pub allocated_bytes: u64,
-    pub freed_bytes: u64,
-    /// Bytes still live when each exited (leaked at exit), summed.
-    pub live_bytes_at_exit: i64,
-    /// The highest peak of any of them.
-    pub peak_live_bytes: i64,
-    pub temporary_allocations: u64,
-    pub untracked_frees: u64,
-    pub failed_allocations: u64,
-    pub lost_events: u64,
-}
+use super::{FoldedProcesses, Model, Process};
 
 impl FoldedProcesses {
     fn add(&mut self, process: &Process) {
@@ -79,9 +58,6 @@ impl Model {
         folded
     }
 }
-
-/// Folded totals by command name.
-pub type Folded = BTreeMap<String, FoldedProcesses>;
 
 #[cfg(test)]
 mod tests {

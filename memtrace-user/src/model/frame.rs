@@ -1,0 +1,34 @@
+//! A frame of a call stack as the model keeps it: a function, where it is known, in an object file
+//! at an offset. The symbolizer makes these; the model's stacks hold them, and every output names
+//! them the same way (`Frame::name`).
+
+use std::path::Path;
+
+/// One resolved stack frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct Frame {
+    /// Demangled function name, when the object has symbols for the address.
+    pub function: Option<String>,
+    /// Source file and line, when the object has debug information.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// The object file (or a description of it when it could not be found).
+    pub module: String,
+    /// File offset within `module`, or the virtual address when the module is unknown.
+    pub offset: u64,
+}
+
+impl Frame {
+    /// The function name, or module+offset where there is none.
+    pub fn name(&self) -> String {
+        match &self.function {
+            Some(function) => function.clone(),
+            None => {
+                let module = Path::new(&self.module)
+                    .file_name()
+                    .map_or(self.module.as_str(), |n| n.to_str().unwrap_or(self.module.as_str()));
+                format!("{module}+{:#x}", self.offset)
+            }
+        }
+    }
+}
