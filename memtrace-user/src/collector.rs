@@ -20,6 +20,7 @@ use crate::{
     procfs::{self, Mapping},
     stack_table::StackTable,
     symbolize::{Frame, StackSymbolizer},
+    usdt::UsdtProbes,
 };
 
 #[derive(Default)]
@@ -36,7 +37,13 @@ pub struct Collector {
 
 impl Collector {
     /// Reads every traced process as of now, `ts_us` into the run.
-    pub fn sample(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
+    pub fn sample(
+        &mut self,
+        probes: &Probes,
+        usdt: &UsdtProbes,
+        model: &mut Model,
+        ts_us: u64,
+    ) -> Result<()> {
         let estimates = match model.sampling {
             Some(sampling) => Some(estimate_live(probes, sampling)?),
             None => None,
@@ -79,7 +86,7 @@ impl Collector {
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
         model.unattributed_lost_events = probes.unattributed_lost_events()?;
-        crate::usdt::collect(probes, model)?;
+        usdt.collect(probes, model)?;
         Ok(())
     }
 
