@@ -1,6 +1,8 @@
 //! The BPF side as userspace sees it: load the embedded object, attach its programs to an allocator
-//! for one process or for all, and read the kernel's maps. Every attachment is a link owned by a
-//! file descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
+//! for one process or for all, and read the kernel's maps, each through its typed accessor
+//! (tables.rs). Every attachment is a link owned by a file descriptor of this process, so the
+//! kernel removes it when memtrace exits, however it exits. What to attach is decided above this
+//! room (following, crate::usdt for USDT sites), which calls in here and is never called back.
 
 mod kernel_btf;
 mod links;
