@@ -1,5 +1,5 @@
-//! The bpf(2) commands memtrace issues itself, beneath both the loader (crate::probes) and the
-//! kernel feature probes (crate::kernel_features), so that finding out what the kernel can do needs
+//! The bpf(2) commands memtrace issues itself, beneath both the loader (`probes`) and the
+//! kernel feature probes (`kernel_features`), so that finding out what the kernel can do needs
 //! nothing of the loader: the syscall returning a descriptor, BPF_PROG_LOAD's attribute and a
 //! program loaded from raw instructions, a uprobe_multi link (BPF_LINK_CREATE), and what the kernel
 //! says of a loaded program (`prog_info`). Nothing here knows memtrace's programs or maps.

@@ -2,7 +2,7 @@
 //! for one process or for all, and read the kernel's maps, each through its typed accessor
 //! (tables.rs). Every attachment is a link owned by a file descriptor of this process, so the
 //! kernel removes it when memtrace exits, however it exits. What to attach is decided above this
-//! room (following, crate::usdt for USDT sites), which calls in here and is never called back.
+//! room (following, and usdt for USDT sites), which calls in here and is never called back.
 
 mod kernel_btf;
 mod links;
