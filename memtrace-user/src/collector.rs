@@ -22,6 +22,7 @@ use crate::{
     skipped_exits::SkippedExits,
     stack_table::StackTable,
     symbolize::StackSymbolizer,
+    usdt::UsdtProbes,
 };
 
 #[derive(Default)]
@@ -40,7 +41,13 @@ pub struct Collector {
 
 impl Collector {
     /// Reads every traced process as of now, `ts_us` into the run.
-    pub fn sample(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
+    pub fn sample(
+        &mut self,
+        probes: &Probes,
+        usdt: &UsdtProbes,
+        model: &mut Model,
+        ts_us: u64,
+    ) -> Result<()> {
         let estimates = match model.sampling {
             Some(sampling) => Some(estimate_live(probes, sampling)?),
             None => None,
@@ -84,7 +91,7 @@ impl Collector {
         self.peaks.record(model, &live, ts_us);
         self.skipped_exits.recover(probes, model)?;
         model.unattributed_lost_events = probes.unattributed_lost_events()? + self.skipped_exits.lost();
-        crate::usdt::collect(probes, model)?;
+        usdt.collect(probes, model)?;
         Ok(())
     }
 

@@ -11,9 +11,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::{
-    kernel_features::{Feature, FeatureInfo, KernelFeatures, Needs, Presence, Without, FEATURES},
+    kernel_features::{Feature, FeatureInfo, KernelFeatures, LinkKind, Needs, Presence, Without, FEATURES},
     privileges,
-    probes::{self, LinkKind, ProbeConfig, Probes, Reach},
+    probes::{self, ProbeConfig, Probes, Reach},
 };
 
 /// What came of loading memtrace's BPF programs.

@@ -33,6 +33,7 @@ use crate::{
     probes::{Probes, Reach, Scope},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
     procfs,
+    usdt::UsdtProbes,
 };
 
 pub struct Following {
@@ -54,6 +55,8 @@ pub struct Following {
     /// Execs of followed processes, held until their program's allocator is probed; None where
     /// no tree is followed, or without CAP_SYS_ADMIN.
     held: Option<HeldExecs>,
+    /// The USDT sites wanted and found, attached beside the allocators.
+    usdt: UsdtProbes,
 }
 
 impl Following {
@@ -64,6 +67,7 @@ impl Following {
         overrides: Overrides,
         reach: Reach,
         features: &KernelFeatures,
+        usdt: UsdtProbes,
     ) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
         crate::process::raise_open_file_limit();
@@ -92,6 +96,7 @@ impl Following {
             execs,
             wakeup: wakeup.into(),
             held,
+            usdt,
         };
         if let Reach::AllProcesses(_) = this.reach {
             // Everything is resolved before anything is attached: once libc is probed, every malloc
@@ -100,7 +105,7 @@ impl Following {
             for allocator in allocators.values() {
                 this.probe(probes, allocator, Scope::AllProcesses)?;
             }
-            crate::usdt::attach_system_wide(probes, mapped)?;
+            this.usdt.attach_system_wide(probes, mapped)?;
         }
         Ok(this)
     }
@@ -112,8 +117,13 @@ impl Following {
         let scope = self.reach.scope_for(pid);
         probes.add_target(pid)?;
         self.probe(probes, &allocator, scope)?;
-        crate::usdt::attach_process(probes, image, scope)?;
+        self.usdt.attach_process(probes, image, scope)?;
         Ok(allocator)
+    }
+
+    /// The USDT sites wanted and found.
+    pub fn usdt(&self) -> &UsdtProbes {
+        &self.usdt
     }
 
     /// What each file is, as read so far.
@@ -179,7 +189,7 @@ impl Following {
             if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
                 self.probe(probes, &allocator, scope)?;
             }
-            crate::usdt::attach_exec_objects(probes, image.objects.clone(), scope);
+            self.usdt.attach_exec_objects(probes, image.objects.clone(), scope);
             objects.extend(image.objects);
         }
         Ok(objects)

@@ -5,17 +5,28 @@
 //! fallback that keeps figures exact, or refuse to start with one error naming the feature.
 //! Everything else reads the typed [`KernelFeatures`] (`has`, `link_kind`, `check`).
 
-use std::{
-    ffi::CString,
-    fmt, io,
-    os::fd::{AsFd, FromRawFd, OwnedFd},
-    path::Path,
-};
+use std::{fmt, io, os::fd::AsFd, path::Path};
 
 use anyhow::{bail, Result};
 use aya_obj::generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type::BPF_PROG_TYPE_KPROBE};
 
-use crate::probes::{self, LinkKind};
+use crate::bpf_sys::{bpf, load_raw_program, prog_info, uprobe_multi_link, UprobeMulti};
+
+/// The kernel's own type information (BTF).
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// The uprobe PMU's perf event type: per-site uprobe perf events exist where this file does.
+pub const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
+/// Where the uprobe PMU says it takes a semaphore's offset (ref_ctr_offset) in attr.config.
+pub const UPROBE_PMU_REF_CTR_OFFSET: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
+
+/// How probe sites are linked: chosen once, by what the kernel has (and MEMTRACE_LINKS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    /// One uprobe_multi link per file and program.
+    Multi,
+    /// One perf event and one perf link per site (kernels before 6.6).
+    PerfEvent,
+}
 
 /// A kernel feature memtrace uses or would use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,10 +270,10 @@ impl KernelFeatures {
 
 fn probe(feature: Feature) -> Presence {
     match feature {
-        Feature::Btf => file_exists(probes::VMLINUX_BTF),
+        Feature::Btf => file_exists(VMLINUX_BTF),
         Feature::UprobeMulti => uprobe_multi(),
-        Feature::UprobePerfEvents => file_exists(probes::UPROBE_PMU_TYPE),
-        Feature::RefCtrOffset => file_exists(probes::UPROBE_PMU_REF_CTR_OFFSET),
+        Feature::UprobePerfEvents => file_exists(UPROBE_PMU_TYPE),
+        Feature::RefCtrOffset => file_exists(UPROBE_PMU_REF_CTR_OFFSET),
         Feature::Cookies => helper(HELPER_GET_ATTACH_COOKIE),
         Feature::BpfLoop => helper(HELPER_LOOP),
         Feature::RingBuf => map_creation(MapAttr::ringbuf()),
@@ -346,7 +357,7 @@ fn refused(error: &io::Error) -> Presence {
 /// libbpf_probe_bpf_helper): the call's arguments may well be wrong, which is another message.
 fn helper(id: i32) -> Presence {
     let program = [insn(0x85, 0, 0, 0, id), RETURN_ZERO, EXIT];
-    match probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &program) {
+    match load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &program) {
         Ok(_) => Presence::Found,
         Err(refusal) if refusal.log.contains("invalid func ") || refusal.log.contains("unknown func ") => {
             Presence::Missing(
@@ -365,16 +376,23 @@ fn helper(id: i32) -> Presence {
 /// memtrace attaches per process, so those take the per-site links).
 fn uprobe_multi() -> Presence {
     let program = [RETURN_ZERO, EXIT];
-    let loaded =
-        probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, BPF_TRACE_UPROBE_MULTI as u32, &program);
+    let loaded = load_raw_program(BPF_PROG_TYPE_KPROBE as u32, BPF_TRACE_UPROBE_MULTI as u32, &program);
     let program = match loaded {
         Ok(program) => program,
         Err(refusal) => return refused(&refusal.error),
     };
-    let root = CString::from(c"/");
     // pid -1 as the kernel reads the field (a pid_t).
-    let errno =
-        |pid| probes::try_multi_link(program.as_fd(), &root, pid).err().and_then(|e| e.raw_os_error());
+    let errno = |pid| {
+        let link = UprobeMulti {
+            path: c"/",
+            offsets: &[0],
+            cookies: &[0],
+            ref_ctr_offsets: &[],
+            pid,
+            returns: false,
+        };
+        uprobe_multi_link(program.as_fd(), &link).err().and_then(|e| e.raw_os_error())
+    };
     match (errno(0), errno(u32::MAX)) {
         (Some(libc::EBADF), Some(libc::EINVAL)) => Presence::Found,
         (Some(libc::EBADF), Some(libc::ESRCH)) => {
@@ -424,33 +442,19 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 fn map_creation(attr: MapAttr) -> Presence {
     // SAFETY: the attribute outlives the call, its size is passed along (the kernel zero-extends
     // it) and the result is a new descriptor or -1.
-    let created = unsafe { bpf_fd(BPF_MAP_CREATE, std::ptr::from_ref(&attr).cast(), size_of::<MapAttr>()) };
+    let created = unsafe { bpf(BPF_MAP_CREATE, std::ptr::from_ref(&attr).cast(), size_of::<MapAttr>()) };
     created.map_or_else(|error| refused(&error), |_| Presence::Found)
-}
-
-/// bpf(2) for a command that returns a new descriptor.
-///
-/// # Safety
-/// `attr` points to `size` bytes of the command's attribute, whose pointers are valid for the call.
-unsafe fn bpf_fd(command: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
-    // SAFETY: as the caller promises.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr, size as u32) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// struct bpf_prog_info carries recursion_misses (at byte 208) where the kernel fills at least
 /// 216 bytes of it.
 fn recursion_misses() -> Presence {
     const RECURSION_MISSES_END: u32 = 216;
-    let program = match probes::load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &[RETURN_ZERO, EXIT]) {
+    let program = match load_raw_program(BPF_PROG_TYPE_KPROBE as u32, 0, &[RETURN_ZERO, EXIT]) {
         Ok(program) => program,
         Err(refusal) => return refused(&refusal.error),
     };
-    match probes::prog_info::info_size(program.as_fd()) {
+    match prog_info::info_size(program.as_fd()) {
         Err(error) => refused(&error),
         Ok(filled) if filled >= RECURSION_MISSES_END => Presence::Found,
         Ok(filled) => Presence::Missing(format!("bpf_prog_info is {filled} bytes")),

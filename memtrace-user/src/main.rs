@@ -1,6 +1,7 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
 mod bpf_log;
+mod bpf_sys;
 mod cli;
 mod collector;
 mod doctor;
@@ -23,8 +24,6 @@ mod symbolize;
 mod target;
 mod threads;
 mod top;
-// Not wired into tracing yet: the BPF unwinder and its loader come next.
-#[allow(dead_code)]
 mod unwind;
 mod usdt;
 

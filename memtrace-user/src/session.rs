@@ -28,15 +28,16 @@ use crate::{
         StacksWanted,
     },
     following::Following,
-    kernel_features::{KernelFeatures, Needs},
+    kernel_features::{KernelFeatures, LinkKind, Needs},
     model::{KernelMaps, Model, RunEnd, Sample, Sampling},
     privileges,
-    probes::{LinkKind, ProbeConfig, Probes, ProcessFilter, Reach},
+    probes::{ProbeConfig, Probes, ProcessFilter, Reach},
     process::{ObjectFile, ProcessImage},
     procfs,
     serve::{Agent, ServeOptions},
     target::{resolve_program, HeldCommand, Watched},
     unwind::KernelTables,
+    usdt::UsdtProbes,
 };
 
 /// Traces as the command line says; with `serve`, as the agent of `memtrace serve`: no trace file
@@ -61,7 +62,8 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
         kernel_maps: serve.map(|_| KernelMaps::default()),
         ..Model::default()
     };
-    let mut following = Following::start(&mut probes, overrides, reach, &features)?;
+    let usdt = UsdtProbes::new(cli.usdt.clone());
+    let mut following = Following::start(&mut probes, overrides, reach, &features, usdt)?;
     let Targets { watched: targets, held, preload } = if cli.system_wide() {
         Targets::default()
     } else if cli.command.is_empty() {
@@ -76,7 +78,7 @@ pub fn run(cli: Cli, serve: Option<&ServeOptions>) -> Result<ExitCode> {
     unwind.preload(&mut probes, preload)?;
     unwind.update(&mut probes, &model)?;
     let early_refresh = held.is_some().then_some(FIRST_REFRESH);
-    crate::usdt::check_requests_found(&probes, cli.follows_children())?;
+    following.usdt().check_requests_found(cli.follows_children())?;
     let writing = trace_path.map(|path| format!("; writing {}", path.display())).unwrap_or_default();
     eprintln!("memtrace: tracing {what}{writing}");
     if let Some(held) = held {
@@ -116,13 +118,12 @@ fn load_probes(cli: &Cli, reach: &Reach, features: &KernelFeatures) -> Result<Pr
         reach: reach.clone(),
         debug_bpf: cli.debug_bpf,
     };
-    let mut probes = Probes::load(&config, features)?;
+    let probes = Probes::load(&config, features)?;
     // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
     // uprobe_multi links need only what loading needed.
     if probes.link_kind() == LinkKind::PerfEvent {
         privileges::check_uprobe_perf_events()?;
     }
-    probes.usdt = crate::usdt::UsdtProbes::new(cli.usdt.clone());
     Ok(probes)
 }
 
@@ -132,7 +133,7 @@ fn describe_reach(cli: &Cli, following: &Following, probes: &Probes, model: &Mod
         format!(
             "all processes through {} allocator files and {} USDT probe sites",
             following.probed_files(),
-            probes.usdt.attached_sites()
+            probes.usdt_sites()
         )
     } else if cli.follows_children() {
         format!("{} and every process they start", describe(model))
@@ -254,7 +255,7 @@ impl Targets {
         }
         // Read every target's mappings now: a process may exit before the first interval, and its
         // stacks are symbolized through the files it mapped.
-        collector.sample(probes, model, 0)?;
+        collector.sample(probes, following.usdt(), model, 0)?;
         Ok(Self { watched, held: None, preload: Vec::new() })
     }
 
@@ -542,7 +543,7 @@ impl Run<'_> {
         }
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         let ts_us = self.started.elapsed().as_micros() as u64;
-        self.collector.sample(&self.probes, &mut self.model, ts_us)?;
+        self.collector.sample(&self.probes, self.following.usdt(), &mut self.model, ts_us)?;
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us, dump_id: self.samples };

@@ -7,9 +7,6 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use memtrace_common::KernelLayout;
 
-/// The kernel's own type information.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
-
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
 /// Every BTF type starts with name_off, info and size_or_type.
@@ -175,6 +172,7 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel_features::VMLINUX_BTF;
 
     fn offset(name: &str, member: &str) -> Result<u32> {
         let data = std::fs::read(VMLINUX_BTF).unwrap();

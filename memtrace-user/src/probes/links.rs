@@ -22,21 +22,18 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-/// The uprobe PMU's perf event type: per-site uprobe perf events exist where this file does.
-pub const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
-/// Where the uprobe PMU says it takes a semaphore's offset (ref_ctr_offset) in attr.config.
-pub const UPROBE_PMU_REF_CTR_OFFSET: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
+use crate::{
+    bpf_sys::{bpf, uprobe_multi_link, UprobeMulti, BPF_LINK_CREATE},
+    kernel_features::{LinkKind, UPROBE_PMU_TYPE},
+};
+
 /// attr.config bits 32-63 (/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset).
 const REF_CTR_OFFSET_SHIFT: u32 = 32;
 /// attr.config bit 0 (/sys/bus/event_source/devices/uprobe/format/retprobe).
 const RETPROBE_BIT: u64 = 1;
 /// PERF_ATTR_SIZE_VER1: the attribute up to config2, all a uprobe event needs.
 const PERF_ATTR_SIZE: u32 = 72;
-const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PERF_EVENT: u32 = 41;
-const BPF_TRACE_UPROBE_MULTI: u32 = 48;
-/// uprobe_multi.flags: BPF_F_UPROBE_MULTI_RETURN.
-const UPROBE_MULTI_RETURN: u32 = 1;
 /// perf_event_open(2): PERF_FLAG_FD_CLOEXEC.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
@@ -63,15 +60,6 @@ pub enum Scope {
 pub enum Direction {
     Entry,
     Return,
-}
-
-/// How sites are linked: chosen once, by how the programs could be loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkKind {
-    /// One uprobe_multi link per file and program.
-    Multi,
-    /// One perf event and one perf link per site (kernels before 6.6).
-    PerfEvent,
 }
 
 /// Attached sites; dropping it detaches them.
@@ -156,24 +144,6 @@ fn describe(path: &Path, sites: &[Site], scope: Scope) -> String {
     }
 }
 
-/// `union bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link.
-#[repr(C)]
-#[derive(Default)]
-struct UprobeMultiAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    path: u64,
-    offsets: u64,
-    ref_ctr_offsets: u64,
-    cookies: u64,
-    cnt: u32,
-    multi_flags: u32,
-    pid: u32,
-    _pad: u32,
-}
-
 fn attach_multi(
     program: BorrowedFd<'_>,
     path: &CString,
@@ -184,39 +154,19 @@ fn attach_multi(
     let offsets: Vec<u64> = sites.iter().map(|site| site.offset).collect();
     let cookies: Vec<u64> = sites.iter().map(|site| site.cookie).collect();
     let semaphores: Vec<u64> = sites.iter().map(|site| site.semaphore.unwrap_or(0)).collect();
-    let attr = UprobeMultiAttr {
-        prog_fd: program.as_raw_fd() as u32,
-        attach_type: BPF_TRACE_UPROBE_MULTI,
-        path: path.as_ptr() as u64,
-        offsets: offsets.as_ptr() as u64,
-        ref_ctr_offsets: if semaphores.iter().any(|&offset| offset != 0) {
-            semaphores.as_ptr() as u64
-        } else {
-            0
-        },
-        cookies: cookies.as_ptr() as u64,
-        cnt: u32::try_from(sites.len()).map_err(|_| io::Error::other("too many probe sites in one file"))?,
-        multi_flags: if direction == Direction::Return { UPROBE_MULTI_RETURN } else { 0 },
+    let has_semaphores = semaphores.iter().any(|&offset| offset != 0);
+    let link = UprobeMulti {
+        path,
+        offsets: &offsets,
+        cookies: &cookies,
+        ref_ctr_offsets: if has_semaphores { &semaphores } else { &[] },
         pid: match scope {
             Scope::Process(pid) => pid,
             Scope::AllProcesses => 0,
         },
-        ..UprobeMultiAttr::default()
+        returns: direction == Direction::Return,
     };
-    // SAFETY: the attribute and the arrays and path it points to outlive the call; its size is
-    // passed along.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_LINK_CREATE, &raw const attr, size_of::<UprobeMultiAttr>() as u32)
-    };
-    owned_fd(fd)
-}
-
-/// A uprobe_multi link of `program` at offset 0 of `path`, for process `pid` (0: every process):
-/// what the kernel feature probe tries, for its errno.
-pub fn try_multi_link(program: BorrowedFd<'_>, path: &CString, pid: u32) -> io::Result<OwnedFd> {
-    let site = Site { offset: 0, cookie: 0, semaphore: None };
-    let scope = if pid == 0 { Scope::AllProcesses } else { Scope::Process(pid) };
-    attach_multi(program, path, &[site], scope, Direction::Entry)
+    uprobe_multi_link(program, &link)
 }
 
 /// The leading fields of `struct perf_event_attr`, in kernel layout.
@@ -300,20 +250,13 @@ fn link_perf_event(program: BorrowedFd<'_>, event: &OwnedFd, cookie: u64) -> Res
         ..PerfLinkAttr::default()
     };
     // SAFETY: the attribute outlives the call and its size is passed along.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_LINK_CREATE, &raw const attr, size_of::<PerfLinkAttr>() as u32)
-    };
-    owned(fd)
+    Ok(unsafe { bpf(BPF_LINK_CREATE, std::ptr::from_ref(&attr).cast(), size_of::<PerfLinkAttr>()) }?)
 }
 
 /// A syscall's new descriptor, or its error.
 fn owned(fd: libc::c_long) -> Result<OwnedFd> {
-    Ok(owned_fd(fd)?)
-}
-
-fn owned_fd(fd: libc::c_long) -> io::Result<OwnedFd> {
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::last_os_error().into());
     }
     // SAFETY: a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -329,8 +272,5 @@ mod tests {
         assert_eq!(std::mem::offset_of!(PerfEventAttr, config1), 56);
         assert_eq!(std::mem::offset_of!(PerfEventAttr, config2), 64);
         assert_eq!(std::mem::offset_of!(PerfLinkAttr, bpf_cookie), 16);
-        assert_eq!(std::mem::offset_of!(UprobeMultiAttr, path), 16);
-        assert_eq!(std::mem::offset_of!(UprobeMultiAttr, cnt), 48);
-        assert_eq!(std::mem::offset_of!(UprobeMultiAttr, pid), 56);
     }
 }

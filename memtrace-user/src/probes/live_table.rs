@@ -16,9 +16,7 @@ use aya::{maps::Map, EbpfLoader};
 use memmap2::{MmapOptions, MmapRaw};
 use memtrace_common::{live_table_slots, Allocation, AllocationKey, LiveSlot, LiveTag};
 
-/// The BPF maps, as memtrace-ebpf/src/live.rs names them.
-pub const SLOTS_MAP: &str = "ALLOCATIONS";
-pub const COUNT_MAP: &str = "LIVE_RECORDS";
+use super::tables::{LIVE_RECORDS, LIVE_SLOTS};
 
 /// Slots mapped at once: 3 MiB, a whole number of pages (48-byte slots, 256 to 3 pages).
 const CHUNK_SLOTS: usize = 1 << 16;
@@ -39,7 +37,7 @@ impl TableSize {
     /// Sizes the array and sets the globals the probes size it by (memtrace-ebpf/src/live.rs).
     pub fn configure<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
         loader
-            .map_max_entries(SLOTS_MAP, self.slots)
+            .map_max_entries(LIVE_SLOTS.name, self.slots)
             .override_global("LIVE_SLOT_MASK", &self.slot_mask, true)
             .override_global("MAX_LIVE_RECORDS", &self.records, true);
     }
@@ -63,14 +61,18 @@ pub struct LiveTable {
 impl LiveTable {
     /// Opens the table the loader sized, and maps its count.
     pub fn open(slots: &Map, count: &Map, size: &TableSize) -> Result<Self> {
-        Self::of_arrays(array_fd::<LiveSlot>(slots, SLOTS_MAP)?, array_fd::<u64>(count, COUNT_MAP)?, size)
+        Self::of_arrays(
+            array_fd::<LiveSlot>(slots, LIVE_SLOTS.name)?,
+            array_fd::<u64>(count, LIVE_RECORDS.name)?,
+            size,
+        )
     }
 
     fn of_arrays(slots: OwnedFd, count: OwnedFd, size: &TableSize) -> Result<Self> {
         Ok(Self {
             slots,
             slot_count: size.slots as usize,
-            count: map_range(&count, COUNT_MAP, 0, size_of::<u64>())?,
+            count: map_range(&count, LIVE_RECORDS.name, 0, size_of::<u64>())?,
         })
     }
 
@@ -116,7 +118,7 @@ impl LiveTable {
         for first in (0..self.slot_count).step_by(CHUNK_SLOTS) {
             let len = CHUNK_SLOTS.min(self.slot_count - first);
             let size = size_of::<LiveSlot>();
-            let chunk = map_range(&self.slots, SLOTS_MAP, first * size, len * size)?;
+            let chunk = map_range(&self.slots, LIVE_SLOTS.name, first * size, len * size)?;
             let slots = chunk.as_mut_ptr().cast::<LiveSlot>();
             for index in 0..len {
                 // SAFETY: slot `index` of the `len` slots `chunk` maps, which outlives the tag
@@ -251,8 +253,8 @@ mod tests {
     fn write_slot(fd: &OwnedFd, index: usize, slot: LiveSlot) {
         let page = 4096;
         let offset = index * size_of::<LiveSlot>();
-        let map =
-            map_range(fd, SLOTS_MAP, offset / page * page, offset % page + size_of::<LiveSlot>()).unwrap();
+        let map = map_range(fd, LIVE_SLOTS.name, offset / page * page, offset % page + size_of::<LiveSlot>())
+            .unwrap();
         // SAFETY: the slot lies inside the mapping just made, at its offset from the page.
         unsafe { map.as_mut_ptr().add(offset % page).cast::<LiveSlot>().write_volatile(slot) };
     }

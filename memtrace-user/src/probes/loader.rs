@@ -12,7 +12,7 @@
 use std::{
     collections::{HashMap, HashSet},
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
 };
 
 use anyhow::{bail, Context, Result};
@@ -26,40 +26,13 @@ use aya_obj::{
     Function, Object, ProgramSection,
 };
 
-const BPF_PROG_LOAD: libc::c_long = 5;
+use crate::bpf_sys::{bpf, log_text, prog_load, ProgLoadAttr};
+
 const BPF_BTF_LOAD: libc::c_long = 18;
 /// bpf(2): BPF_F_SLEEPABLE in prog_flags.
 const BPF_F_SLEEPABLE: u32 = 1 << 4;
 /// Bytes of verifier log kept when a load fails.
 const LOG_SIZE: usize = 1 << 20;
-
-/// `union bpf_attr` for BPF_PROG_LOAD, up to the expected attach type: all a uprobe program needs.
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-    prog_btf_fd: u32,
-    func_info_rec_size: u32,
-    func_info: u64,
-    func_info_cnt: u32,
-    line_info_rec_size: u32,
-    line_info: u64,
-    line_info_cnt: u32,
-    /// The kernel's next field, zero: without it the struct's padding would be read as it,
-    /// whatever bytes it held (EINVAL, now and then).
-    attach_btf_id: u32,
-}
 
 /// `union bpf_attr` for BPF_BTF_LOAD.
 #[repr(C)]
@@ -311,73 +284,13 @@ fn load_with_log(attr: &mut ProgLoadAttr, level: u32) -> (io::Result<OwnedFd>, S
     (result, log_text(&log))
 }
 
-/// A program the kernel refused, with the verifier's log.
-#[derive(Debug)]
-pub struct Refused {
-    pub error: io::Error,
-    pub log: String,
-}
-
-/// BPF_PROG_LOAD of a tiny program from raw instructions (8 bytes each, as the kernel reads them),
-/// with the verifier's log on failure: what kernel feature probes load.
-pub fn load_raw_program(
-    prog_type: u32,
-    expected_attach_type: u32,
-    instructions: &[u64],
-) -> Result<OwnedFd, Refused> {
-    let mut log = vec![0u8; 1 << 16];
-    let attr = ProgLoadAttr {
-        prog_type,
-        insn_cnt: instructions.len() as u32,
-        insns: instructions.as_ptr() as u64,
-        license: c"GPL".as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        expected_attach_type,
-        ..ProgLoadAttr::default()
-    };
-    prog_load(&attr).map_err(|error| Refused { error, log: log_text(&log) })
-}
-
-/// The NUL-terminated text the kernel wrote into a log buffer.
-fn log_text(log: &[u8]) -> String {
-    String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned()
-}
-
-fn prog_load(attr: &ProgLoadAttr) -> io::Result<OwnedFd> {
-    // SAFETY: the attribute, and the instructions, license, BTF records and log it points to,
-    // outlive the call.
-    unsafe { bpf(BPF_PROG_LOAD, std::ptr::from_ref(attr).cast(), size_of::<ProgLoadAttr>()) }
-}
-
-/// bpf(2) for a command that returns a new descriptor.
-///
-/// # Safety
-/// `attr` points to `size` bytes of the command's attribute, whose pointers are valid for the call.
-unsafe fn bpf(command: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
-    // SAFETY: as the caller promises; the result is a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, command, attr, size as u32) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn attribute_layout_matches_the_kernel() {
-        assert_eq!(std::mem::offset_of!(ProgLoadAttr, prog_name), 48);
-        assert_eq!(std::mem::offset_of!(ProgLoadAttr, expected_attach_type), 68);
-        assert_eq!(std::mem::offset_of!(ProgLoadAttr, func_info), 80);
-        assert_eq!(std::mem::offset_of!(ProgLoadAttr, line_info_cnt), 104);
         assert_eq!(std::mem::offset_of!(BtfLoadAttr, btf_log_level), 24);
-        // No padding: every byte passed is a field the kernel reads.
-        assert_eq!(size_of::<ProgLoadAttr>(), std::mem::offset_of!(ProgLoadAttr, attach_btf_id) + 4);
         assert_eq!(size_of::<BtfLoadAttr>(), 32);
     }
 }

@@ -1,13 +1,14 @@
 //! The BPF side as userspace sees it: load the embedded object, attach its programs to an allocator
-//! for one process or for all, and read the kernel's maps. Every attachment is a link owned by a
-//! file descriptor of this process, so the kernel removes it when memtrace exits, however it exits.
+//! for one process or for all, and read the kernel's maps, each through its typed accessor
+//! (tables.rs). Every attachment is a link owned by a file descriptor of this process, so the
+//! kernel removes it when memtrace exits, however it exits. What to attach is decided above this
+//! room (following, and usdt for USDT sites), which calls in here and is never called back.
 
 mod kernel_btf;
 mod links;
 mod live_table;
 mod loader;
 mod map_ops;
-pub mod prog_info;
 pub mod tables;
 mod thread_slots;
 pub mod verifier_report;
@@ -18,7 +19,7 @@ use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, MapData, RingBuf},
+    maps::{HashMap, MapData, RingBuf},
     programs::Program,
     Ebpf, EbpfLoader,
 };
@@ -27,17 +28,18 @@ use memtrace_common::{
     StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
-pub use kernel_btf::VMLINUX_BTF;
-use links::Links;
-pub use links::{
-    try_multi_link, Direction, LinkKind, Scope, Site, UPROBE_PMU_REF_CTR_OFFSET, UPROBE_PMU_TYPE,
-};
+use links::{Direction, Links};
+pub use links::{Scope, Site};
 use live_table::{LiveTable, TableSize};
-pub use loader::load_raw_program;
 use loader::MultiPrograms;
+use tables::{ArrayTable, Table};
 
 use crate::{
-    allocator::Allocator, bpf_log::BpfLog, kernel_features::KernelFeatures, process::map_calls::MapCalls,
+    allocator::Allocator,
+    bpf_log::BpfLog,
+    bpf_sys::prog_info,
+    kernel_features::{KernelFeatures, LinkKind, VMLINUX_BTF},
+    process::map_calls::MapCalls,
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
@@ -46,7 +48,7 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// every USDT site.
 const ALLOCATOR_ENTRY: &str = "alloc_enter";
 const ALLOCATOR_RETURN: &str = "alloc_exit";
-pub const USDT_SITE: &str = "usdt_site";
+const USDT_SITE: &str = "usdt_site";
 /// Programs that do nothing, on the allocator's probe points: the floor `cargo xtask bench` measures.
 const EMPTY_ENTRY: &str = "empty_enter";
 const EMPTY_RETURN: &str = "empty_exit";
@@ -167,8 +169,8 @@ pub struct Probes {
     allocator_programs: CallPrograms,
     /// Whether mapping calls are probed: not with the empty programs.
     follow_mappings: bool,
-    /// The USDT sites attached (links memtrace creates itself) and what reading them needs.
-    pub usdt: crate::usdt::UsdtProbes,
+    /// USDT probe sites attached (one probe per site, whatever it is used for).
+    usdt_sites: usize,
     /// Every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<AttachedAllocator>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
@@ -182,51 +184,23 @@ impl Probes {
             Reach::AllProcesses(filter) => filter.clone(),
             _ => ProcessFilter::default(),
         };
-        // A forked child's process id and an exiting process's memory are read from the kernel's
-        // structs; only following a tree cannot do without.
-        let layout = match kernel_btf::kernel_layout(Path::new(kernel_btf::VMLINUX_BTF)) {
-            Ok(layout) => layout,
-            Err(err) if matches!(config.reach, Reach::Tree) => return Err(err),
-            Err(_) => KernelLayout::default(),
-        };
+        let layout = kernel_layout_for(&config.reach)?;
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let live_size = TableSize::for_records(config.max_allocations);
-        let mut loader = EbpfLoader::new();
-        live_size.configure(&mut loader);
-        let mut ebpf = loader
-            .map_max_entries(tables::STACKS.name, config.max_stacks)
-            .map_max_entries(tables::STACK_TOTALS.name, config.max_stacks)
-            .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
-            .override_global("SAMPLE_MEAN", &config.sample_mean, true)
-            .override_global("REACH", &config.reach.kernel_value(), true)
-            .override_global("KERNEL_LAYOUT", &layout, true)
-            .override_global("SELF_TGID", &filter.self_tgid, true)
-            .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
-            .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
-            .load(BPF_OBJECT)
-            .with_context(|| loading_failed(&live_size))?;
+        let globals = Globals {
+            config,
+            layout: &layout,
+            self_tgid: filter.self_tgid,
+            filter_comms: !only_comms.is_empty(),
+        };
+        let mut ebpf = load_object(&globals, &live_size)?;
         let multi = load_multi(&ebpf, features)?;
-        for (name, program) in ebpf.programs_mut() {
-            match program {
-                Program::UProbe(_) if multi.is_some() => Ok(()),
-                Program::UProbe(program) => program.load(),
-                Program::RawTracePoint(program) => program.load(),
-                _ => bail!("BPF program {name} is of a kind memtrace does not load"),
-            }
-            .with_context(|| format!("verifying BPF program {name}"))?;
-        }
+        load_programs(&mut ebpf, multi.is_some())?;
         let bpf_log = config.debug_bpf.then(|| BpfLog::start(&mut ebpf)).transpose()?;
-        let mut excluded = tables::EXCLUDED_PIDS.writable(&mut ebpf)?;
-        for pid in &filter.excluded_pids {
-            excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
-        }
-        let mut comms = tables::ALLOWED_COMMS.writable(&mut ebpf)?;
-        for comm in &only_comms {
-            comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
-        }
+        write_filter(&mut ebpf, &filter.excluded_pids, &only_comms)?;
         let live = LiveTable::open(
-            ebpf.map(live_table::SLOTS_MAP).context("no live-allocation table")?,
-            ebpf.map(live_table::COUNT_MAP).context("no live-allocation count")?,
+            tables::LIVE_SLOTS.find(&ebpf).context("no live-allocation table")?,
+            tables::LIVE_RECORDS.find(&ebpf).context("no live-allocation count")?,
             &live_size,
         )?;
         let mut probes = Self {
@@ -240,7 +214,7 @@ impl Probes {
                 CallPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
             },
             follow_mappings: !config.empty_probes,
-            usdt: crate::usdt::UsdtProbes::default(),
+            usdt_sites: 0,
             allocators: Vec::new(),
             _bpf_log: bpf_log,
         };
@@ -262,7 +236,7 @@ impl Probes {
     }
 
     /// Attaches the uprobe program `program` at `sites` of one file.
-    pub fn attach_sites(
+    fn attach_sites(
         &mut self,
         program: &str,
         path: &std::path::Path,
@@ -284,6 +258,19 @@ impl Probes {
             }
         };
         self.links.attach(kind, fd, path, sites, scope, direction)
+    }
+
+    /// Attaches the USDT handler at `sites` of one file, each site's cookie indexing its uses in
+    /// `USDT_SPECS`.
+    pub fn attach_usdt_sites(&mut self, path: &Path, sites: &[Site], scope: Scope) -> Result<()> {
+        self.attach_sites(USDT_SITE, path, sites, scope, Direction::Entry)?;
+        self.usdt_sites += sites.len();
+        Ok(())
+    }
+
+    /// How many USDT probe sites are attached (one probe per site, whatever it is used for).
+    pub fn usdt_sites(&self) -> usize {
+        self.usdt_sites
     }
 
     /// Detaches every probe at once; what the kernel counted stays readable in the maps.
@@ -370,8 +357,7 @@ impl Probes {
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
-        let events = self.ebpf.take_map("EXEC_EVENTS").context("the BPF object has no map EXEC_EVENTS")?;
-        Ok(RingBuf::try_from(events)?)
+        tables::EXEC_EVENTS.take(&mut self.ebpf)
     }
 
     /// Raw tracepoints attach by name, with no tracefs needed.
@@ -402,22 +388,25 @@ impl Probes {
         self.live.release(tgids)?;
         tables::STACK_TOTALS.release(&self.ebpf, tgids, |key| key.tgid)?;
         tables::REGIONS.release(&self.ebpf, tgids, |key| key.tgid)?;
-        crate::usdt::release(self, tgids)
+        if self.usdt_written() {
+            tables::SUBSYSTEMS.release(&self.ebpf, tgids, |key| key.tgid)?;
+            tables::USDT_COUNTERS.release(&self.ebpf, tgids, |key| key.tgid)?;
+        }
+        Ok(())
     }
 
-    /// Every entry of one of the kernel's tables.
-    pub fn entries<K: aya::Pod, V: aya::Pod>(&self, table: &tables::Table<K, V>) -> Result<Vec<(K, V)>> {
+    /// Whether the USDT maps may hold anything: only the programs on attached sites write them. An
+    /// empty map's read still walks its 16,384 buckets, at every refresh and sample.
+    fn usdt_written(&self) -> bool {
+        self.usdt_sites > 0
+    }
+
+    /// Every entry of a USDT map (`SUBSYSTEMS`, `USDT_COUNTERS`); none without a site attached.
+    pub fn usdt_entries<K: aya::Pod, V: aya::Pod>(&self, table: &Table<K, V>) -> Result<Vec<(K, V)>> {
+        if !self.usdt_written() {
+            return Ok(Vec::new());
+        }
         table.entries(&self.ebpf)
-    }
-
-    /// Removes every entry of `table` whose key belongs to one of `tgids`.
-    pub fn release_entries<K: aya::Pod, V: aya::Pod>(
-        &self,
-        table: &tables::Table<K, V>,
-        tgids: &HashSet<u32>,
-        tgid_of: impl Fn(&K) -> u32,
-    ) -> Result<()> {
-        table.release(&self.ebpf, tgids, tgid_of)
     }
 
     pub fn occupancy(&self) -> Result<MapOccupancy> {
@@ -425,7 +414,8 @@ impl Probes {
             processes: tables::STATS.entries(&self.ebpf)?.len(),
             live_allocations: self.live.len(),
             stack_totals: tables::STACK_TOTALS.entries(&self.ebpf)?.len(),
-            usdt_entries: crate::usdt::occupancy(self)?,
+            usdt_entries: self.usdt_entries(&tables::SUBSYSTEMS)?.len()
+                + self.usdt_entries(&tables::USDT_COUNTERS)?.len(),
         })
     }
 
@@ -437,8 +427,7 @@ impl Probes {
     /// Events that could not be charged to any process (the statistics map was full), and the
     /// runs of programs the kernel skipped.
     pub fn unattributed_lost_events(&self) -> Result<u64> {
-        let lost: Array<&MapData, u64> = Array::try_from(self.map("LOST_EVENTS")?)?;
-        Ok(lost.get(&GLOBAL_LOST_SLOT, 0)? + self.skipped_runs()?)
+        Ok(tables::LOST_EVENTS.get(&self.ebpf, GLOBAL_LOST_SLOT)? + self.skipped_runs()?)
     }
 
     /// The stack every program uses, as this kernel's verifier reports it.
@@ -527,17 +516,27 @@ impl Probes {
         tables::STACKS.get(&self.ebpf, &stack)
     }
 
-    /// Writes `values` into the array `name` from index `first` on, in a few syscalls.
-    pub fn set_array<V: aya::Pod>(&self, name: &str, what: &str, first: u32, values: &[V]) -> Result<()> {
-        map_ops::set_array(self.map(name)?, what, first, values)
+    /// A hash map of the kernel's, typed, for updates.
+    pub fn writable<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        table: &Table<K, V>,
+    ) -> Result<HashMap<&mut MapData, K, V>> {
+        table.writable(&mut self.ebpf)
     }
 
-    pub fn map(&self, name: &str) -> Result<&aya::maps::Map> {
-        self.ebpf.map(name).with_context(|| format!("the BPF object has no map {name}"))
+    /// The value at `index` of an array of the kernel's.
+    pub fn array_get<V: aya::Pod>(&self, table: &ArrayTable<V>, index: u32) -> Result<V> {
+        table.get(&self.ebpf, index)
     }
 
-    pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
-        self.ebpf.map_mut(name).with_context(|| format!("the BPF object has no map {name}"))
+    /// Writes the value at `index` of an array of the kernel's.
+    pub fn array_set<V: aya::Pod>(&mut self, table: &ArrayTable<V>, index: u32, value: &V) -> Result<()> {
+        table.set(&mut self.ebpf, index, value)
+    }
+
+    /// Writes `values` into an array of the kernel's from index `first` on, in a few syscalls.
+    pub fn array_set_many<V: aya::Pod>(&self, table: &ArrayTable<V>, first: u32, values: &[V]) -> Result<()> {
+        table.set_many(&self.ebpf, first, values)
     }
 }
 
@@ -549,6 +548,73 @@ pub fn link_kind_for(features: &KernelFeatures) -> Result<LinkKind> {
         Ok(other) => bail!("{LINK_KIND_VARIABLE}={other:?}: use `multi`, `perf`, or leave it unset"),
         Err(_) => features.link_kind(),
     })
+}
+
+/// A forked child's process id and an exiting process's memory are read from the kernel's structs,
+/// where its BTF says they lie; only following a tree cannot do without.
+fn kernel_layout_for(reach: &Reach) -> Result<KernelLayout> {
+    match kernel_btf::kernel_layout(Path::new(VMLINUX_BTF)) {
+        Ok(layout) => Ok(layout),
+        Err(err) if matches!(reach, Reach::Tree) => Err(err),
+        Err(_) => Ok(KernelLayout::default()),
+    }
+}
+
+/// What the programs' globals are set to at load.
+struct Globals<'a> {
+    config: &'a ProbeConfig,
+    layout: &'a KernelLayout,
+    self_tgid: u32,
+    filter_comms: bool,
+}
+
+/// Creates the object's maps, sized as the run asks, and sets its globals; the programs are
+/// loaded after (`load_programs`, `load_multi`).
+fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
+    let config = globals.config;
+    let mut loader = EbpfLoader::new();
+    live_size.configure(&mut loader);
+    let ebpf = loader
+        .map_max_entries(tables::STACKS.name, config.max_stacks)
+        .map_max_entries(tables::STACK_TOTALS.name, config.max_stacks)
+        .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
+        .override_global("SAMPLE_MEAN", &config.sample_mean, true)
+        .override_global("REACH", &config.reach.kernel_value(), true)
+        .override_global("KERNEL_LAYOUT", globals.layout, true)
+        .override_global("SELF_TGID", &globals.self_tgid, true)
+        .override_global("FILTER_COMMS", &u8::from(globals.filter_comms), true)
+        .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
+        .load(BPF_OBJECT)
+        .with_context(|| loading_failed(live_size))?;
+    Ok(ebpf)
+}
+
+/// Loads the programs aya loads: the raw tracepoints, and the uprobes unless they were loaded for
+/// uprobe_multi links (`multi`).
+fn load_programs(ebpf: &mut Ebpf, multi: bool) -> Result<()> {
+    for (name, program) in ebpf.programs_mut() {
+        match program {
+            Program::UProbe(_) if multi => Ok(()),
+            Program::UProbe(program) => program.load(),
+            Program::RawTracePoint(program) => program.load(),
+            _ => bail!("BPF program {name} is of a kind memtrace does not load"),
+        }
+        .with_context(|| format!("verifying BPF program {name}"))?;
+    }
+    Ok(())
+}
+
+/// Writes the pids `--exclude-pid` leaves out and the command names `--comm` allows.
+fn write_filter(ebpf: &mut Ebpf, excluded_pids: &[u32], only_comms: &[[u8; 16]]) -> Result<()> {
+    let mut excluded = tables::EXCLUDED_PIDS.writable(ebpf)?;
+    for pid in excluded_pids {
+        excluded.insert(pid, 1, 0).context("too many --exclude-pid")?;
+    }
+    let mut comms = tables::ALLOWED_COMMS.writable(ebpf)?;
+    for comm in only_comms {
+        comms.insert(comm, 1, 0).with_context(|| format!("more than {MAX_COMMS} --comm names"))?;
+    }
+    Ok(())
 }
 
 /// Loads the uprobe programs for uprobe_multi links where the kernel has them; None where it has

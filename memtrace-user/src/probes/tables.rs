@@ -1,17 +1,19 @@
-//! memtrace-ebpf's hash maps as userspace reads them: each map's name spelt once, with its key and
+//! memtrace-ebpf's maps as userspace reads them: each map's name spelt once, here, with its key and
 //! value types and what an error calls it, so that no map is read with another's types and every
-//! read of a whole map goes a batch at a time (map_ops.rs) rather than a syscall per key.
+//! read of a whole map goes a batch at a time (map_ops.rs) rather than a syscall per key. Hash maps
+//! are [`Table`]s, arrays [`ArrayTable`]s, the exec ring buffer a [`RingTable`]; nothing else in
+//! memtrace opens a map by name.
 
 use std::{collections::HashSet, marker::PhantomData};
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{HashMap, Map, MapData, MapError},
+    maps::{Array, HashMap, Map, MapData, MapError, RingBuf},
     Ebpf,
 };
 use memtrace_common::{
-    ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, UsdtCounterKey,
-    UsdtCounterValue,
+    LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, ThreadSlot, UnwindFile,
+    UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -42,6 +44,47 @@ pub const SUBSYSTEMS: Table<SubsystemKey, i64> = Table::new("SUBSYSTEMS", "the U
 /// `--usdt` counters.
 pub const USDT_COUNTERS: Table<UsdtCounterKey, UsdtCounterValue> =
     Table::new("USDT_COUNTERS", "the --usdt counter map");
+/// Each traced process's executable mappings, naming unwind file slots (memtrace-ebpf/src/stacks.rs).
+pub const UNWIND_MAPPINGS: Table<u32, UnwindMappings> =
+    Table::new("UNWIND_MAPPINGS", "the unwind mapping tables");
+
+/// A BPF array of memtrace-ebpf: its name, its value type, and what to call it.
+pub struct ArrayTable<V> {
+    pub name: &'static str,
+    pub what: &'static str,
+    types: PhantomData<fn() -> V>,
+}
+
+/// Events that could not be charged to any process, at `GLOBAL_LOST_SLOT`.
+pub const LOST_EVENTS: ArrayTable<u64> = ArrayTable::new("LOST_EVENTS", "the lost-event counter");
+/// USDT reports that found no room, at `USDT_LOST_SLOT`.
+pub const USDT_LOST_EVENTS: ArrayTable<u64> =
+    ArrayTable::new("USDT_LOST_EVENTS", "the USDT lost-event counter");
+/// The uses of every attached USDT site, which a site's cookie indexes.
+pub const USDT_SPECS: ArrayTable<UsdtSpec> = ArrayTable::new("USDT_SPECS", "the USDT site specs");
+/// The live-allocation table's slots (memtrace-ebpf/src/live.rs), mapped by live_table.rs.
+pub const LIVE_SLOTS: ArrayTable<LiveSlot> = ArrayTable::new("ALLOCATIONS", "the live-allocation table");
+/// The live-allocation table's record count.
+pub const LIVE_RECORDS: ArrayTable<u64> = ArrayTable::new("LIVE_RECORDS", "the live-allocation count");
+/// Every unwind file slot's state and table.
+pub const UNWIND_FILES: ArrayTable<UnwindFile> = ArrayTable::new("UNWIND_FILES", "the unwind file slots");
+/// The rows of every loaded unwind table.
+pub const UNWIND_ROWS: ArrayTable<UnwindRow> = ArrayTable::new("UNWIND_ROWS", "the unwind rows");
+/// The page indices of every loaded unwind table.
+pub const UNWIND_PAGES: ArrayTable<u32> = ArrayTable::new("UNWIND_PAGES", "the unwind pages");
+/// The unwind tables' epoch (memtrace-ebpf/src/window.rs), at index 0.
+pub const UNWIND_EPOCH: ArrayTable<u64> = ArrayTable::new("UNWIND_EPOCH", "the unwind tables' epoch");
+
+/// Each traced thread's allocator state, tagged with its tid (memtrace-ebpf/src/threads.rs).
+pub const THREAD_SLOTS: ArrayTable<ThreadSlot> = ArrayTable::new("THREAD_SLOTS", "the thread slot array");
+
+/// The ring buffer that announces the execs of traced processes.
+pub const EXEC_EVENTS: RingTable = RingTable { name: "EXEC_EVENTS" };
+
+/// A BPF ring buffer of memtrace-ebpf, by name.
+pub struct RingTable {
+    pub name: &'static str,
+}
 
 impl<K, V> Table<K, V> {
     const fn new(name: &'static str, what: &'static str) -> Self {
@@ -55,7 +98,7 @@ impl<K: aya::Pod, V: aya::Pod> Table<K, V> {
     }
 
     fn missing(&self) -> String {
-        format!("the BPF object has no map {}", self.name)
+        missing(self.name)
     }
 
     /// The map, typed, for updates.
@@ -101,4 +144,51 @@ impl Table<u32, u8> {
     pub fn key_lookup(&self, ebpf: &Ebpf) -> Result<map_ops::KeyLookup> {
         map_ops::KeyLookup::of(self.map(ebpf)?, self.what)
     }
+}
+
+impl<V> ArrayTable<V> {
+    const fn new(name: &'static str, what: &'static str) -> Self {
+        Self { name, what, types: PhantomData }
+    }
+}
+
+impl<V: aya::Pod> ArrayTable<V> {
+    /// The map, if the object has it.
+    pub fn find<'a>(&self, ebpf: &'a Ebpf) -> Option<&'a Map> {
+        ebpf.map(self.name)
+    }
+
+    fn map<'a>(&self, ebpf: &'a Ebpf) -> Result<&'a Map> {
+        self.find(ebpf).with_context(|| missing(self.name))
+    }
+
+    /// The value at `index`.
+    pub fn get(&self, ebpf: &Ebpf, index: u32) -> Result<V> {
+        let array: Array<&MapData, V> = Array::try_from(self.map(ebpf)?)?;
+        Ok(array.get(&index, 0)?)
+    }
+
+    /// Writes the value at `index`.
+    pub fn set(&self, ebpf: &mut Ebpf, index: u32, value: &V) -> Result<()> {
+        let map = ebpf.map_mut(self.name).with_context(|| missing(self.name))?;
+        let mut array: Array<&mut MapData, V> = Array::try_from(map)?;
+        Ok(array.set(index, value, 0)?)
+    }
+
+    /// Writes `values` from index `first` on, in a few syscalls.
+    pub fn set_many(&self, ebpf: &Ebpf, first: u32, values: &[V]) -> Result<()> {
+        map_ops::set_array(self.map(ebpf)?, self.what, first, values)
+    }
+}
+
+impl RingTable {
+    /// Takes the ring buffer out of the object, for a reader of its own.
+    pub fn take(&self, ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
+        let map = ebpf.take_map(self.name).with_context(|| missing(self.name))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+}
+
+fn missing(name: &str) -> String {
+    format!("the BPF object has no map {name}")
 }

@@ -7,35 +7,23 @@
 //! A slot is freed only while its tid names no live thread: a thread that took the tid since
 //! reads it as its own (threads.rs matches by tid) and keeps it.
 
-use anyhow::{Context, Result};
-use aya::{
-    maps::{Array, Map},
-    Ebpf,
-};
-use memtrace_common::ThreadSlot;
+use anyhow::Result;
+use aya::Ebpf;
+use memtrace_common::{ThreadSlot, MAX_THREADS};
 
-use super::map_ops;
-
-const THREAD_SLOTS: &str = "THREAD_SLOTS";
-const WHAT: &str = "the thread slot array";
+use super::tables::THREAD_SLOTS;
 
 /// Frees every slot held by a tid for which `gone` holds; returns how many it freed. Reads the
 /// whole array (a syscall a slot): called only when the kernel skipped exits.
 pub fn free_slots_of_gone_threads(ebpf: &Ebpf, gone: impl Fn(u32) -> bool) -> Result<usize> {
-    let map = slots_map(ebpf)?;
-    let slots: Array<_, ThreadSlot> = Array::try_from(map)?;
     let mut freed = 0;
-    for index in 0..slots.len() {
-        let slot = slots.get(&index, 0).with_context(|| format!("reading {WHAT}"))?;
+    for index in 0..MAX_THREADS {
+        let slot = THREAD_SLOTS.get(ebpf, index)?;
         // Tids are 32-bit; the slot keeps a whole word for its compare-and-exchange.
         if slot.tid != 0 && gone(slot.tid as u32) {
-            map_ops::set_array(map, WHAT, index, &[ThreadSlot::default()])?;
+            THREAD_SLOTS.set_many(ebpf, index, &[ThreadSlot::default()])?;
             freed += 1;
         }
     }
     Ok(freed)
-}
-
-fn slots_map(ebpf: &Ebpf) -> Result<&Map> {
-    ebpf.map(THREAD_SLOTS).with_context(|| format!("the BPF object has no map {THREAD_SLOTS}"))
 }

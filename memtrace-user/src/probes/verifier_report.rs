@@ -18,10 +18,8 @@ use aya_obj::generated::bpf_insn;
 
 use std::os::fd::AsFd;
 
-use super::{
-    loader::{load_logged, Prepared, ProgramKind},
-    prog_info,
-};
+use super::loader::{load_logged, Prepared, ProgramKind};
+use crate::bpf_sys::prog_info;
 
 /// The stack a call chain may use without a private stack (MAX_BPF_STACK).
 pub const MAX_CHAIN_BYTES: u32 = 512;

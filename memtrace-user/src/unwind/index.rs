@@ -1,10 +1,12 @@
 //! The two-level index over a file's unwind rows (by page, then a short sorted run) and its lookup:
 //! the userspace reference of what the BPF unwinder does per frame. The layout and the algorithm are
-//! specified on `memtrace_common::UnwindTableInfo`.
+//! specified on `memtrace_common::UnwindTableInfo`. memtrace builds the index; the lookup is the
+//! tests' and the reference unwinder's (the kernel runs it in memtrace-ebpf/src/stacks.rs).
 
+#[cfg(test)]
+use memtrace_common::{unwind_kind, UNWIND_SEARCH_STEPS};
 use memtrace_common::{
-    unwind_kind, UnwindRow, UnwindTableInfo, UNWIND_MAX_PAGE_SHIFT, UNWIND_MAX_RUN, UNWIND_MIN_PAGE_SHIFT,
-    UNWIND_SEARCH_STEPS,
+    UnwindRow, UnwindTableInfo, UNWIND_MAX_PAGE_SHIFT, UNWIND_MAX_RUN, UNWIND_MIN_PAGE_SHIFT,
 };
 
 /// One file's unwind table, ready to copy into the BPF maps.
@@ -46,18 +48,22 @@ impl UnwindTable {
     }
 
     /// Bytes the table takes in the BPF maps (rows and pages; the info entry aside).
+    #[cfg(test)]
     pub fn size_bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<UnwindRow>() + self.pages.len() * std::mem::size_of::<u32>()
     }
 
     /// The row covering file offset `pc`, exactly as specified on `UnwindTableInfo` (bounded steps,
-    /// every index checked: a corrupt table gives no row, never a panic).
+    /// every index checked: a corrupt table gives no row, never a panic). The tests' and the
+    /// reference unwinder's: the kernel runs the same search in memtrace-ebpf.
+    #[cfg(test)]
     pub fn lookup(&self, pc: u64) -> Option<UnwindRow> {
         lookup(&self.info, &self.pages, &self.rows, pc)
     }
 }
 
 /// The lookup the BPF side implements, over the same arrays it reads from maps.
+#[cfg(test)]
 pub fn lookup(info: &UnwindTableInfo, pages: &[u32], rows: &[UnwindRow], pc: u64) -> Option<UnwindRow> {
     let page = pc >> (info.page_shift & 31);
     let index = page.checked_sub(u64::from(info.first_page))?;

@@ -17,26 +17,21 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use memtrace_common::{
     unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS,
     UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
 };
 
-use super::{table_of_file, UnwindTable};
+use super::{build::table_of_file, index::UnwindTable};
 use crate::{
     model::Model,
-    probes::Probes,
+    probes::{
+        tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
+        Probes,
+    },
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
     procfs::Mapping,
 };
-
-/// The kernel maps this module writes (declared in memtrace-ebpf/src/stacks.rs).
-const MAPPINGS_MAP: &str = "UNWIND_MAPPINGS";
-const FILES_MAP: &str = "UNWIND_FILES";
-const ROWS_MAP: &str = "UNWIND_ROWS";
-const PAGES_MAP: &str = "UNWIND_PAGES";
-const EPOCH_MAP: &str = "UNWIND_EPOCH";
 
 /// What the kernel has for one file slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,8 +142,7 @@ impl KernelTables {
             self.announce_if_ready(process.pid);
         }
         if !gone.is_empty() {
-            let mut mappings: BpfHashMap<&mut MapData, u32, UnwindMappings> =
-                BpfHashMap::try_from(probes.map_mut(MAPPINGS_MAP)?)?;
+            let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
             for pid in gone {
                 self.processes.remove(&pid);
                 let _ = mappings.remove(&pid);
@@ -165,8 +159,7 @@ impl KernelTables {
             return Ok(());
         }
         self.epoch += 1;
-        let mut epoch: Array<&mut MapData, u64> = Array::try_from(probes.map_mut(EPOCH_MAP)?)?;
-        epoch.set(0, self.epoch, 0).context("bumping the unwind tables' epoch")
+        probes.array_set(&UNWIND_EPOCH, 0, &self.epoch).context("bumping the unwind tables' epoch")
     }
 
     /// Writes a process's mapping table, giving each new file a slot (and a table).
@@ -200,8 +193,7 @@ impl KernelTables {
             value.count += 1;
         }
         value.mappings[..value.count as usize].sort_by_key(|m| m.start);
-        let mut mappings: BpfHashMap<&mut MapData, u32, UnwindMappings> =
-            BpfHashMap::try_from(probes.map_mut(MAPPINGS_MAP)?)?;
+        let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
         let _ = mappings.insert(pid, value, 0);
         self.changed = true;
@@ -260,8 +252,8 @@ impl KernelTables {
         }
         table.info.rows_start = self.next_row;
         table.info.pages_start = self.next_page;
-        probes.set_array(ROWS_MAP, "the unwind rows", self.next_row, &table.rows)?;
-        probes.set_array(PAGES_MAP, "the unwind pages", self.next_page, &table.pages)?;
+        probes.array_set_many(&UNWIND_ROWS, self.next_row, &table.rows)?;
+        probes.array_set_many(&UNWIND_PAGES, self.next_page, &table.pages)?;
         self.next_row = rows_end as u32;
         self.next_page = pages_end as u32;
         // The rows are in place before the kernel may read them.
@@ -272,8 +264,7 @@ impl KernelTables {
     }
 
     fn write_file(&mut self, probes: &mut Probes, slot: u32, file: &UnwindFile) -> Result<()> {
-        let mut files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
-        files.set(slot, file, 0).context("writing an unwind file slot")?;
+        probes.array_set(&UNWIND_FILES, slot, file).context("writing an unwind file slot")?;
         self.changed = true;
         Ok(())
     }
@@ -314,7 +305,6 @@ fn spawn_worker() -> Worker {
     (requests, results)
 }
 
-fn read_file(probes: &mut Probes, slot: u32) -> Result<UnwindFile> {
-    let files: Array<&mut MapData, UnwindFile> = Array::try_from(probes.map_mut(FILES_MAP)?)?;
-    files.get(&slot, 0).context("reading an unwind file slot")
+fn read_file(probes: &Probes, slot: u32) -> Result<UnwindFile> {
+    probes.array_get(&UNWIND_FILES, slot).context("reading an unwind file slot")
 }

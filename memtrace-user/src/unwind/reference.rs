@@ -8,7 +8,7 @@ use std::{collections::HashMap, fs::File, os::unix::fs::FileExt, path::PathBuf, 
 use anyhow::{Context, Result};
 use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 
-use super::{table_of_file, UnwindTable};
+use super::{build::table_of_file, index::UnwindTable};
 use crate::{
     process::{open_mapping, Root},
     procfs::{self, Mapping},

@@ -335,7 +335,7 @@ fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
 /// Test helper: evaluates every row of every .eh_frame FDE with gimli again and checks that the
 /// table gives the same rule at the row's first and last byte. Returns the addresses checked.
 #[cfg(test)]
-pub(super) fn check_against_gimli(data: &[u8], table: &super::UnwindTable) -> Result<usize> {
+pub(super) fn check_against_gimli(data: &[u8], table: &super::index::UnwindTable) -> Result<usize> {
     let file = ElfFile64::<Endianness>::parse(data)?;
     let placement = Placement { segments: code_segments(&file), file_len: data.len() as u64 };
     let section = file.section_by_name(".eh_frame").context("no .eh_frame")?;

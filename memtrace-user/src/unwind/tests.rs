@@ -28,7 +28,12 @@ use nix::{
 };
 use proptest::prelude::*;
 
-use super::*;
+use super::{
+    build::{build_table, table_of_file},
+    index::*,
+    reference::*,
+    rows,
+};
 
 const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
 const PYTHON: &str = "/usr/bin/python3.11";

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::{args, notes, UsdtRequest};
+use super::{args, notes, request::UsdtRequest};
 
 /// Text near the argument-spec grammar, so that the parser's deeper paths are reached often.
 fn spec_like() -> impl Strategy<Value = String> {

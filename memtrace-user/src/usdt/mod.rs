@@ -15,7 +15,8 @@
 //!
 //! One job per file: `request` (what `--usdt` asks for), this module (which files to scan and
 //! attaching their sites), `plan` (each site's uses and their specs), `read` (the handler's maps);
-//! `notes` and `args` parse what the files say. Attaching goes through `probes`, never back.
+//! `notes` and `args` parse what the files say. Attaching goes through `probes` (the kernel side,
+//! which never calls back): [`UsdtProbes`] is held beside the `Probes`, by what follows processes.
 
 pub mod args;
 #[cfg(test)]
@@ -31,29 +32,25 @@ use std::{collections::HashSet, path::Path};
 use anyhow::{bail, Context, Result};
 use memtrace_common::usdt_action;
 
-use self::plan::{spec_of, uses_of, write_specs};
-pub use self::{
-    read::{collect, occupancy, release, reporting_processes},
-    request::UsdtRequest,
+use self::{
+    notes::ElfProbes,
+    plan::{is_report_site, spec_of, uses_of, write_specs},
 };
+pub use self::{read::reporting_processes, request::UsdtRequest};
 use crate::{
-    probes::{Direction, Probes, Scope, Site, USDT_SITE},
+    model::Model,
+    probes::{Probes, Scope, Site},
     process::{file_identity, FileId, ObjectFile, ProcessImage, SparseImage},
 };
 
-/// The provider include/memtrace.h emits.
-pub const MEMTRACE_PROVIDER: &str = "memtrace";
-const REPORT_TOTAL: &str = "report_total";
-const REPORT_DELTA: &str = "report_delta";
-
-/// The USDT side of the probes: every attached site, and what reading their maps needs.
+/// The USDT side of the probes: what `--usdt` asks for, what was found, and what reading the
+/// handler's maps needs. The sites themselves are attached through (and counted by) `Probes`.
 #[derive(Default)]
 pub struct UsdtProbes {
     requests: Vec<UsdtRequest>,
     /// Whether each request found at least one site.
     found: Vec<bool>,
-    /// Probe sites attached so far.
-    sites: usize,
+    /// The next free index of `USDT_SPECS`.
     next_spec: u32,
     /// Set with `--all`: sites fire in every process, and a request not found yet may still be.
     system_wide: bool,
@@ -69,9 +66,9 @@ impl UsdtProbes {
         Self { found: vec![false; requests.len()], requests, ..Self::default() }
     }
 
-    /// How many probe sites are attached (one probe per site, whatever it is used for).
-    pub fn attached_sites(&self) -> usize {
-        self.sites
+    /// Reads every subsystem and `--usdt` counter of every process into the model.
+    pub fn collect(&self, probes: &Probes, model: &mut Model) -> Result<()> {
+        read::collect(probes, &self.requests, self.system_wide, model)
     }
 
     /// The objects not scanned yet, each once, now marked scanned. Objects whose file cannot be
@@ -88,80 +85,196 @@ impl UsdtProbes {
     fn missing_requests(&self) -> impl Iterator<Item = (usize, &UsdtRequest)> {
         self.requests.iter().enumerate().filter(|&(index, _)| !self.found[index])
     }
-}
 
-/// Attaches to the probe sites of every object a process maps (its image), and the objects
-/// `--usdt` names (an absolute path as the process sees it, resolved in its root).
-pub fn attach_process(probes: &mut Probes, image: &ProcessImage, scope: Scope) -> Result<()> {
-    let mut objects = image.objects.clone();
-    let named = add_named_objects(&probes.usdt.requests, &mut objects, |path| {
-        if path.is_absolute() {
-            image.open(path)
-        } else {
-            ObjectFile::open_host(path)
-        }
-    })?;
-    let objects = probes.usdt.take_unscanned(objects, scope);
-    let objects = with_wanted_sites(&probes.usdt.requests, objects, &named);
-    attach_objects(probes, &objects, &named, scope, false)
-}
-
-/// System-wide (`--all`): attaches, for every process, to the probe sites of each file `--usdt
-/// PATH:...` names and of each object file running processes map (`mapped`, from their images),
-/// every file once. A named file that is missing or has no probes is an error; a request that
-/// matches nothing yet is only said on stderr, as a program started later may bring its probe.
-pub fn attach_system_wide(probes: &mut Probes, mapped: Vec<ObjectFile>) -> Result<()> {
-    probes.usdt.system_wide = true;
-    let mut named_objects = Vec::new();
-    let named = add_named_objects(&probes.usdt.requests, &mut named_objects, ObjectFile::open_host)?;
-    probes.usdt.named.clone_from(&named);
-    let named_objects = probes.usdt.take_unscanned(named_objects, Scope::AllProcesses);
-    attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
-    let mapped = probes.usdt.take_unscanned(mapped, Scope::AllProcesses);
-    let mapped = with_wanted_sites(&probes.usdt.requests, mapped, &named);
-    attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
-    for (_, request) in probes.usdt.missing_requests() {
-        eprintln!(
-            "memtrace: --usdt {}: no USDT probe {}:{} in any running process{} yet; it is attached \
-             when a program that has it starts",
-            request.label,
-            request.provider,
-            request.name,
-            request.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
-        );
+    /// Attaches to the probe sites of every object a process maps (its image), and the objects
+    /// `--usdt` names (an absolute path as the process sees it, resolved in its root).
+    pub fn attach_process(&mut self, probes: &mut Probes, image: &ProcessImage, scope: Scope) -> Result<()> {
+        let mut objects = image.objects.clone();
+        let named = add_named_objects(&self.requests, &mut objects, |path| {
+            if path.is_absolute() {
+                image.open(path)
+            } else {
+                ObjectFile::open_host(path)
+            }
+        })?;
+        let objects = self.take_unscanned(objects, scope);
+        let objects = with_wanted_sites(&self.requests, objects, &named);
+        self.attach_objects(probes, &objects, &named, scope, false)
     }
-    Ok(())
-}
 
-/// System-wide: attaches to the probe sites of the object files a program just exec'd maps, those
-/// no earlier scan saw. Never fails: a file or site memtrace cannot use is named on stderr.
-pub fn attach_exec_objects(probes: &mut Probes, objects: Vec<ObjectFile>, scope: Scope) {
-    let objects = probes.usdt.take_unscanned(objects, scope);
-    let objects = with_wanted_sites(&probes.usdt.requests, objects, &probes.usdt.named);
-    if objects.is_empty() {
-        return;
-    }
-    let missing: Vec<usize> = probes.usdt.missing_requests().map(|(index, _)| index).collect();
-    let named = probes.usdt.named.clone();
-    for object in &objects {
-        let before = probes.usdt.attached_sites();
-        if let Err(err) = attach_objects(probes, std::slice::from_ref(object), &named, scope, true) {
-            eprintln!("memtrace: warning: {err:#}");
-        }
-        // Said, as the program may report through a site only once it is attached.
-        let added = probes.usdt.attached_sites() - before;
-        if added > 0 {
+    /// System-wide (`--all`): attaches, for every process, to the probe sites of each file `--usdt
+    /// PATH:...` names and of each object file running processes map (`mapped`, from their
+    /// images), every file once. A named file that is missing or has no probes is an error; a
+    /// request that matches nothing yet is only said on stderr, as a program started later may
+    /// bring its probe.
+    pub fn attach_system_wide(&mut self, probes: &mut Probes, mapped: Vec<ObjectFile>) -> Result<()> {
+        self.system_wide = true;
+        let mut named_objects = Vec::new();
+        let named = add_named_objects(&self.requests, &mut named_objects, ObjectFile::open_host)?;
+        self.named.clone_from(&named);
+        let named_objects = self.take_unscanned(named_objects, Scope::AllProcesses);
+        self.attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
+        let mapped = self.take_unscanned(mapped, Scope::AllProcesses);
+        let mapped = with_wanted_sites(&self.requests, mapped, &named);
+        self.attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
+        for (_, request) in self.missing_requests() {
             eprintln!(
-                "memtrace: attached {added} USDT probe sites in {} (a program just started)",
-                object.path.display()
+                "memtrace: --usdt {}: no USDT probe {}:{} in any running process{} yet; it is \
+                 attached when a program that has it starts",
+                request.label,
+                request.provider,
+                request.name,
+                request.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    /// System-wide: attaches to the probe sites of the object files a program just exec'd maps,
+    /// those no earlier scan saw. Never fails: a file or site memtrace cannot use is named on
+    /// stderr.
+    pub fn attach_exec_objects(&mut self, probes: &mut Probes, objects: Vec<ObjectFile>, scope: Scope) {
+        let objects = self.take_unscanned(objects, scope);
+        let objects = with_wanted_sites(&self.requests, objects, &self.named);
+        if objects.is_empty() {
+            return;
+        }
+        let missing: Vec<usize> = self.missing_requests().map(|(index, _)| index).collect();
+        let named = self.named.clone();
+        for object in &objects {
+            let before = probes.usdt_sites();
+            if let Err(err) = self.attach_objects(probes, std::slice::from_ref(object), &named, scope, true) {
+                eprintln!("memtrace: warning: {err:#}");
+            }
+            // Said, as the program may report through a site only once it is attached.
+            let added = probes.usdt_sites() - before;
+            if added > 0 {
+                eprintln!(
+                    "memtrace: attached {added} USDT probe sites in {} (a program just started)",
+                    object.path.display()
+                );
+            }
+        }
+        for index in missing.into_iter().filter(|&index| self.found[index]) {
+            eprintln!(
+                "memtrace: --usdt {}: found in a program just started; attached",
+                self.requests[index].label
             );
         }
     }
-    for index in missing.into_iter().filter(|&index| probes.usdt.found[index]) {
-        eprintln!(
-            "memtrace: --usdt {}: found in a program just started; attached",
-            probes.usdt.requests[index].label
-        );
+
+    /// Attaches to the sites of every object. `lenient` (system-wide, files no option names by
+    /// path): a file or site that cannot be used is a warning on stderr, not the end of the run.
+    fn attach_objects(
+        &mut self,
+        probes: &mut Probes,
+        objects: &[ObjectFile],
+        explicit: &[FileId],
+        scope: Scope,
+        lenient: bool,
+    ) -> Result<()> {
+        let mut seen = HashSet::new();
+        for object in objects {
+            // Two paths (a symlink, /proc/PID/root) may name one file; uprobes are per file.
+            if let Some(identity) = file_identity(&object.host_path) {
+                if !seen.insert(identity) {
+                    continue;
+                }
+            }
+            if let Err(err) = self.attach_object(probes, object, explicit, scope, lenient) {
+                if !lenient {
+                    return Err(err);
+                }
+                eprintln!("memtrace: warning: {err:#}");
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_object(
+        &mut self,
+        probes: &mut Probes,
+        object: &ObjectFile,
+        explicit: &[FileId],
+        scope: Scope,
+        lenient: bool,
+    ) -> Result<()> {
+        let named = self.requests.iter().any(|r| r.path.is_some() && r.wants_object(object, explicit));
+        let Some(elf) = read_probes(object, named)? else {
+            return Ok(());
+        };
+        let (sites, counters) = self.plan_sites(probes, object, &elf, explicit, lenient)?;
+        probes
+            .attach_usdt_sites(&object.host_path, &sites, scope)
+            .with_context(|| format!("attaching to the USDT probes of {}", object.path.display()))?;
+        for counter in counters {
+            self.found[counter as usize] = true;
+        }
+        Ok(())
+    }
+
+    /// The sites of one object to attach, their specs written, and the `--usdt` counters they
+    /// serve.
+    fn plan_sites(
+        &mut self,
+        probes: &mut Probes,
+        object: &ObjectFile,
+        elf: &ElfProbes,
+        explicit: &[FileId],
+        lenient: bool,
+    ) -> Result<(Vec<Site>, Vec<u32>)> {
+        let mut sites = Vec::new();
+        let mut counters = Vec::new();
+        for site in &elf.sites {
+            let uses = uses_of(&self.requests, site, object, explicit);
+            let mut specs = Vec::with_capacity(uses.len());
+            for site_use in &uses {
+                match spec_of(&self.requests, object, elf, site, site_use) {
+                    Ok(Some(spec)) => specs.push(spec),
+                    Ok(None) => {}
+                    Err(err) if lenient => eprintln!("memtrace: warning: {err:#}"),
+                    Err(err) => return Err(err),
+                }
+            }
+            if let Some(cookie) = write_specs(probes, &mut self.next_spec, &mut specs)? {
+                sites.push(Site { offset: site.offset, cookie, semaphore: site.semaphore_offset });
+                counters.extend(
+                    specs.iter().filter(|spec| spec.action >= usdt_action::COUNT_HITS).map(|s| s.counter),
+                );
+            }
+        }
+        Ok((sites, counters))
+    }
+
+    /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target;
+    /// where programs the targets start later are traced too (`later_programs`), says so instead.
+    pub fn check_requests_found(&self, later_programs: bool) -> Result<()> {
+        if self.system_wide {
+            // attach_system_wide has said which are missing; a program started later may bring them.
+            return Ok(());
+        }
+        let mut missing = self.missing_requests().map(|(_, request)| request);
+        if later_programs {
+            for request in missing {
+                eprintln!(
+                    "memtrace: --usdt {}: no USDT probe {}:{} in the traced program yet; it is attached \
+                     when a program it starts has it",
+                    request.label, request.provider, request.name
+                );
+            }
+            return Ok(());
+        }
+        if let Some(missing) = missing.next() {
+            bail!(
+                "--usdt {}: no USDT probe {}:{} in the traced program or the libraries it maps{}; \
+                 list the probes with `memtrace usdt --pid PID` or `memtrace usdt PATH`",
+                missing.label,
+                missing.provider,
+                missing.name,
+                missing.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
+            );
+        }
+        Ok(())
     }
 }
 
@@ -176,7 +289,7 @@ fn with_wanted_sites(
     named: &[FileId],
 ) -> Vec<ObjectFile> {
     let wanted = |provider: &str, name: &str| {
-        (provider == MEMTRACE_PROVIDER && (name == REPORT_TOTAL || name == REPORT_DELTA))
+        is_report_site(provider, name)
             || requests.iter().any(|request| request.provider == provider && request.name == name)
     };
     let has_wanted_site = |object: &ObjectFile| -> bool {
@@ -232,60 +345,28 @@ fn add_named_objects(
     Ok(named)
 }
 
-/// Attaches to the sites of every object. `lenient` (system-wide, files no option names by path):
-/// a file or site that cannot be used is a warning on stderr, not the end of the run.
-fn attach_objects(
-    probes: &mut Probes,
-    objects: &[ObjectFile],
-    explicit: &[FileId],
-    scope: Scope,
-    lenient: bool,
-) -> Result<()> {
-    let mut seen = HashSet::new();
-    for object in objects {
-        // Two paths (a symlink, /proc/PID/root) may name one file; uprobes are per file.
-        if let Some(identity) = file_identity(&object.host_path) {
-            if !seen.insert(identity) {
-                continue;
-            }
-        }
-        if let Err(err) = attach_object(probes, object, explicit, scope, lenient) {
-            if !lenient {
-                return Err(err);
-            }
-            eprintln!("memtrace: warning: {err:#}");
-        }
-    }
-    Ok(())
-}
-
-fn attach_object(
-    probes: &mut Probes,
-    object: &ObjectFile,
-    explicit: &[FileId],
-    scope: Scope,
-    lenient: bool,
-) -> Result<()> {
-    let named = probes.usdt.requests.iter().any(|r| r.path.is_some() && r.wants_object(object, explicit));
+/// The probe sites of an object, reading only its notes and symbol tables (semaphores are found
+/// by symbol), never the whole file; None where it has none memtrace would look at. A file a
+/// `--usdt` option names by path (`named`) must be readable and have probes.
+fn read_probes(object: &ObjectFile, named: bool) -> Result<Option<ElfProbes>> {
     // Most files have no notes: look at the section headers before reading anything more.
     if !named && !notes::may_have_probes(&object.host_path) {
-        return Ok(());
+        return Ok(None);
     }
-    // Only the notes and the symbol tables (semaphores are found by symbol), never the whole file.
     let sections = [crate::process::NOTES, crate::process::SYMBOLS].concat();
     let image = match SparseImage::of(object, &sections) {
         Ok(image) => image,
         Err(err) if named => {
             return Err(err).with_context(|| format!("cannot read {}", object.path.display()))
         }
-        Err(_) => return Ok(()),
+        Err(_) => return Ok(None),
     };
     let elf = match notes::parse_elf(image.data()) {
         Ok(elf) => elf,
         // Not ours to judge unless a --usdt option names it.
         Err(err) if !named => {
             let _ = err;
-            return Ok(());
+            return Ok(None);
         }
         Err(err) => return Err(err).with_context(|| format!("reading {}", object.path.display())),
     };
@@ -296,64 +377,5 @@ fn attach_object(
             object.path.display()
         );
     }
-    let mut sites = Vec::new();
-    let mut counters = Vec::new();
-    for site in &elf.sites {
-        let uses = uses_of(&probes.usdt.requests, site, object, explicit);
-        let mut specs = Vec::with_capacity(uses.len());
-        for site_use in &uses {
-            match spec_of(probes, object, &elf, site, site_use) {
-                Ok(Some(spec)) => specs.push(spec),
-                Ok(None) => {}
-                Err(err) if lenient => eprintln!("memtrace: warning: {err:#}"),
-                Err(err) => return Err(err),
-            }
-        }
-        if let Some(cookie) = write_specs(probes, &mut specs)? {
-            sites.push(Site { offset: site.offset, cookie, semaphore: site.semaphore_offset });
-            counters.extend(
-                specs.iter().filter(|spec| spec.action >= usdt_action::COUNT_HITS).map(|s| s.counter),
-            );
-        }
-    }
-    probes
-        .attach_sites(USDT_SITE, &object.host_path, &sites, scope, Direction::Entry)
-        .with_context(|| format!("attaching to the USDT probes of {}", object.path.display()))?;
-    probes.usdt.sites += sites.len();
-    for counter in counters {
-        probes.usdt.found[counter as usize] = true;
-    }
-    Ok(())
-}
-
-/// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target;
-/// where programs the targets start later are traced too (`later_programs`), says so instead.
-pub fn check_requests_found(probes: &Probes, later_programs: bool) -> Result<()> {
-    let usdt = &probes.usdt;
-    if usdt.system_wide {
-        // attach_system_wide has said which are missing; a program started later may bring them.
-        return Ok(());
-    }
-    let mut missing = usdt.requests.iter().zip(&usdt.found).filter(|(_, found)| !**found).map(|(r, _)| r);
-    if later_programs {
-        for request in missing {
-            eprintln!(
-                "memtrace: --usdt {}: no USDT probe {}:{} in the traced program yet; it is attached when \
-                 a program it starts has it",
-                request.label, request.provider, request.name
-            );
-        }
-        return Ok(());
-    }
-    if let Some(missing) = missing.next() {
-        bail!(
-            "--usdt {}: no USDT probe {}:{} in the traced program or the libraries it maps{}; \
-             list the probes with `memtrace usdt --pid PID` or `memtrace usdt PATH`",
-            missing.label,
-            missing.provider,
-            missing.name,
-            missing.path.as_ref().map(|p| format!(" (in {})", p.display())).unwrap_or_default()
-        );
-    }
-    Ok(())
+    Ok(Some(elf))
 }

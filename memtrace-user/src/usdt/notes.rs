@@ -82,53 +82,22 @@ pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
     let notes = parse_notes(section.data().context("reading .note.stapsdt")?);
     let base_section = file.section_by_name(BASE_SECTION).map(|s| s.address());
     let endian: Endianness = elf_file.endian();
-    // (virtual address, memory size, file offset, executable) of each PT_LOAD.
-    let segments: Vec<(u64, u64, u64, bool)> = elf_file
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
-        .map(|ph| {
-            (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian), ph.p_flags(endian) & elf::PF_X != 0)
-        })
-        .collect();
-    let to_offset = |address: u64, executable: bool| {
-        segments
+    let segments = Segments(
+        elf_file
+            .elf_program_headers()
             .iter()
-            .find(|&&(vaddr, size, _, x)| (!executable || x) && address >= vaddr && address - vaddr < size)
-            .map(|&(vaddr, _, offset, _)| address - vaddr + offset)
-    };
-    let mut sites = Vec::new();
-    for note in notes {
-        // Prelinking or a moved section shifts everything by the same amount as _.stapsdt.base.
-        let shift = match base_section {
-            Some(actual) if note.base != 0 => actual.wrapping_sub(note.base),
-            _ => 0,
-        };
-        let address = note.address.wrapping_add(shift);
-        let Some(offset) = to_offset(address, true) else {
-            bail!("probe {}:{} at {address:#x} lies in no executable segment", note.provider, note.name);
-        };
-        let semaphore_offset = match note.semaphore {
-            0 => None,
-            semaphore => {
-                let semaphore = semaphore.wrapping_add(shift);
-                Some(to_offset(semaphore, false).with_context(|| {
-                    format!(
-                        "the semaphore of probe {}:{} at {semaphore:#x} lies in no segment",
-                        note.provider, note.name
-                    )
-                })?)
-            }
-        };
-        sites.push(ProbeSite {
-            provider: note.provider,
-            name: note.name,
-            arguments: note.arguments,
-            address,
-            offset,
-            semaphore_offset,
-        });
-    }
+            .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+            .map(|ph| {
+                (
+                    ph.p_vaddr(endian),
+                    ph.p_memsz(endian),
+                    ph.p_offset(endian),
+                    ph.p_flags(endian) & elf::PF_X != 0,
+                )
+            })
+            .collect(),
+    );
+    let sites = notes.into_iter().map(|note| segments.site_of(note, base_section)).collect::<Result<_>>()?;
     let symbols = file
         .symbols()
         .chain(file.dynamic_symbols())
@@ -136,6 +105,53 @@ pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
         .filter_map(|symbol| Some((symbol.name().ok()?.to_owned(), symbol.address())))
         .collect();
     Ok(ElfProbes { sites, symbols })
+}
+
+/// (virtual address, memory size, file offset, executable) of each PT_LOAD.
+struct Segments(Vec<(u64, u64, u64, bool)>);
+
+impl Segments {
+    /// The file offset of `address`, in an executable segment if `executable`.
+    fn to_offset(&self, address: u64, executable: bool) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|&&(vaddr, size, _, x)| (!executable || x) && address >= vaddr && address - vaddr < size)
+            .map(|&(vaddr, _, offset, _)| address - vaddr + offset)
+    }
+
+    /// Locates a note's probe (and its semaphore) in the file; `base_section` is where
+    /// `.stapsdt.base` lies now.
+    fn site_of(&self, note: RawNote, base_section: Option<u64>) -> Result<ProbeSite> {
+        // Prelinking or a moved section shifts everything by the same amount as _.stapsdt.base.
+        let shift = match base_section {
+            Some(actual) if note.base != 0 => actual.wrapping_sub(note.base),
+            _ => 0,
+        };
+        let address = note.address.wrapping_add(shift);
+        let Some(offset) = self.to_offset(address, true) else {
+            bail!("probe {}:{} at {address:#x} lies in no executable segment", note.provider, note.name);
+        };
+        let semaphore_offset = match note.semaphore {
+            0 => None,
+            semaphore => {
+                let semaphore = semaphore.wrapping_add(shift);
+                Some(self.to_offset(semaphore, false).with_context(|| {
+                    format!(
+                        "the semaphore of probe {}:{} at {semaphore:#x} lies in no segment",
+                        note.provider, note.name
+                    )
+                })?)
+            }
+        };
+        Ok(ProbeSite {
+            provider: note.provider,
+            name: note.name,
+            arguments: note.arguments,
+            address,
+            offset,
+            semaphore_offset,
+        })
+    }
 }
 
 /// Every stapsdt note in a `.note.stapsdt` section's bytes (little-endian). Malformed notes are

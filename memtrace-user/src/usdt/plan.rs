@@ -3,18 +3,27 @@
 //! cookie finds them one after another.
 
 use anyhow::{bail, Context, Result};
-use aya::maps::{Array, MapData};
 use memtrace_common::{usdt_action, UsdtSpec, MAX_USDT_SPECS, MAX_USES_PER_SITE};
 
 use super::{
     args::{self, SiteContext},
     notes::{ElfProbes, ProbeSite},
-    UsdtRequest, MEMTRACE_PROVIDER, REPORT_DELTA, REPORT_TOTAL,
+    request::UsdtRequest,
 };
 use crate::{
-    probes::Probes,
+    probes::{tables::USDT_SPECS, Probes},
     process::{FileId, ObjectFile},
 };
+
+/// The provider include/memtrace.h emits, and its two report probes.
+const MEMTRACE_PROVIDER: &str = "memtrace";
+const REPORT_TOTAL: &str = "report_total";
+const REPORT_DELTA: &str = "report_delta";
+
+/// Whether a probe is one of memtrace's subsystem reports, which every run attaches.
+pub(super) fn is_report_site(provider: &str, name: &str) -> bool {
+    provider == MEMTRACE_PROVIDER && (name == REPORT_TOTAL || name == REPORT_DELTA)
+}
 
 /// What one site is attached for.
 pub(super) struct Use {
@@ -23,9 +32,14 @@ pub(super) struct Use {
     argument: Option<usize>,
 }
 
-/// Writes the uses of one site one after another in `USDT_SPECS`, the last marked; returns the
-/// index of the first, the site's cookie, or None when the site has no use.
-pub(super) fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result<Option<u64>> {
+/// Writes the uses of one site one after another in `USDT_SPECS` from `next_spec` on (which moves
+/// past them), the last marked; returns the index of the first, the site's cookie, or None when
+/// the site has no use.
+pub(super) fn write_specs(
+    probes: &mut Probes,
+    next_spec: &mut u32,
+    specs: &mut [UsdtSpec],
+) -> Result<Option<u64>> {
     let Some(last) = specs.last_mut() else {
         return Ok(None);
     };
@@ -33,15 +47,14 @@ pub(super) fn write_specs(probes: &mut Probes, specs: &mut [UsdtSpec]) -> Result
     if specs.len() > MAX_USES_PER_SITE as usize {
         bail!("a USDT probe site is wanted by more than {MAX_USES_PER_SITE} --usdt options; name fewer");
     }
-    let first = probes.usdt.next_spec;
+    let first = *next_spec;
     if first as usize + specs.len() > MAX_USDT_SPECS as usize {
         bail!("more than {MAX_USDT_SPECS} uses of USDT probe sites to attach; name fewer with --usdt");
     }
-    let mut table: Array<&mut MapData, UsdtSpec> = Array::try_from(probes.map_mut("USDT_SPECS")?)?;
     for (index, spec) in (first..).zip(specs.iter()) {
-        table.set(index, spec, 0).context("writing a USDT site's spec")?;
+        probes.array_set(&USDT_SPECS, index, spec).context("writing a USDT site's spec")?;
     }
-    probes.usdt.next_spec += specs.len() as u32;
+    *next_spec += specs.len() as u32;
     Ok(Some(u64::from(first)))
 }
 
@@ -80,7 +93,7 @@ pub(super) fn uses_of(
 
 /// The spec of one use of a site; None (after a warning) when the site cannot serve it.
 pub(super) fn spec_of(
-    probes: &Probes,
+    requests: &[UsdtRequest],
     object: &ObjectFile,
     elf: &ElfProbes,
     site: &ProbeSite,
@@ -120,7 +133,7 @@ pub(super) fn spec_of(
                 bail!(
                     "--usdt {}: {} has {} argument{}, so there is no arg{index} (arguments \
                      count from arg0)",
-                    probes.usdt.requests[site_use.counter as usize].label,
+                    requests[site_use.counter as usize].label,
                     where_(),
                     specs.len(),
                     if specs.len() == 1 { "" } else { "s" }

@@ -1,29 +1,35 @@
 //! Reading the USDT handler's maps at every sample: subsystem totals and `--usdt` counters into the
-//! model, and releasing what exited processes left there.
+//! model (releasing what exited processes left there is the kernel side's, `Probes::release`).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use aya::maps::{Array, MapData};
 use memtrace_common::USDT_LOST_SLOT;
 
+use super::request::UsdtRequest;
 use crate::{
     model::{Model, UsdtProbeCounter},
     probes::{
-        tables::{Table, SUBSYSTEMS, USDT_COUNTERS},
+        tables::{SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS},
         Probes,
     },
 };
 
-/// Reads every subsystem and `--usdt` counter of every process, in one pass over each map.
-pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
+/// Reads every subsystem and `--usdt` counter (of `requests`, by index) of every process, in one
+/// pass over each map. Every requested counter shows in every process, unless `system_wide`.
+pub(super) fn collect(
+    probes: &Probes,
+    requests: &[UsdtRequest],
+    system_wide: bool,
+    model: &mut Model,
+) -> Result<()> {
     let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    for (key, value) in entries(probes, &SUBSYSTEMS)? {
+    for (key, value) in probes.usdt_entries(&SUBSYSTEMS)? {
         subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
-    for (key, value) in entries(probes, &USDT_COUNTERS)? {
-        let Some(request) = probes.usdt.requests.get(key.counter as usize) else {
+    for (key, value) in probes.usdt_entries(&USDT_COUNTERS)? {
+        let Some(request) = requests.get(key.counter as usize) else {
             continue;
         };
         counters.entry(key.tgid).or_default().insert(
@@ -38,7 +44,7 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
         }
         // Every requested counter shows, at 0 before the first hit; system-wide, only in the
         // processes that hit it.
-        for request in probes.usdt.requests.iter().filter(|_| !probes.usdt.system_wide) {
+        for request in requests.iter().filter(|_| !system_wide) {
             figures
                 .probes
                 .entry(request.label.clone())
@@ -48,45 +54,16 @@ pub fn collect(probes: &Probes, model: &mut Model) -> Result<()> {
             figures.probes.extend(counters);
         }
     }
-    let lost: Array<&MapData, u64> = Array::try_from(probes.map("USDT_LOST_EVENTS")?)?;
-    model.usdt_lost_events = lost.get(&USDT_LOST_SLOT, 0)?;
+    model.usdt_lost_events = probes.array_get(&USDT_LOST_EVENTS, USDT_LOST_SLOT)?;
     Ok(())
 }
 
 /// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
 pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
     let mut tgids = BTreeSet::new();
-    tgids.extend(entries(probes, &SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
-    tgids.extend(entries(probes, &USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(probes.usdt_entries(&SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(probes.usdt_entries(&USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
     Ok(tgids)
-}
-
-/// Forgets the USDT figures of exited processes in the kernel, so the tables stay bounded.
-pub fn release(probes: &mut Probes, tgids: &HashSet<u32>) -> Result<()> {
-    if !written(probes) {
-        return Ok(());
-    }
-    probes.release_entries(&SUBSYSTEMS, tgids, |key| key.tgid)?;
-    probes.release_entries(&USDT_COUNTERS, tgids, |key| key.tgid)
-}
-
-/// Entries in the kernel's USDT tables (subsystems and `--usdt` counters).
-pub fn occupancy(probes: &Probes) -> Result<usize> {
-    Ok(entries(probes, &SUBSYSTEMS)?.len() + entries(probes, &USDT_COUNTERS)?.len())
-}
-
-/// Whether the USDT maps may hold anything: only the programs on attached sites write them. An
-/// empty map's read still walks its 16,384 buckets, at every refresh and sample.
-fn written(probes: &Probes) -> bool {
-    probes.usdt.attached_sites() > 0
-}
-
-/// Every entry of a USDT map; none without a site ever attached.
-fn entries<K: aya::Pod, V: aya::Pod>(probes: &Probes, table: &Table<K, V>) -> Result<Vec<(K, V)>> {
-    if !written(probes) {
-        return Ok(Vec::new());
-    }
-    probes.entries(table)
 }
 
 /// The name up to its NUL; a name that is not UTF-8 keeps its valid parts.
