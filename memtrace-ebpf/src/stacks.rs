@@ -56,7 +56,27 @@ pub(crate) static STACK_TOTALS: HashMap<StackKey, StackTotals> =
 
 /// Raw stacks seen, by a hash of (process, program image, return addresses), to their key in STACKS.
 #[map]
-static RAW_STACKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_RAW_STACKS, 0);
+static RAW_STACKS: LruHashMap<u64, RawStackEntry> = LruHashMap::with_max_entries(MAX_RAW_STACKS, 0);
+
+/// A RAW_STACKS value, which names its own key: an LRU map hands a node it evicts to the next
+/// insert at once, so a run preempted between its lookup and its read (on a preemptible kernel)
+/// can find in the node another raw stack's key. The key is read first, then the owner: a node
+/// that names this raw stack after its key was read held this raw stack's key (save within the
+/// nanoseconds another CPU takes to copy a new entry in, under the bucket's lock).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawStackEntry {
+    key: u64,
+    raw: u64,
+}
+
+/// The stack key of a raw stack seen before, if its entry is (still) this raw stack's.
+fn known_raw_stack(raw_key: u64) -> Option<u64> {
+    let entry = RAW_STACKS.get_ptr(raw_key)?;
+    // SAFETY: a map value, valid (if perhaps reused for another raw stack) while the program runs.
+    let (key, owner) = unsafe { (read_volatile(&(*entry).key), read_volatile(&(*entry).raw)) };
+    (owner == raw_key).then_some(key)
+}
 
 /// Each traced process's executable file mappings, by tgid (written by userspace, removed at exec).
 #[map]
@@ -137,9 +157,8 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(fnv1a(FNV_OFFSET, u64::from(tgid)), stats.started_ns);
     let raw_key = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH));
-    let key = match RAW_STACKS.get_ptr(raw_key) {
-        // SAFETY: a map value, valid while the program runs.
-        Some(key) => unsafe { *key },
+    let key = match known_raw_stack(raw_key) {
+        Some(key) => key,
         None => {
             let raw = &scratch.raw;
             let last = raw[depth.wrapping_sub(1) & (STACK_DEPTH - 1)];
@@ -150,8 +169,10 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
             };
             if key != NO_STACK {
                 // A full cache evicts its least recently used entry: nothing is lost, only
-                // resolved again.
-                let _ = RAW_STACKS.insert(raw_key, key, 0);
+                // resolved again. Never over another run's entry: a node replaced is freed to the
+                // next insert while a run may hold it.
+                let entry = RawStackEntry { key, raw: raw_key };
+                let _ = RAW_STACKS.insert(raw_key, &entry, u64::from(BPF_NOEXIST));
             }
             key
         }
