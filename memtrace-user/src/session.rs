@@ -24,8 +24,11 @@ use crate::{
     cli::Cli,
     collector::Collector,
     export::{
-        progress::Progress, report::TextReport, summary::SummaryFile, trace::TraceFile, Exporter,
-        StacksWanted,
+        exporter::{Exporter, StacksWanted},
+        progress::Progress,
+        report::TextReport,
+        summary::SummaryFile,
+        trace::TraceFile,
     },
     following::Following,
     kernel_features::{KernelFeatures, LinkKind, Needs},

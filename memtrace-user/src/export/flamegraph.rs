@@ -5,7 +5,7 @@ use std::{io::Write, path::Path};
 use anyhow::{Context, Result};
 use inferno::flamegraph;
 
-use super::{output_file::OutputFile, Exporter};
+use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{Model, RunEnd};
 
 pub struct FlamegraphFile {

@@ -10,7 +10,7 @@ use std::{io::Write, path::Path};
 
 use anyhow::Result;
 
-use super::{output_file::OutputFile, summary::Summary, Exporter};
+use super::{exporter::Exporter, output_file::OutputFile, summary::Summary};
 use crate::model::{Model, RunEnd};
 
 const SCRIPT: &str = include_str!("html/report.js");

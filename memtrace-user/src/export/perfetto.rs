@@ -13,9 +13,9 @@ use std::{
 use anyhow::Result;
 
 use super::{
+    exporter::Exporter,
     output_file::OutputFile,
     perfetto_proto::{self as proto, SEQ_INCREMENTAL_STATE_CLEARED, TYPE_COUNTER, UNIT_SIZE_BYTES},
-    Exporter,
 };
 use crate::model::{frame::Frame, levels::MemoryLevels, Model, Process, RunEnd, StackProfile};
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use super::{output_file::OutputFile, Exporter};
+use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{frame::Frame, Model, RunEnd};
 
 pub struct PprofFile {

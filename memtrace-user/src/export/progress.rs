@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{format::format_elapsed, Exporter};
+use super::{exporter::Exporter, format::format_elapsed};
 use crate::model::{Model, RunEnd, Sample};
 
 /// How long a run goes on before its progress is shown: a short command's run shows none.

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 
-use super::Exporter;
+use super::exporter::Exporter;
 use crate::model::{Model, Process, RunEnd};
 
 pub struct TextReport {

@@ -16,7 +16,7 @@ use anyhow::Result;
 use memtrace_common::{unwind_stop, StackTotals};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{output_file::OutputFile, Exporter};
+use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
     frame::Frame, levels::MemoryLevels, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model,
     PeakConsumer, Process, RunEnd, Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::Exporter;
+use super::exporter::Exporter;
 use crate::model::{Model, Process, RunEnd, Sample};
 
 pub struct TraceFile {

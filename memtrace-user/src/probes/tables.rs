@@ -12,8 +12,8 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, ThreadSlot, UnwindFile,
-    UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, ThreadSlot,
+    UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};

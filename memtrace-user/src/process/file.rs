@@ -5,7 +5,7 @@
 //! memtrace runs as root and reads files a container's owner controls. A path the target gives
 //! (its mappings, `--lib`, DT_NEEDED through its search paths, /etc/ld.so.conf) is resolved inside
 //! the target's root with openat2(RESOLVE_IN_ROOT) on a descriptor of /proc/PID/root, so an absolute
-//! or `..` symlink planted in the container stays in the container (crate::process::resolve falls
+//! or `..` symlink planted in the container stays in the container (the resolve module falls
 //! back to a walk of its own where openat2 is missing). Mapped files are opened through
 //! /proc/PID/map_files where the kernel allows it: that is the very file mapped, with no path
 //! resolved at all. Whatever is handed on by path afterwards (to the kernel's uprobes, to the ELF
@@ -258,7 +258,10 @@ impl Seek for BoundedReader<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::{fs, os::unix::fs::symlink};
+
     use super::*;
+    use crate::process::resolve::{open_in_root, open_on_host, walk_in_root};
 
     #[test]
     fn devices_and_directories_are_refused_by_name() {
@@ -293,5 +296,41 @@ mod tests {
         assert_eq!(root.open(&exe).unwrap().id, FileId::of_path(&exe).unwrap());
         let err = root.open(Path::new("/no/such/file")).unwrap_err();
         assert!(format!("{err:#}").contains("/no/such/file in the root of pid"), "{err:#}");
+    }
+
+    fn id(fd: &OwnedFd) -> FileId {
+        FileId::of(&fs::File::from(fd.try_clone().unwrap())).unwrap()
+    }
+
+    /// A root whose lib.so is an absolute symlink to a path that also exists on the host, and
+    /// whose escape.so climbs with `..` past the root: both must stay inside.
+    #[test]
+    fn symlinks_stay_inside_the_root() {
+        let host = std::env::temp_dir().join(format!("memtrace-resolve-{}", std::process::id()));
+        let root = host.join("root");
+        let _ = fs::remove_dir_all(&host);
+        fs::create_dir_all(root.join("lib")).unwrap();
+        // The host's file at the path the symlink names, and the root's own.
+        fs::write(host.join("target.so"), b"host").unwrap();
+        let inner = root.join(host.strip_prefix("/").unwrap());
+        fs::create_dir_all(&inner).unwrap();
+        fs::write(inner.join("target.so"), b"inside").unwrap();
+        symlink(host.join("target.so"), root.join("lib/lib.so")).unwrap();
+        fs::write(root.join("top.so"), b"top").unwrap();
+        symlink("../../../../../../top.so", root.join("lib/escape.so")).unwrap();
+        symlink("loop.so", root.join("lib/loop.so")).unwrap();
+
+        let dir = open_on_host(&root).unwrap();
+        let inside = FileId::of_path(&inner.join("target.so")).unwrap();
+        let top = FileId::of_path(&root.join("top.so")).unwrap();
+        for open in [open_in_root, walk_in_root] {
+            assert_eq!(id(&open(dir.as_fd(), Path::new("/lib/lib.so")).unwrap()), inside);
+            assert_eq!(id(&open(dir.as_fd(), Path::new("lib/escape.so")).unwrap()), top);
+            assert_eq!(id(&open(dir.as_fd(), Path::new("/../../top.so")).unwrap()), top);
+            assert!(open(dir.as_fd(), Path::new("/lib/loop.so")).is_err());
+            assert!(open(dir.as_fd(), Path::new("/top.so/x")).is_err());
+            assert_eq!(id(&open(dir.as_fd(), Path::new("/lib/..")).unwrap()), id(&dir));
+        }
+        fs::remove_dir_all(&host).unwrap();
     }
 }

@@ -1,7 +1,7 @@
 //! Property tests over mutated real ELF files (/bin/true and the C library): the readers of a
 //! target's object files (ELF header and sections, dynamic section, symbols, build ID, allocator
 //! entry points, USDT notes) never panic whatever the bytes, read whole or as a sparse image
-//! (crate::process::SparseImage, whose section ranges come from the mutated headers). Mutations
+//! (SparseImage, whose section ranges come from the mutated headers). Mutations
 //! land mostly where the parsers look (the headers at the start, the section headers at the end),
 //! and files are cut short at random.
 
@@ -9,8 +9,8 @@ use std::{io, path::Path, sync::OnceLock};
 
 use proptest::prelude::*;
 
-use super::SparseImage;
-use crate::{allocator::resolve_entry_points, elf::ElfObject};
+use super::{entry_points::resolve_entry_points, sparse::SparseImage};
+use crate::elf::ElfObject;
 
 fn real_file(path: &str) -> &'static [u8] {
     static TRUE: OnceLock<Vec<u8>> = OnceLock::new();

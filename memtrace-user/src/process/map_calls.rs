@@ -1,21 +1,12 @@
 //! Finds the C library's mapping calls (mmap, munmap, mremap) that a process makes its anonymous
 //! mappings through, as the dynamic linker resolves `mmap`: libc for a dynamic program, the
 //! executable for a static one. Allocators other than the C library's (jemalloc, tcmalloc) map
-//! through it too, so these are probed whatever the allocator.
+//! through it too, so these are probed whatever the allocator. Where each call sits in a file is
+//! map_sites' work, read once per file through the file cache.
 
-use anyhow::{Context, Result};
 use memtrace_common::MapFunction;
 
-use super::{FileCache, ObjectFile, ProcessImage};
-use crate::elf::ElfObject;
-
-/// A mapping call located in its file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MapSite {
-    pub function: MapFunction,
-    /// File offset of the function's first instruction: where both probes sit.
-    pub offset: u64,
-}
+use super::{facts::FileCache, file::ObjectFile, image::ProcessImage, map_sites::MapSite};
 
 /// The object that defines a process's mapping calls, with their sites.
 #[derive(Debug, Clone)]
@@ -37,22 +28,6 @@ impl MapCalls {
         (sites.len() == MapFunction::ALL.len())
             .then(|| Self { sites: sites.to_vec(), object: object.clone() })
     }
-}
-
-/// Locates every mapping call an ELF file defines (as functions: a file that only imports them
-/// has none).
-pub fn resolve_map_sites(elf: &ElfObject<'_>) -> Result<Vec<MapSite>> {
-    let defined =
-        elf.defined_functions(|name| MapFunction::ALL.iter().any(|(_, symbol)| symbol.as_bytes() == name));
-    let mut sites = Vec::new();
-    for (function, symbol) in MapFunction::ALL {
-        let Some(&(_, address)) = defined.iter().find(|(name, _)| name == symbol) else { continue };
-        let offset = elf
-            .code_file_offset(address)
-            .with_context(|| format!("{symbol} at {address:#x} lies in no executable segment"))?;
-        sites.push(MapSite { function, offset });
-    }
-    Ok(sites)
 }
 
 #[cfg(test)]

@@ -1,33 +1,37 @@
 //! A process's image, resolved once: its object files in link order, each opened safely inside the
 //! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
-//! section, build ID, allocator entry points) cached by identity ([`FileCache`]). Allocator
-//! discovery (crate::allocator), USDT attachment (crate::usdt), symbol indexing
-//! (crate::symbolize) and the exec watcher (crate::following) all read a [`ProcessImage`]
-//! instead of working the objects out again.
+//! section, build ID, allocator entry points, mapping calls) cached by identity ([`FileCache`]).
+//! Allocator discovery (allocator), USDT attachment (usdt), symbol indexing (symbolize) and the
+//! exec watcher (following) all read a [`ProcessImage`] instead of working the objects out again.
+//!
+//! The files, lowest first: `resolve` (paths inside a root), `file` (identity, root, opened
+//! object), `sparse` (the parts of an ELF file a question needs), `entry_points` and `map_sites`
+//! (what one ELF file defines), `facts` (the per-file cache of those), `objects` (link order),
+//! `image` (a process's objects), and above them `allocator` and `map_calls`, which choose per
+//! process what to probe. Each imports from the file that defines what it uses; the `pub use`
+//! below is for the rest of memtrace.
 
 pub mod allocator;
+mod entry_points;
 pub mod exec_hold;
 mod facts;
 mod file;
 #[cfg(test)]
 mod fuzz_tests;
+mod image;
 pub mod map_calls;
+mod map_sites;
 mod objects;
 mod resolve;
 mod sparse;
 
-use std::{
-    io::Read,
-    os::unix::ffi::OsStrExt,
-    path::{Path, PathBuf},
-};
-
-use anyhow::{bail, Context, Result};
+use std::path::Path;
 
 pub use self::{
     facts::FileCache,
-    file::{FileId, ObjectFile, Root, MAX_OBJECT_BYTES},
-    objects::{open_mapping, SYSTEM_LIBRARY_DIRS},
+    file::{FileId, ObjectFile, Root},
+    image::ProcessImage,
+    objects::open_mapping,
     sparse::{SparseImage, NOTES, SYMBOLS},
 };
 
@@ -48,84 +52,4 @@ pub fn raise_open_file_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
-}
-
-/// The object files of one process (running, just exec'd, or a command not started yet).
-#[derive(Debug, Clone)]
-pub struct ProcessImage {
-    /// None for a command not started yet.
-    pub pid: Option<u32>,
-    /// Where the process resolves its paths.
-    pub root: Root,
-    /// Every object file, each once, in the dynamic linker's symbol search order; a running
-    /// process's files as mapped (objects it dlopen'd last).
-    pub objects: Vec<ObjectFile>,
-}
-
-impl ProcessImage {
-    /// A running process, read through /proc (its mappings, its root, its environment).
-    pub fn of_process(pid: u32, cache: &FileCache) -> Result<Self> {
-        let root = Root::of_process(pid)?;
-        let objects = objects::link_order_of_process(pid, &root, cache)?;
-        Ok(Self { pid: Some(pid), root, objects })
-    }
-
-    /// A process that has just exec'd a program: the files the program will map, resolved in
-    /// the process's root as its dynamic linker will.
-    pub fn of_exec(pid: u32, cache: &FileCache) -> Result<Self> {
-        let (root, objects) = objects::link_order_of_exec(pid, cache)?;
-        Ok(Self { pid: Some(pid), root, objects })
-    }
-
-    /// A process held inside execve(2) of `program` ([`exec_hold`]): the files the program will
-    /// map, resolved in the process's root before it runs.
-    pub fn of_held_exec(pid: u32, program: ObjectFile, cache: &FileCache) -> Result<Self> {
-        let (root, objects) = objects::link_order_of_program_in(pid, program, cache)?;
-        Ok(Self { pid: Some(pid), root, objects })
-    }
-
-    /// A command memtrace is about to start, in memtrace's own file system and environment: a
-    /// script's image is its interpreter's.
-    pub fn of_command(program: &Path, cache: &FileCache) -> Result<Self> {
-        let root = Root::host();
-        let program = interpreter_of(program)?;
-        let program = root.open(&program).with_context(|| format!("cannot run {}", program.display()))?;
-        let objects = objects::link_order_of_program(program, &root, &[], cache);
-        Ok(Self { pid: None, root, objects })
-    }
-
-    /// A file the process names by path (`--lib`, `--usdt PATH:...`), resolved in its root.
-    pub fn open(&self, path: &Path) -> Result<ObjectFile> {
-        self.root.open(path)
-    }
-
-    /// The process's executable.
-    pub fn executable(&self) -> Option<&ObjectFile> {
-        self.objects.first()
-    }
-}
-
-/// How many scripts may name each other as interpreter before the kernel gives up (ELOOP).
-const MAX_SCRIPT_NESTING: usize = 5;
-
-/// The program the kernel runs for `program`: itself, or for a script (`#!INTERPRETER [ARG]`)
-/// its interpreter, which may be a script too.
-pub fn interpreter_of(program: &Path) -> Result<PathBuf> {
-    let mut program = program.to_owned();
-    for _ in 0..MAX_SCRIPT_NESTING {
-        let mut head = Vec::with_capacity(256);
-        let file =
-            std::fs::File::open(&program).with_context(|| format!("cannot run {}", program.display()))?;
-        file.take(256).read_to_end(&mut head).with_context(|| format!("reading {}", program.display()))?;
-        let Some(line) = head.strip_prefix(b"#!") else { return Ok(program) };
-        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-        let Some(interpreter) = line.split(|&b| b == b' ' || b == b'\t').find(|word| !word.is_empty()) else {
-            bail!("{}: the script's #! line names no interpreter", program.display());
-        };
-        program = PathBuf::from(std::ffi::OsStr::from_bytes(interpreter));
-    }
-    bail!(
-        "{}: scripts name each other as interpreter more than {MAX_SCRIPT_NESTING} times",
-        program.display()
-    )
 }

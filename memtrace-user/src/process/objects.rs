@@ -2,7 +2,7 @@
 //! running process (from its mappings), of a command not started yet, or of a program just exec'd
 //! (resolved as ld.so(8) would: LD_PRELOAD, DT_NEEDED breadth-first through DT_RPATH,
 //! LD_LIBRARY_PATH, DT_RUNPATH, /etc/ld.so.conf and the default directories). Paths are resolved
-//! inside the process's own root (crate::process::file), so a container's files are its own.
+//! inside the process's own root (the file module), so a container's files are its own.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -12,7 +12,10 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{FileCache, ObjectFile, Root};
+use super::{
+    facts::FileCache,
+    file::{ObjectFile, Root},
+};
 use crate::procfs::{self, Mapping};
 
 /// The executable and every file a running process maps executable, in the dynamic linker's

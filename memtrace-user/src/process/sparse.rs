@@ -14,7 +14,7 @@ use object::{
     Endianness,
 };
 
-use super::{ObjectFile, MAX_OBJECT_BYTES};
+use super::file::{ObjectFile, MAX_OBJECT_BYTES};
 use crate::elf::ElfObject;
 
 type FileHeader = elf::FileHeader64<Endianness>;
@@ -153,11 +153,15 @@ mod tests {
         let expected = (
             elf.dynamic_info().unwrap(),
             elf.build_id(),
-            crate::allocator::resolve_entry_points(&elf, "").unwrap(),
+            crate::process::entry_points::resolve_entry_points(&elf, "").unwrap(),
         );
         let got = sparse
             .with_elf(|elf| {
-                Ok((elf.dynamic_info()?, elf.build_id(), crate::allocator::resolve_entry_points(elf, "")?))
+                Ok((
+                    elf.dynamic_info()?,
+                    elf.build_id(),
+                    crate::process::entry_points::resolve_entry_points(elf, "")?,
+                ))
             })
             .unwrap();
         assert_eq!(got, expected);

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use shared::{Shared, Snapshot};
 
 use crate::{
-    export::{Exporter, StacksWanted},
+    export::exporter::{Exporter, StacksWanted},
     model::{Model, Process, RunEnd, Sample},
     procfs,
 };

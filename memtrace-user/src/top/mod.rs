@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     cli::Cli,
-    export::{Exporter, StacksWanted},
+    export::exporter::{Exporter, StacksWanted},
     model::{Model, RunEnd, Sample},
 };
 use snapshot::{Growth, Snapshot};
