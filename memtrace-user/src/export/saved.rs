@@ -12,8 +12,8 @@ use super::{
     summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
 };
 use crate::{
-    cli::ReportArgs,
     model::{HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
+    plan::ReportFiles,
     symbolize::Frame,
 };
 
@@ -21,11 +21,11 @@ use crate::{
 /// read whole before any output is opened, so bad input leaves nothing behind (main has checked
 /// that no output is the summary itself, or another output). With no output named, the text
 /// report goes to stderr as at the end of a run.
-pub fn report(args: &ReportArgs) -> Result<ExitCode> {
-    let (model, end) = load(&args.summary)?;
-    let mut exporters = super::reports(&args.reports, args.top)?;
+pub fn report(summary: &Path, reports: &ReportFiles, top: usize) -> Result<ExitCode> {
+    let (model, end) = load(summary)?;
+    let mut exporters = super::reports(reports, top)?;
     if exporters.is_empty() {
-        exporters.push(Box::new(TextReport { top: args.top }));
+        exporters.push(Box::new(TextReport { top }));
     }
     let mut failed = false;
     for exporter in &mut exporters {

@@ -13,7 +13,7 @@ pub mod verifier_report;
 pub use map_ops::KeyLookup;
 pub use map_ops::Taken;
 
-use std::{collections::HashSet, os::fd::AsFd, path::Path};
+use std::{collections::HashSet, os::fd::AsFd};
 
 use anyhow::{bail, Context, Result};
 use aya::{
@@ -26,7 +26,7 @@ use memtrace_common::{
     StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
-pub use kernel_btf::VMLINUX_BTF;
+pub use kernel_btf::{kernel_layout, VMLINUX_BTF};
 use links::Links;
 pub use links::{
     try_multi_link, Direction, LinkKind, Scope, Site, UPROBE_PMU_REF_CTR_OFFSET, UPROBE_PMU_TYPE,
@@ -171,18 +171,12 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads every program into the kernel, for the links this kernel has.
-    pub fn load(config: &ProbeConfig, features: &KernelFeatures) -> Result<Self> {
+    /// Loads every program into the kernel, with the kernel's struct layout (from its BTF), for
+    /// the links `link_kind` says.
+    pub fn load(config: &ProbeConfig, layout: &KernelLayout, link_kind: LinkKind) -> Result<Self> {
         let filter = match &config.reach {
             Reach::AllProcesses(filter) => filter.clone(),
             _ => ProcessFilter::default(),
-        };
-        // A forked child's process id and an exiting process's memory are read from the kernel's
-        // structs; only following a tree cannot do without.
-        let layout = match kernel_btf::kernel_layout(Path::new(kernel_btf::VMLINUX_BTF)) {
-            Ok(layout) => layout,
-            Err(err) if matches!(config.reach, Reach::Tree) => return Err(err),
-            Err(_) => KernelLayout::default(),
         };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let live_size = TableSize::for_records(config.max_allocations);
@@ -194,13 +188,13 @@ impl Probes {
             .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
             .override_global("SAMPLE_MEAN", &config.sample_mean, true)
             .override_global("REACH", &config.reach.kernel_value(), true)
-            .override_global("KERNEL_LAYOUT", &layout, true)
+            .override_global("KERNEL_LAYOUT", layout, true)
             .override_global("SELF_TGID", &filter.self_tgid, true)
             .override_global("FILTER_COMMS", &u8::from(!only_comms.is_empty()), true)
             .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
             .load(BPF_OBJECT)
             .with_context(|| loading_failed(&live_size))?;
-        let multi = load_multi(&ebpf, features)?;
+        let multi = load_multi(&ebpf, link_kind)?;
         for (name, program) in ebpf.programs_mut() {
             match program {
                 Program::UProbe(_) if multi.is_some() => Ok(()),
@@ -522,8 +516,8 @@ pub fn link_kind_for(features: &KernelFeatures) -> Result<LinkKind> {
 
 /// Loads the uprobe programs for uprobe_multi links where the kernel has them; None where it has
 /// not (before 6.6), or when MEMTRACE_LINKS=perf asks for per-site links.
-fn load_multi(ebpf: &Ebpf, features: &KernelFeatures) -> Result<Option<MultiPrograms>> {
-    match link_kind_for(features)? {
+fn load_multi(ebpf: &Ebpf, link_kind: LinkKind) -> Result<Option<MultiPrograms>> {
+    match link_kind {
         LinkKind::Multi => MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
         LinkKind::PerfEvent => Ok(None),
     }

@@ -2,11 +2,10 @@
 //! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
 //! section, build ID, allocator entry points) cached by identity ([`FileCache`]). Allocator
 //! discovery (crate::allocator), USDT attachment (crate::usdt), symbol indexing
-//! (crate::symbolize) and the exec watcher (crate::following) all read a [`ProcessImage`]
+//! (crate::symbolize) and the exec watcher (crate::follow) all read a [`ProcessImage`]
 //! instead of working the objects out again.
 
 pub mod allocator;
-pub mod exec_hold;
 mod facts;
 mod file;
 #[cfg(test)]
@@ -77,7 +76,7 @@ impl ProcessImage {
         Ok(Self { pid: Some(pid), root, objects })
     }
 
-    /// A process held inside execve(2) of `program` ([`exec_hold`]): the files the program will
+    /// A process held inside execve(2) of `program` (crate::follow::hold): the files the program will
     /// map, resolved in the process's root before it runs.
     pub fn of_held_exec(pid: u32, program: ObjectFile, cache: &FileCache) -> Result<Self> {
         let (root, objects) = objects::link_order_of_program_in(pid, program, cache)?;

@@ -31,9 +31,9 @@ use tokio::{
 use super::{
     metrics,
     profile::{self, Endpoint},
-    push::{self, PushTarget},
-    Shared,
+    push, Shared,
 };
+use crate::plan::PushTarget;
 
 /// Every response: the whole body at once (metrics and profiles are built before they are sent).
 pub type Reply = Response<Full<Bytes>>;
