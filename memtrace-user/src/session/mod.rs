@@ -33,28 +33,20 @@ use crate::{
 /// unless -o names one, no report at the end, and tracing goes on until a signal ends it.
 pub fn run(plan: Plan) -> Result<ExitCode> {
     let Plan { mode, targets: wanted, probes: probe_plan, timing, outputs, retention, kernel } = plan;
-    privileges::check(&wanted, kernel.link_kind)?;
     let reach = wanted.reach();
-    // What the kernel cannot do is said before anything is loaded.
-    kernel.features.check(Needs { follows_tree: matches!(reach, Reach::Tree) })?;
-    let pids = processes_to_attach(wanted.pids())?;
+    let pids = refuse_what_cannot_work(&wanted, &reach, &kernel)?;
     let signals = signals::block_termination_signals()?;
     // Outputs are opened first: an unwritable path is reported before anything is traced.
     let exporters = outputs::open(&outputs, &mode, probe_plan.stacks)?;
     let mut probes = load_probes(&probe_plan, &reach, &kernel)?;
     let mut collector = Collector::default();
-    let mut model = Model {
-        sampling: probe_plan.sample.map(Sampling::new),
-        // The agent shows how full the kernel's tables are while it runs.
-        kernel_maps: matches!(mode, Mode::Serve(_)).then(KernelMaps::default),
-        ..Model::default()
-    };
+    let mut model = empty_model(&mode, probe_plan.sample);
     let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features)?;
     let Targets { watched: targets, held, preload } =
         Targets::attach(&wanted, &pids, &mut following, &mut probes, &mut collector, &mut model)?;
     let what = describe_reach(&wanted, &following, &probes, &model);
     // Unwind tables of the targets known now (--pid, a command's files); others follow at each
-    // interval, and a command's mappings within milliseconds of its start (see `trace`).
+    // interval, and a command's mappings within milliseconds of its start (see `poll`).
     let mut unwind = KernelTables::new(probe_plan.stacks, probe_plan.unwind_in_background);
     unwind.preload(&mut probes, preload)?;
     unwind.update(&mut probes, &model)?;
@@ -88,6 +80,24 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     };
     let ending = run.trace()?;
     conclude(run, &ending)
+}
+
+/// What cannot work is said before anything is loaded: a missing privilege, a kernel feature the
+/// run needs, a --pid that names no process memtrace may trace. Returns the --pid processes.
+fn refuse_what_cannot_work(wanted: &plan::Targets, reach: &Reach, kernel: &Kernel) -> Result<Vec<u32>> {
+    privileges::check(wanted, kernel.link_kind)?;
+    kernel.features.check(Needs { follows_tree: matches!(reach, Reach::Tree) })?;
+    processes_to_attach(wanted.pids())
+}
+
+/// The model before the first sample, with `--sample`'s mean where allocations are sampled.
+fn empty_model(mode: &Mode, sample: Option<u64>) -> Model {
+    Model {
+        sampling: sample.map(Sampling::new),
+        // The agent shows how full the kernel's tables are while it runs.
+        kernel_maps: matches!(mode, Mode::Serve(_)).then(KernelMaps::default),
+        ..Model::default()
+    }
 }
 
 /// Loads the kernel side as the plan configures it, with the kernel's layout and link kind.
