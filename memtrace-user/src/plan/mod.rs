@@ -92,8 +92,8 @@ pub struct ProbePlan {
     pub allocator: Overrides,
     /// `--usdt`: the probes counted or tracked.
     pub usdt: Vec<UsdtRequest>,
-    /// Unwind tables are built on a worker thread (`--all`: many processes' tables at once would
-    /// delay the samples), and not announced one by one.
+    /// Unwind tables are built on a worker thread (`--all`, where the machine's files are many and
+    /// start-up must stay fast), and their loading is not said process by process.
     pub unwind_in_background: bool,
 }
 
