@@ -11,8 +11,8 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    allocator::{installed_allocator_libraries, Allocator, Overrides},
     probes::{Probes, Scope},
+    process::allocator::{installed_allocator_libraries, Allocator, Overrides},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
 };
 

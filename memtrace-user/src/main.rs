@@ -32,8 +32,6 @@ mod usdt;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-// Allocator discovery reads a process image; it keeps its short path.
-use process::allocator;
 
 /// Following a tree or every process, memtrace probes libc's malloc for every process, itself
 /// included: a trap into the kernel per call, filtered out there, would slow memtrace's own work

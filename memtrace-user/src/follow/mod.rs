@@ -28,11 +28,11 @@ use nix::{
 
 use self::hold::{fanotify::MISSED_WITHOUT_HOLD, HeldExecs, Holding, ProbeRequest};
 use crate::{
-    allocator::{Allocator, Overrides},
     attach::Attachments,
     kernel_features::{Feature, KernelFeatures},
     model::Model,
     probes::{Probes, Reach, Scope},
+    process::allocator::{Allocator, Overrides},
     process::{FileCache, ObjectFile, ProcessImage},
     procfs,
 };

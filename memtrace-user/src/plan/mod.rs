@@ -14,8 +14,8 @@ pub use self::{
     mode::{Mode, PushTarget, ServeOptions},
 };
 use crate::{
-    allocator::Overrides,
     probes::{ProcessFilter, Reach},
+    process::allocator::Overrides,
     usdt::UsdtRequest,
 };
 

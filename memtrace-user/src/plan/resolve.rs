@@ -11,10 +11,10 @@ use super::{
     Targets, Timing,
 };
 use crate::{
-    allocator::Overrides,
     cli::{ReportOutputs, RunArgs, ServeArgs},
     kernel_features::KernelFeatures,
     probes::ProcessFilter,
+    process::allocator::Overrides,
 };
 
 /// The plan of a run of `mode` with the options `run`, on a kernel with `features`.

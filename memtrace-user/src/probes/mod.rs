@@ -36,7 +36,9 @@ pub use loader::load_raw_program;
 use loader::MultiPrograms;
 
 use crate::{
-    allocator::Allocator, bpf_log::BpfLog, kernel_features::KernelFeatures, process::map_calls::MapCalls,
+    bpf_log::BpfLog,
+    kernel_features::KernelFeatures,
+    process::{allocator::Allocator, map_calls::MapCalls},
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));

@@ -11,14 +11,12 @@ use std::{
 use anyhow::{anyhow, Context, Result};
 
 use super::{
+    allocator::{resolve_entry_points, ResolvedEntryPoint},
     map_calls::{resolve_map_sites, MapSite},
     sparse::{self, SparseImage},
     FileId, ObjectFile,
 };
-use crate::{
-    allocator::{resolve_entry_points, ResolvedEntryPoint},
-    elf::{DynamicInfo, ElfObject},
-};
+use crate::elf::{DynamicInfo, ElfObject};
 
 /// Files remembered before the cache starts afresh: far more than a machine maps at once, and a
 /// bound on memtrace's memory over a long `--all` run that sees many short-lived programs.

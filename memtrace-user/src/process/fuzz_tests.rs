@@ -9,8 +9,9 @@ use std::{io, path::Path, sync::OnceLock};
 
 use proptest::prelude::*;
 
+use super::allocator::resolve_entry_points;
 use super::SparseImage;
-use crate::{allocator::resolve_entry_points, elf::ElfObject};
+use crate::elf::ElfObject;
 
 fn real_file(path: &str) -> &'static [u8] {
     static TRUE: OnceLock<Vec<u8>> = OnceLock::new();

@@ -1,7 +1,7 @@
 //! A process's image, resolved once: its object files in link order, each opened safely inside the
 //! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
 //! section, build ID, allocator entry points) cached by identity ([`FileCache`]). Allocator
-//! discovery (crate::allocator), USDT attachment (crate::usdt), symbol indexing
+//! discovery ([`allocator`]), USDT attachment (crate::usdt), symbol indexing
 //! (crate::symbolize) and the exec watcher (crate::follow) all read a [`ProcessImage`]
 //! instead of working the objects out again.
 

@@ -153,11 +153,15 @@ mod tests {
         let expected = (
             elf.dynamic_info().unwrap(),
             elf.build_id(),
-            crate::allocator::resolve_entry_points(&elf, "").unwrap(),
+            crate::process::allocator::resolve_entry_points(&elf, "").unwrap(),
         );
         let got = sparse
             .with_elf(|elf| {
-                Ok((elf.dynamic_info()?, elf.build_id(), crate::allocator::resolve_entry_points(elf, "")?))
+                Ok((
+                    elf.dynamic_info()?,
+                    elf.build_id(),
+                    crate::process::allocator::resolve_entry_points(elf, "")?,
+                ))
             })
             .unwrap();
         assert_eq!(got, expected);

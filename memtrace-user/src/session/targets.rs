@@ -15,7 +15,6 @@ use nix::{
 };
 
 use crate::{
-    allocator::Allocator,
     collector::Collector,
     follow::{
         hold::command::{resolve_program, HeldCommand},
@@ -24,6 +23,7 @@ use crate::{
     model::Model,
     plan,
     probes::Probes,
+    process::allocator::Allocator,
     process::{ObjectFile, ProcessImage},
     procfs,
 };

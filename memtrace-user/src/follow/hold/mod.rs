@@ -23,9 +23,9 @@ use std::{
 
 use self::fanotify::{ExecHold, HeldExec, HoldStats, Unavailable, DEFAULT_BOUND};
 use crate::{
-    allocator::{Allocator, Overrides},
     attach::{Probed, ProbedFiles},
     probes::KeyLookup,
+    process::allocator::{Allocator, Overrides},
     process::{FileCache, ObjectFile, ProcessImage},
 };
 
