@@ -29,15 +29,6 @@ pub struct Cli {
     pub subcommand: Option<Subcommand>,
 }
 
-/// A plain run's options, read through the `Cli` they were parsed into.
-impl std::ops::Deref for Cli {
-    type Target = RunArgs;
-
-    fn deref(&self) -> &RunArgs {
-        &self.run
-    }
-}
-
 /// What to trace, for how long, and where the results go: the options of a run, which `memtrace top`
 /// takes as they are.
 #[derive(Debug, clap::Args)]
@@ -432,18 +423,18 @@ mod tests {
         let both = Cli::try_parse_from(["memtrace", "--pid", "1", "--", "true"]).unwrap_err();
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
         let cli = Cli::try_parse_from(["memtrace", "-p", "1", "--pid", "2", "-i", "250ms"]).unwrap();
-        assert_eq!(cli.pids, [1, 2]);
-        assert_eq!(cli.interval, Duration::from_millis(250));
+        assert_eq!(cli.run.pids, [1, 2]);
+        assert_eq!(cli.run.interval, Duration::from_millis(250));
         let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
-        assert_eq!(cli.command, ["ls", "-l"]);
+        assert_eq!(cli.run.command, ["ls", "-l"]);
         assert!(Cli::try_parse_from(["memtrace", "-p", "0"]).is_err());
     }
 
     #[test]
     fn comm_is_repeatable_and_implies_all() {
         let cli = Cli::try_parse_from(["memtrace", "--comm", "nginx", "--comm", "php-fpm"]).unwrap();
-        assert_eq!(cli.comms, ["nginx", "php-fpm"]);
-        assert!(!cli.all, "--comm implies --all in the plan, not in the parser");
+        assert_eq!(cli.run.comms, ["nginx", "php-fpm"]);
+        assert!(!cli.run.all, "--comm implies --all in the plan, not in the parser");
         assert!(Cli::try_parse_from(["memtrace", "--all", "--comm", "a", "--exclude-pid", "7"]).is_ok());
         assert!(Cli::try_parse_from(["memtrace", "--comm", "a", "--exclude-pid", "7"]).is_ok());
         let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--pid", "1"]).unwrap_err();
@@ -526,14 +517,14 @@ mod tests {
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "top", "--all"]).is_err());
         let cli = Cli::try_parse_from(["memtrace", "--", "top"]).unwrap();
-        assert_eq!(cli.command, ["top"], "after -- a command may be called top");
+        assert_eq!(cli.run.command, ["top"], "after -- a command may be called top");
     }
 
     #[test]
     fn max_allocations_stops_at_the_kernel_limit() {
         let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
         let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();
-        assert_eq!(cli.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
+        assert_eq!(cli.run.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
         let beyond = (MAX_LIVE_ALLOCATIONS_LIMIT + 1).to_string();
         let error = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &beyond]).unwrap_err();
         assert!(error.to_string().contains(&limit), "{error}");
@@ -551,9 +542,9 @@ mod tests {
             "usdt",
         ])
         .unwrap();
-        assert_eq!(cli.usdt.len(), 2);
-        assert_eq!(cli.usdt[1].argument, Some(1));
-        assert_eq!(cli.command, ["usdt"], "after -- a command may be called usdt");
+        assert_eq!(cli.run.usdt.len(), 2);
+        assert_eq!(cli.run.usdt[1].argument, Some(1));
+        assert_eq!(cli.run.command, ["usdt"], "after -- a command may be called usdt");
         assert!(cli.subcommand.is_none());
         let bad = Cli::try_parse_from(["memtrace", "--usdt", "tick", "--", "x"]).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::ValueValidation);
