@@ -1,8 +1,14 @@
 //! The command line: what to trace, for how long, and where the results go.
 
-use std::{ffi::OsString, path::PathBuf, time::Duration};
+use std::{
+    ffi::OsString,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{ArgGroup, Parser};
+use hyper::Uri;
 use memtrace_common::{DEFAULT_MAX_LIVE_ALLOCATIONS, MAX_LIVE_ALLOCATIONS_LIMIT};
 
 #[derive(Debug, Parser)]
@@ -19,27 +25,8 @@ pub struct Cli {
     #[command(flatten)]
     pub run: RunArgs,
 
-    /// `memtrace top`: the run is watched live in the terminal (set by the subcommand, not an option).
-    #[arg(skip)]
-    pub live_view: bool,
-
     #[command(subcommand)]
     pub subcommand: Option<Subcommand>,
-}
-
-/// A run reads its options through the `Cli` it was parsed into.
-impl std::ops::Deref for Cli {
-    type Target = RunArgs;
-
-    fn deref(&self) -> &RunArgs {
-        &self.run
-    }
-}
-
-impl std::ops::DerefMut for Cli {
-    fn deref_mut(&mut self) -> &mut RunArgs {
-        &mut self.run
-    }
 }
 
 /// What to trace, for how long, and where the results go: the options of a run, which `memtrace top`
@@ -173,17 +160,6 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// Every process on the machine is a candidate: --all, or --comm, which implies it.
-    pub fn system_wide(&self) -> bool {
-        self.all || !self.comms.is_empty()
-    }
-
-    /// Whether the targets' descendants are traced: a command's are unless --no-children, named
-    /// processes' only with --children.
-    pub fn follows_children(&self) -> bool {
-        self.children || (!self.command.is_empty() && !self.no_children)
-    }
-
     /// What the kernel would refuse, found before anything is loaded: a usage error.
     pub fn check_kernel_limits(&self) -> Result<(), String> {
         if self.comms.len() > memtrace_common::MAX_COMMS as usize {
@@ -308,8 +284,8 @@ pub struct ServeArgs {
 
     /// Address to serve on: IP:PORT, or a port alone for 127.0.0.1. Anything but loopback must
     /// be written out in full, e.g. 0.0.0.0:9464; the endpoints have no authentication
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = crate::serve::parse_listen)]
-    pub listen: std::net::SocketAddr,
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_listen)]
+    pub listen: SocketAddr,
 
     /// Processes with series of their own in /metrics, the largest by live heap; the rest are
     /// summed under comm="other"
@@ -318,26 +294,12 @@ pub struct ServeArgs {
 
     /// Push the heap profile of each process (the largest --max-series-processes) to this
     /// Pyroscope-compatible server at every --push-interval, e.g. http://127.0.0.1:4040
-    #[arg(long, value_name = "URL", value_parser = crate::serve::push::parse_push_url)]
-    pub push: Option<hyper::Uri>,
+    #[arg(long, value_name = "URL", value_parser = parse_push_url)]
+    pub push: Option<Uri>,
 
     /// How often to push with --push
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
     pub push_interval: Duration,
-}
-
-impl ServeArgs {
-    /// The run the agent is, and what serving adds to it.
-    pub fn into_parts(self) -> (RunArgs, crate::serve::ServeOptions) {
-        let options = crate::serve::ServeOptions {
-            listen: self.listen,
-            max_series_processes: self.max_series_processes as usize,
-            interval: self.run.interval,
-            max_allocations: self.run.max_allocations,
-            push: self.push.map(|base| crate::serve::push::PushTarget { base, interval: self.push_interval }),
-        };
-        (self.run, options)
-    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -402,6 +364,42 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
+/// The port `--listen` takes when none is given.
+const DEFAULT_PORT: u16 = 9464;
+
+/// Parses `--listen`: IP:PORT, or a port alone for loopback. An address that reaches other hosts
+/// must be written out in full: `:9464` (every interface, in Go's shorthand) is refused.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if text.starts_with(':') {
+        return Err(format!(
+            "`{text}` leaves the address out; memtrace listens beyond loopback only on an address written \
+             in full, e.g. 0.0.0.0{text} for every interface, or 127.0.0.1{text}"
+        ));
+    }
+    text.parse().map_err(|_| {
+        format!("`{text}` is not IP:PORT; write e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT}")
+    })
+}
+
+/// Parses `--push`: an http:// URL of a Pyroscope server.
+pub fn parse_push_url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text.trim().parse().map_err(|err| {
+        format!("`{text}` is not a URL ({err}); write e.g. http://127.0.0.1:4040, where Pyroscope listens")
+    })?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) if uri.query().is_none() => Ok(uri),
+        (Some("https"), _) => Err(format!(
+            "`{text}`: memtrace pushes over plain HTTP only; push to a local TLS-terminating proxy \
+             (http://127.0.0.1:PORT) that forwards to the server"
+        )),
+        _ => Err(format!("`{text}` is not an http://HOST:PORT URL; write e.g. http://127.0.0.1:4040")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,27 +423,25 @@ mod tests {
         let both = Cli::try_parse_from(["memtrace", "--pid", "1", "--", "true"]).unwrap_err();
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
         let cli = Cli::try_parse_from(["memtrace", "-p", "1", "--pid", "2", "-i", "250ms"]).unwrap();
-        assert_eq!(cli.pids, [1, 2]);
-        assert_eq!(cli.interval, Duration::from_millis(250));
+        assert_eq!(cli.run.pids, [1, 2]);
+        assert_eq!(cli.run.interval, Duration::from_millis(250));
         let cli = Cli::try_parse_from(["memtrace", "--", "ls", "-l"]).unwrap();
-        assert_eq!(cli.command, ["ls", "-l"]);
+        assert_eq!(cli.run.command, ["ls", "-l"]);
         assert!(Cli::try_parse_from(["memtrace", "-p", "0"]).is_err());
     }
 
     #[test]
     fn comm_is_repeatable_and_implies_all() {
         let cli = Cli::try_parse_from(["memtrace", "--comm", "nginx", "--comm", "php-fpm"]).unwrap();
-        assert_eq!(cli.comms, ["nginx", "php-fpm"]);
-        assert!(cli.system_wide() && !cli.all);
-        let cli = Cli::try_parse_from(["memtrace", "--all", "--comm", "a", "--exclude-pid", "7"]).unwrap();
-        assert!(cli.system_wide());
+        assert_eq!(cli.run.comms, ["nginx", "php-fpm"]);
+        assert!(!cli.run.all, "--comm implies --all in the plan, not in the parser");
+        assert!(Cli::try_parse_from(["memtrace", "--all", "--comm", "a", "--exclude-pid", "7"]).is_ok());
         assert!(Cli::try_parse_from(["memtrace", "--comm", "a", "--exclude-pid", "7"]).is_ok());
         let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--pid", "1"]).unwrap_err();
         assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
         let conflict = Cli::try_parse_from(["memtrace", "--comm", "a", "--", "ls"]).unwrap_err();
         assert_eq!(conflict.kind(), ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "--exclude-pid", "7"]).is_err());
-        assert!(!Cli::try_parse_from(["memtrace", "--pid", "1"]).unwrap().system_wide());
         let long = Cli::try_parse_from(["memtrace", "--comm", "a-very-long-program"]).unwrap_err();
         assert!(long.to_string().contains("`a-very-long-pro`"), "{long}");
         assert!(Cli::try_parse_from(["memtrace", "--comm", ""]).is_err());
@@ -467,8 +463,8 @@ mod tests {
         let Some(Subcommand::Serve(args)) = cli.subcommand else {
             panic!("no serve subcommand");
         };
-        assert!(args.run.system_wide());
-        assert_eq!(args.into_parts().1.listen.to_string(), "0.0.0.0:9100");
+        assert_eq!(args.run.comms, ["nginx"]);
+        assert_eq!(args.listen.to_string(), "0.0.0.0:9100");
         // Every option of a run: a tree, the stack table, the exited processes kept, a command.
         let cli = Cli::try_parse_from([
             "memtrace",
@@ -508,28 +504,27 @@ mod tests {
         let Some(Subcommand::Top(run)) = &cli.subcommand else {
             panic!("no top subcommand");
         };
-        assert!(run.system_wide() && run.interval == Duration::from_millis(250));
+        assert!(run.comms == ["nginx"] && run.interval == Duration::from_millis(250));
         assert_eq!(run.summary.as_deref(), Some(std::path::Path::new("s.json")));
         let cli = Cli::try_parse_from(["memtrace", "top", "--", "./server", "--port", "1"]).unwrap();
         let Some(Subcommand::Top(run)) = &cli.subcommand else {
             panic!("no top subcommand");
         };
         assert_eq!(run.command, ["./server", "--port", "1"]);
-        assert!(run.follows_children() && !cli.live_view, "the subcommand, not the parser, sets the view");
         let missing = Cli::try_parse_from(["memtrace", "top"]).unwrap_err();
         assert_eq!(missing.kind(), ErrorKind::MissingRequiredArgument);
         let both = Cli::try_parse_from(["memtrace", "top", "--pid", "1", "--", "ls"]).unwrap_err();
         assert_eq!(both.kind(), ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_from(["memtrace", "--pid", "1", "top", "--all"]).is_err());
         let cli = Cli::try_parse_from(["memtrace", "--", "top"]).unwrap();
-        assert_eq!(cli.command, ["top"], "after -- a command may be called top");
+        assert_eq!(cli.run.command, ["top"], "after -- a command may be called top");
     }
 
     #[test]
     fn max_allocations_stops_at_the_kernel_limit() {
         let limit = MAX_LIVE_ALLOCATIONS_LIMIT.to_string();
         let cli = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &limit]).unwrap();
-        assert_eq!(cli.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
+        assert_eq!(cli.run.max_allocations, MAX_LIVE_ALLOCATIONS_LIMIT);
         let beyond = (MAX_LIVE_ALLOCATIONS_LIMIT + 1).to_string();
         let error = Cli::try_parse_from(["memtrace", "--all", "--max-allocations", &beyond]).unwrap_err();
         assert!(error.to_string().contains(&limit), "{error}");
@@ -547,9 +542,9 @@ mod tests {
             "usdt",
         ])
         .unwrap();
-        assert_eq!(cli.usdt.len(), 2);
-        assert_eq!(cli.usdt[1].argument, Some(1));
-        assert_eq!(cli.command, ["usdt"], "after -- a command may be called usdt");
+        assert_eq!(cli.run.usdt.len(), 2);
+        assert_eq!(cli.run.usdt[1].argument, Some(1));
+        assert_eq!(cli.run.command, ["usdt"], "after -- a command may be called usdt");
         assert!(cli.subcommand.is_none());
         let bad = Cli::try_parse_from(["memtrace", "--usdt", "tick", "--", "x"]).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::ValueValidation);
@@ -573,5 +568,24 @@ mod tests {
         assert!(matches!(cli.subcommand, Some(Subcommand::Doctor)));
         let extra = Cli::try_parse_from(["memtrace", "doctor", "--pid", "7"]).unwrap_err();
         assert_eq!(extra.kind(), ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn listen_addresses_beyond_loopback_are_written_in_full() {
+        assert_eq!(parse_listen("9464"), Ok("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(parse_listen("0.0.0.0:9464"), Ok("0.0.0.0:9464".parse().unwrap()));
+        assert_eq!(parse_listen("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
+        assert!(parse_listen(":9464").unwrap_err().contains("0.0.0.0:9464"));
+        assert!(parse_listen("localhost:9464").unwrap_err().contains("127.0.0.1:9464"));
+        assert!(parse_listen("9464x").is_err());
+    }
+
+    #[test]
+    fn push_urls_are_plain_http() {
+        assert!(parse_push_url("http://127.0.0.1:4040").is_ok());
+        assert_eq!(parse_push_url("http://pyro:4040/prefix").unwrap().path(), "/prefix");
+        assert!(parse_push_url("https://pyro:4040").unwrap_err().contains("plain HTTP"));
+        assert!(parse_push_url("pyro:4040").is_err());
+        assert!(parse_push_url("http://pyro:4040/?x=1").is_err());
     }
 }

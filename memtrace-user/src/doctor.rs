@@ -155,7 +155,8 @@ fn load_programs(features: &KernelFeatures) -> Programs {
         reach: if features.has(Feature::Btf) { Reach::Tree } else { Reach::Targets },
         ..ProbeConfig::default()
     };
-    match Probes::load(&config, features) {
+    let kernel = crate::plan::Kernel::resolve(features.clone(), &config.reach);
+    match kernel.and_then(|kernel| Probes::load(&config, &kernel.layout()?, kernel.link_kind)) {
         Ok(probes) => {
             drop(probes);
             Programs::Accepted

@@ -1,5 +1,6 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
+mod attach;
 mod bpf_log;
 mod bpf_sys;
 mod cli;
@@ -7,11 +8,11 @@ mod collector;
 mod doctor;
 mod elf;
 mod export;
-mod following;
-mod held_execs;
+mod follow;
 mod kernel_features;
 mod model;
 mod peaks;
+mod plan;
 mod privileges;
 mod probes;
 mod process;
@@ -21,7 +22,6 @@ mod session;
 mod skipped_exits;
 mod stack_table;
 mod symbolize;
-mod target;
 mod threads;
 mod top;
 mod unwind;
@@ -30,8 +30,6 @@ mod usdt;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-// Allocator discovery reads a process image; it keeps its short path.
-use process::allocator;
 
 /// Following a tree or every process, memtrace probes libc's malloc for every process, itself
 /// included: a trap into the kernel per call, filtered out there, would slow memtrace's own work
@@ -51,42 +49,22 @@ fn main() -> ExitCode {
     // SAFETY: sets an option of the linked mimalloc, which has no precondition.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     // clap exits with status 2 on usage errors.
-    let mut cli = cli::Cli::parse();
-    // `memtrace serve` is a tracing run with the agent as its output.
-    let serve = match cli.subcommand.take() {
-        Some(cli::Subcommand::Serve(args)) => {
-            let (run, options) = args.into_parts();
-            cli.run = run;
-            Some(options)
-        }
-        // `memtrace top` is a run watched live in the terminal.
-        Some(cli::Subcommand::Top(args)) => {
-            cli.run = *args;
-            cli.live_view = true;
-            None
-        }
-        other => {
-            cli.subcommand = other;
-            None
-        }
-    };
-    // What cannot work is refused before anything is traced, as a usage error.
-    let (files, mut usage) = match &cli.subcommand {
-        Some(cli::Subcommand::Report(args)) => (args.files(), cli::ReportArgs::command()),
-        _ => (cli.output_files(), cli::Cli::command()),
-    };
-    let checked = cli.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&files));
-    if let Err(problem) = checked {
-        usage.error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
-    }
-    let result = match &cli.subcommand {
+    let cli = cli::Cli::parse();
+    let result = match cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {
             usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
-        Some(cli::Subcommand::Report(args)) => export::saved::report(args),
+        Some(cli::Subcommand::Report(args)) => report(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
         Some(cli::Subcommand::Doctor) => doctor::run(),
-        Some(cli::Subcommand::Serve(_) | cli::Subcommand::Top(_)) | None => session::run(cli, serve.as_ref()),
+        // `memtrace serve` is a tracing run with the agent as its output.
+        Some(cli::Subcommand::Serve(args)) => {
+            let (run, mode) = plan::resolve::serve(*args);
+            trace(run, mode)
+        }
+        // `memtrace top` is a run watched live in the terminal.
+        Some(cli::Subcommand::Top(run)) => trace(*run, plan::Mode::Top),
+        None => trace(cli.run, plan::Mode::Trace),
     };
     match result {
         Ok(code) => code,
@@ -97,18 +75,40 @@ fn main() -> ExitCode {
     }
 }
 
+/// A tracing run: what cannot work is refused as a usage error before anything is traced; the
+/// rest is resolved, with the kernel's features, into the plan the session runs.
+fn trace(run: cli::RunArgs, mode: plan::Mode) -> anyhow::Result<ExitCode> {
+    let checked =
+        run.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&run.output_files()));
+    refuse_usage(checked, cli::Cli::command());
+    let plan = plan::resolve::plan(run, mode, kernel_features::KernelFeatures::probe())?;
+    session::run(plan)
+}
+
+/// `memtrace report`: the reports again from a saved run, none of them over another or the summary.
+fn report(args: cli::ReportArgs) -> anyhow::Result<ExitCode> {
+    refuse_usage(export::output_file::check_distinct(&args.files()), cli::ReportArgs::command());
+    export::saved::report(&args.summary, &plan::resolve::report_files(args.reports), args.top)
+}
+
+/// Exits with clap's usage error (status 2) if `checked` found a problem.
+fn refuse_usage(checked: Result<(), String>, mut usage: clap::Command) {
+    if let Err(problem) = checked {
+        usage.error(clap::error::ErrorKind::ArgumentConflict, problem).exit();
+    }
+}
+
 /// `memtrace verifier-report`: the programs loaded as a run loads them, then each again with the
 /// verifier's statistics.
 fn verifier_report() -> anyhow::Result<()> {
-    let probes = probes::Probes::load(
-        &probes::ProbeConfig {
-            max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
-            max_stacks: memtrace_common::MAX_STACKS,
-            capture_stacks: true,
-            ..probes::ProbeConfig::default()
-        },
-        &kernel_features::KernelFeatures::probe(),
-    )?;
+    let config = probes::ProbeConfig {
+        max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
+        max_stacks: memtrace_common::MAX_STACKS,
+        capture_stacks: true,
+        ..probes::ProbeConfig::default()
+    };
+    let kernel = plan::Kernel::resolve(kernel_features::KernelFeatures::probe(), &config.reach)?;
+    let probes = probes::Probes::load(&config, &kernel.layout()?, kernel.link_kind)?;
     let report = probes.verifier_report()?;
     let problems: Vec<String> = report.iter().filter_map(|program| program.problem()).collect();
     for program in &report {

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::cli::Cli;
+use crate::{kernel_features::LinkKind, plan::Targets};
 
 /// One capability, with the reason memtrace needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,17 +44,22 @@ const NEEDS: &str = "memtrace needs root, or the capabilities CAP_BPF, CAP_PERFM
                      (and CAP_SYS_PTRACE for processes of other users)";
 
 /// Fails, naming every missing capability and what it is for, unless memtrace can load its
-/// programs and read the processes the command line names.
-pub fn check(cli: &Cli) -> Result<()> {
+/// programs, attach them as `link_kind` links them, and read the processes `targets` names.
+pub fn check(targets: &Targets, link_kind: LinkKind) -> Result<()> {
     let effective = effective();
     let missing = missing_for_loading(effective);
     if !missing.is_empty() {
         bail!("{NEEDS}; missing: {}; run it with sudo", describe(&missing));
     }
+    // Per-site links are uprobe perf events, which the kernel opens only for CAP_SYS_ADMIN;
+    // uprobe_multi links need only what loading needs.
+    if link_kind == LinkKind::PerfEvent && !has(effective, CAP_SYS_ADMIN) {
+        bail!("{NEEDS}; missing: {}; run it with sudo", describe(&[CAP_SYS_ADMIN]));
+    }
     if has(effective, CAP_SYS_PTRACE) {
         return Ok(());
     }
-    for &pid in &cli.pids {
+    for &pid in targets.pids() {
         if is_denied(&format!("/proc/{pid}/exe")) {
             bail!(
                 "pid {pid} belongs to another user; missing: {}; run memtrace with sudo",
@@ -62,23 +67,13 @@ pub fn check(cli: &Cli) -> Result<()> {
             );
         }
     }
-    if cli.system_wide() {
+    if targets.system_wide() {
         eprintln!(
             "memtrace: warning: without CAP_SYS_PTRACE, processes of other users are not traced ({})",
             CAP_SYS_PTRACE.why
         );
     }
     Ok(())
-}
-
-/// Fails unless memtrace may open uprobe perf events: needed wherever probes are attached as
-/// perf events (aya's uprobe links, per-site links where the kernel lacks uprobe_multi), not for
-/// uprobe_multi links.
-pub fn check_uprobe_perf_events() -> Result<()> {
-    if has(effective(), CAP_SYS_ADMIN) {
-        return Ok(());
-    }
-    bail!("{NEEDS}; missing: {}; run it with sudo", describe(&[CAP_SYS_ADMIN]))
 }
 
 /// A capability memtrace uses, whether this process holds it, and what it is for.

@@ -21,7 +21,7 @@ use exporter::Exporter;
 
 /// The exporters of the reports `outputs` names (pprof, flamegraph, Perfetto, HTML), each with its
 /// file opened now, so that an unwritable path is said before anything is traced or read.
-pub fn reports(outputs: &crate::cli::ReportOutputs, top: usize) -> Result<Vec<Box<dyn Exporter>>> {
+pub fn reports(outputs: &crate::plan::ReportFiles, top: usize) -> Result<Vec<Box<dyn Exporter>>> {
     let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
     if let Some(path) = &outputs.pprof {
         exporters.push(Box::new(pprof::PprofFile::create(path)?));

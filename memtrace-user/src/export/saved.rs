@@ -12,19 +12,19 @@ use super::{
     summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
 };
 use crate::{
-    cli::ReportArgs,
     model::{frame::Frame, HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
+    plan::ReportFiles,
 };
 
 /// `memtrace report RUN.json [--html PATH] [--pprof PATH] [--flamegraph PATH] [--perfetto PATH]`: the summary is
 /// read whole before any output is opened, so bad input leaves nothing behind (main has checked
 /// that no output is the summary itself, or another output). With no output named, the text
 /// report goes to stderr as at the end of a run.
-pub fn report(args: &ReportArgs) -> Result<ExitCode> {
-    let (model, end) = load(&args.summary)?;
-    let mut exporters = super::reports(&args.reports, args.top)?;
+pub fn report(summary: &Path, reports: &ReportFiles, top: usize) -> Result<ExitCode> {
+    let (model, end) = load(summary)?;
+    let mut exporters = super::reports(reports, top)?;
     if exporters.is_empty() {
-        exporters.push(Box::new(TextReport { top: args.top }));
+        exporters.push(Box::new(TextReport { top }));
     }
     let mut failed = false;
     for exporter in &mut exporters {

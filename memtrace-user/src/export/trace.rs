@@ -58,10 +58,6 @@ impl TraceFile {
         Ok(trace)
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Subsystems whose memory is heap memory (`--heap-subsystem`): their dumps own part of
     /// `malloc`'s, so the memory view counts those bytes once.
     pub fn with_heap_subsystems(mut self, names: impl IntoIterator<Item = String>) -> Self {

@@ -28,6 +28,7 @@ use memtrace_common::{
     StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
 };
 
+pub use kernel_btf::kernel_layout;
 use links::{Direction, Links};
 pub use links::{Scope, Site};
 use live_table::{LiveTable, TableSize};
@@ -35,11 +36,10 @@ use loader::MultiPrograms;
 use tables::{ArrayTable, Table};
 
 use crate::{
-    allocator::Allocator,
     bpf_log::BpfLog,
     bpf_sys::prog_info,
-    kernel_features::{KernelFeatures, LinkKind, VMLINUX_BTF},
-    process::map_calls::MapCalls,
+    kernel_features::{KernelFeatures, LinkKind},
+    process::{allocator::Allocator, map_calls::MapCalls},
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
@@ -178,23 +178,19 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads every program into the kernel, for the links this kernel has.
-    pub fn load(config: &ProbeConfig, features: &KernelFeatures) -> Result<Self> {
+    /// Loads every program into the kernel, with the kernel's struct layout (from its BTF), for
+    /// the links `link_kind` says.
+    pub fn load(config: &ProbeConfig, layout: &KernelLayout, link_kind: LinkKind) -> Result<Self> {
         let filter = match &config.reach {
             Reach::AllProcesses(filter) => filter.clone(),
             _ => ProcessFilter::default(),
         };
-        let layout = kernel_layout_for(&config.reach)?;
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let live_size = TableSize::for_records(config.max_allocations);
-        let globals = Globals {
-            config,
-            layout: &layout,
-            self_tgid: filter.self_tgid,
-            filter_comms: !only_comms.is_empty(),
-        };
+        let globals =
+            Globals { config, layout, self_tgid: filter.self_tgid, filter_comms: !only_comms.is_empty() };
         let mut ebpf = load_object(&globals, &live_size)?;
-        let multi = load_multi(&ebpf, features)?;
+        let multi = load_multi(&ebpf, link_kind)?;
         load_programs(&mut ebpf, multi.is_some())?;
         let bpf_log = config.debug_bpf.then(|| BpfLog::start(&mut ebpf)).transpose()?;
         write_filter(&mut ebpf, &filter.excluded_pids, &only_comms)?;
@@ -550,16 +546,6 @@ pub fn link_kind_for(features: &KernelFeatures) -> Result<LinkKind> {
     })
 }
 
-/// A forked child's process id and an exiting process's memory are read from the kernel's structs,
-/// where its BTF says they lie; only following a tree cannot do without.
-fn kernel_layout_for(reach: &Reach) -> Result<KernelLayout> {
-    match kernel_btf::kernel_layout(Path::new(VMLINUX_BTF)) {
-        Ok(layout) => Ok(layout),
-        Err(err) if matches!(reach, Reach::Tree) => Err(err),
-        Err(_) => Ok(KernelLayout::default()),
-    }
-}
-
 /// What the programs' globals are set to at load.
 struct Globals<'a> {
     config: &'a ProbeConfig,
@@ -619,8 +605,8 @@ fn write_filter(ebpf: &mut Ebpf, excluded_pids: &[u32], only_comms: &[[u8; 16]])
 
 /// Loads the uprobe programs for uprobe_multi links where the kernel has them; None where it has
 /// not (before 6.6), or when MEMTRACE_LINKS=perf asks for per-site links.
-fn load_multi(ebpf: &Ebpf, features: &KernelFeatures) -> Result<Option<MultiPrograms>> {
-    match link_kind_for(features)? {
+fn load_multi(ebpf: &Ebpf, link_kind: LinkKind) -> Result<Option<MultiPrograms>> {
+    match link_kind {
         LinkKind::Multi => MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
         LinkKind::PerfEvent => Ok(None),
     }

@@ -2,7 +2,7 @@
 //! process's root (or as mapped) and known by identity ([`FileId`]), with per-file facts (dynamic
 //! section, build ID, allocator entry points, mapping calls) cached by identity ([`FileCache`]).
 //! Allocator discovery (allocator), USDT attachment (usdt), symbol indexing (symbolize) and the
-//! exec watcher (following) all read a [`ProcessImage`] instead of working the objects out again.
+//! exec watcher (follow) all read a [`ProcessImage`] instead of working the objects out again.
 //!
 //! The files, lowest first: `resolve` (paths inside a root), `file` (identity, root, opened
 //! object), `sparse` (the parts of an ELF file a question needs), `entry_points` and `map_sites`
@@ -13,7 +13,6 @@
 
 pub mod allocator;
 mod entry_points;
-pub mod exec_hold;
 mod facts;
 mod file;
 #[cfg(test)]

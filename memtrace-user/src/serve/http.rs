@@ -31,10 +31,11 @@ use tokio::{
 use super::{
     metrics,
     profile::{self, Endpoint},
-    push::{self, PushTarget},
+    push,
     reply::{text, Reply},
     shared::Shared,
 };
+use crate::plan::PushTarget;
 
 const MAX_CONNECTIONS: usize = 64;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -12,7 +12,6 @@ mod shared;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -28,47 +27,13 @@ use shared::{Shared, Snapshot};
 use crate::{
     export::exporter::{Exporter, StacksWanted},
     model::{Model, Process, RunEnd, Sample},
+    plan::ServeOptions,
     procfs,
 };
-
-/// What `memtrace serve` adds to a tracing run.
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    pub listen: SocketAddr,
-    /// Processes with series of their own in /metrics; the rest are summed under comm="other".
-    pub max_series_processes: usize,
-    /// The sampling interval: a heap profile request waits for the next sample.
-    pub interval: Duration,
-    /// Capacity of the kernel's live-allocation table, shown beside its occupancy.
-    pub max_allocations: u32,
-    /// `--push`: where heap profiles go, and how often.
-    pub push: Option<push::PushTarget>,
-}
-
-/// The port `--listen` takes when none is given.
-pub const DEFAULT_PORT: u16 = 9464;
 
 /// The table occupancy is read at least this often (a pass over every kernel table), and at each
 /// heap profile request.
 const OCCUPANCY_PERIOD: Duration = Duration::from_secs(60);
-
-/// Parses `--listen`: IP:PORT, or a port alone for loopback. An address that reaches other hosts
-/// must be written out in full: `:9464` (every interface, in Go's shorthand) is refused.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(port) = text.parse::<u16>() {
-        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
-    }
-    if text.starts_with(':') {
-        return Err(format!(
-            "`{text}` leaves the address out; memtrace listens beyond loopback only on an address written \
-             in full, e.g. 0.0.0.0{text} for every interface, or 127.0.0.1{text}"
-        ));
-    }
-    text.parse().map_err(|_| {
-        format!("`{text}` is not IP:PORT; write e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT}")
-    })
-}
 
 /// The exporter of `memtrace serve`.
 pub struct Agent {
@@ -279,16 +244,6 @@ impl Departures {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listen_addresses_beyond_loopback_are_written_in_full() {
-        assert_eq!(parse_listen("9464"), Ok("127.0.0.1:9464".parse().unwrap()));
-        assert_eq!(parse_listen("0.0.0.0:9464"), Ok("0.0.0.0:9464".parse().unwrap()));
-        assert_eq!(parse_listen("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
-        assert!(parse_listen(":9464").unwrap_err().contains("0.0.0.0:9464"));
-        assert!(parse_listen("localhost:9464").unwrap_err().contains("127.0.0.1:9464"));
-        assert!(parse_listen("9464x").is_err());
-    }
 
     #[test]
     fn exited_processes_stay_until_shown_once() {

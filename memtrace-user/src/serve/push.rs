@@ -19,35 +19,13 @@ use super::shared::Shared;
 use crate::{
     export::pprof::{build_profile, write_gzipped, Processes},
     model::Process,
+    plan::PushTarget,
 };
-
-/// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server.
-#[derive(Debug, Clone)]
-pub struct PushTarget {
-    /// `http://host:port`, with any path prefix; `/ingest` is added.
-    pub base: Uri,
-    pub interval: Duration,
-}
 
 const ATTEMPTS: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 const BOUNDARY: &str = "memtrace-profile-boundary-7d1f0c";
-
-/// Parses `--push`: an http:// URL of a Pyroscope server.
-pub fn parse_push_url(text: &str) -> Result<Uri, String> {
-    let uri: Uri = text.trim().parse().map_err(|err| {
-        format!("`{text}` is not a URL ({err}); write e.g. http://127.0.0.1:4040, where Pyroscope listens")
-    })?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(_)) if uri.query().is_none() => Ok(uri),
-        (Some("https"), _) => Err(format!(
-            "`{text}`: memtrace pushes over plain HTTP only; push to a local TLS-terminating proxy \
-             (http://127.0.0.1:PORT) that forwards to the server"
-        )),
-        _ => Err(format!("`{text}` is not an http://HOST:PORT URL; write e.g. http://127.0.0.1:4040")),
-    }
-}
 
 /// Pushes at every interval until the server thread stops.
 pub async fn run(shared: Arc<Shared>, target: PushTarget) {
@@ -171,15 +149,6 @@ fn unix_seconds() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn push_urls_are_plain_http() {
-        assert!(parse_push_url("http://127.0.0.1:4040").is_ok());
-        assert_eq!(parse_push_url("http://pyro:4040/prefix").unwrap().path(), "/prefix");
-        assert!(parse_push_url("https://pyro:4040").unwrap_err().contains("plain HTTP"));
-        assert!(parse_push_url("pyro:4040").is_err());
-        assert!(parse_push_url("http://pyro:4040/?x=1").is_err());
-    }
 
     #[test]
     fn series_names_carry_host_and_process() {

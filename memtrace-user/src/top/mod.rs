@@ -22,7 +22,6 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cli::Cli,
     export::exporter::{Exporter, StacksWanted},
     model::{Model, RunEnd, Sample},
 };
@@ -53,11 +52,12 @@ struct Waiting {
 
 impl TopView {
     /// Takes the terminal: memtrace's stdout and stderr are held from now on, and shown in the view.
-    pub fn start(cli: &Cli) -> Result<Self> {
+    /// `no_stacks`: the run records no call stacks, so an opened process shows none.
+    pub fn start(no_stacks: bool) -> Result<Self> {
         let capture = Capture::start()?;
         let mut screen = Screen::open()?;
         let opened = Arc::new(AtomicU32::new(0));
-        let mut app = App::new(Arc::clone(&opened), cli.no_stacks);
+        let mut app = App::new(Arc::clone(&opened), no_stacks);
         screen.terminal.draw(|frame| app.draw(frame, &[])).context("drawing on the terminal")?;
         Ok(Self {
             waiting: Some(Waiting { screen, app }),
@@ -65,7 +65,7 @@ impl TopView {
             updates: None,
             opened,
             stacks_asked: false,
-            no_stacks: cli.no_stacks,
+            no_stacks,
             growth: Growth::default(),
             capture,
         })

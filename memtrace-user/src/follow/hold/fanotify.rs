@@ -33,18 +33,12 @@
 //! such refusals are counted. Without CAP_SYS_ADMIN, start fails with [`Unavailable`], whose message
 //! says what is missed without the hold.
 
-// Wired in by session/following.
-#![allow(dead_code)]
-
 use std::{
     collections::BTreeMap,
     fmt,
     fs::File,
     io::{self, PipeReader, PipeWriter, Read, Write},
-    os::{
-        fd::{AsFd, AsRawFd},
-        unix::fs::MetadataExt,
-    },
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -61,8 +55,6 @@ use nix::{
         EventFFlags, Fanotify, FanotifyEvent, FanotifyResponse, InitFlags, MarkFlags, MaskFlags, Response,
     },
 };
-
-use super::FileId;
 
 /// The bound the issue asks for: an exec is held at most this long.
 pub const DEFAULT_BOUND: Duration = Duration::from_millis(500);
@@ -83,12 +75,6 @@ pub struct HeldExec {
 }
 
 impl HeldExec {
-    /// The file's identity (the same file whatever path names it, as uprobes see it).
-    pub fn file_id(&self) -> io::Result<FileId> {
-        let metadata = self.file.metadata()?;
-        Ok(FileId { dev: metadata.dev(), ino: metadata.ino() })
-    }
-
     /// The file's path as memtrace's file system names it, for messages (the descriptor's path
     /// when the kernel cannot say).
     pub fn path(&self) -> PathBuf {
@@ -172,7 +158,7 @@ impl ExecHold {
         W: FnMut(u32) -> bool + Send + 'static,
         S: FnMut(HeldExec) + Send + 'static,
     {
-        super::raise_open_file_limit();
+        crate::process::raise_open_file_limit();
         let (stop_rx, stop) = io::pipe().map_err(Unavailable::Resources)?;
         let (wake_rx, wake) = io::pipe().map_err(Unavailable::Resources)?;
         let (jobs, jobs_rx) = mpsc::channel();
@@ -503,7 +489,7 @@ mod tests {
 
     use std::{
         ffi::{c_void, CStr},
-        os::fd::OwnedFd,
+        os::{fd::OwnedFd, unix::fs::MetadataExt},
         sync::atomic::AtomicU32,
     };
 
@@ -518,6 +504,7 @@ mod tests {
     use object::read::elf::{ElfFile64, ProgramHeader};
 
     use super::*;
+    use crate::process::FileId;
 
     const TRUE: &CStr = c"/bin/true";
     /// A safety net against a hang, never reached when the hold works: a child still held after
@@ -587,6 +574,12 @@ mod tests {
         FileId::of_path(path).unwrap()
     }
 
+    /// The held file's identity (the same file whatever path names it, as uprobes see it).
+    fn file_id(exec: &HeldExec) -> FileId {
+        let metadata = exec.file.metadata().unwrap();
+        FileId { dev: metadata.dev(), ino: metadata.ino() }
+    }
+
     /// The ELF interpreter /bin/true names (PT_INTERP).
     fn interpreter_of_true() -> PathBuf {
         let data = std::fs::read("/bin/true").unwrap();
@@ -603,7 +596,7 @@ mod tests {
         let (seen, served) = mpsc::channel();
         let serve = move |exec: HeldExec| {
             let running = std::fs::read_link(format!("/proc/{}/exe", exec.pid)).unwrap();
-            seen.send((exec.pid, exec.file_id().unwrap(), running)).unwrap();
+            seen.send((exec.pid, file_id(&exec), running)).unwrap();
         };
         let mut hold = hold(&target, serve, LONG);
         let child = Child::fork();
@@ -764,7 +757,7 @@ mod tests {
     }
 
     /// Not a check: what a held exec of /bin/true costs, as a ratio to an exec not held.
-    /// `cargo test --release -p memtrace-user exec_hold -- --ignored --nocapture`
+    /// `cargo test --release -p memtrace-user fanotify -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn cost_of_a_held_exec() {

@@ -1,28 +1,32 @@
-//! Execs of traced processes held until the new program's allocator is probed, so that a static
+//! Holding execs until their program is probed, in one room: the launched command's own exec,
+//! held on a pipe until every probe is in place (`command`); and the execs of followed processes,
+//! held by fanotify (`fanotify`) until the new program's allocator is probed, so that a static
 //! program or one with a private allocator, started by a followed tree or under `--all`, is exact
-//! from its first instruction. The hold (crate::process::exec_hold) calls `serve` on a thread of
+//! from its first instruction. This file is the policy: whose execs are held, on which
+//! filesystems (mountinfo), and what a held exec waits for. The hold calls `serve` on a thread of
 //! its own: it resolves the held program's image and allocator there and asks the main loop, which
 //! owns the probes, to attach them ([`ProbeRequest`]); the exec goes on once that is done, or at
 //! the hold's bound.
 
+pub mod command;
+pub mod fanotify;
+
 use std::{
-    collections::HashSet,
     fs,
     os::fd::{AsRawFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{
         mpsc::{self, Receiver, Sender, SyncSender},
-        Arc, Mutex,
+        Arc,
     },
 };
 
+use self::fanotify::{ExecHold, HeldExec, HoldStats, Unavailable, DEFAULT_BOUND};
 use crate::{
-    allocator::{Allocator, Overrides},
+    attach::{Probed, ProbedFiles},
     probes::KeyLookup,
-    process::{
-        exec_hold::{ExecHold, HeldExec, HoldStats, Unavailable, DEFAULT_BOUND},
-        FileCache, FileId, ObjectFile, ProcessImage,
-    },
+    process::allocator::{Allocator, Overrides},
+    process::{FileCache, ObjectFile, ProcessImage},
 };
 
 /// Whose execs are held.
@@ -55,27 +59,6 @@ impl ProbeRequest {
         let _ = self.done.try_send(());
     }
 }
-
-/// A file probed, and as what: the C library is both an allocator and where mapping calls are made,
-/// probed by separate links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Probed {
-    Allocator(FileId),
-    MapCalls(FileId),
-}
-
-impl Probed {
-    /// What probing `allocator` (and the mapping calls beside it) takes.
-    pub fn all_for(allocator: &Allocator) -> impl Iterator<Item = Probed> {
-        let calls = allocator.map_calls.as_ref().map(|calls| Probed::MapCalls(calls.object.id));
-        std::iter::once(Probed::Allocator(allocator.object.id)).chain(calls)
-    }
-}
-
-/// The files probed for every process, shared with the main loop: an exec of a program whose
-/// allocator and mapping calls are among them (libc, mostly) goes on without waiting for the main
-/// loop, which may itself be waiting for that exec (a command memtrace launches).
-pub type ProbedFiles = Arc<Mutex<HashSet<Probed>>>;
 
 pub struct HeldExecs {
     hold: Option<ExecHold>,

@@ -1,21 +1,19 @@
-//! The processes memtrace traces: launching a command held before its first instruction, and
-//! noticing when a traced process exits.
+//! The launched command's own exec, held: memtrace forks the child, which waits on a pipe until
+//! every probe is in place and only then execs the command, so that it is traced from its first
+//! instruction (the execs of the processes it starts are held by fanotify, see `super`).
 
 use std::{
     ffi::{CString, OsStr, OsString},
     fs::File,
     io::{Read, Write},
-    os::{
-        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
-        unix::ffi::OsStrExt,
-    },
+    os::{fd::AsRawFd, unix::ffi::OsStrExt},
     path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context, Result};
 use nix::{
     fcntl::OFlag,
-    sys::wait::{waitpid, WaitStatus},
+    sys::wait::waitpid,
     unistd::{access, fork, pipe2, AccessFlags, ForkResult, Pid},
 };
 
@@ -98,44 +96,6 @@ impl HeldCommand {
                     std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno))
                 )
             }
-        }
-    }
-}
-
-/// A traced process that memtrace waits for: a pidfd turns readable when the process has exited.
-pub struct Watched {
-    pub pid: u32,
-    pidfd: OwnedFd,
-    /// Ours to reap, with an exit status to hand on.
-    pub is_child: bool,
-    pub exited: bool,
-}
-
-impl Watched {
-    pub fn new(pid: u32, is_child: bool) -> Result<Self> {
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        if fd < 0 {
-            bail!(
-                "no process with pid {pid} ({}); check it with `ps -p {pid}`",
-                std::io::Error::last_os_error()
-            );
-        }
-        // SAFETY: the descriptor was just returned to us and is owned by nothing else.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(Self { pid, pidfd, is_child, exited: false })
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.pidfd.as_fd()
-    }
-
-    /// Reaps an exited child and returns its status as a shell would: the exit code, or 128 + signal.
-    pub fn reap(&self) -> Result<i32> {
-        match waitpid(Pid::from_raw(self.pid as i32), None)? {
-            WaitStatus::Exited(_, code) => Ok(code),
-            WaitStatus::Signaled(_, signal, _) => Ok(128 + signal as i32),
-            other => bail!("unexpected wait status of the command: {other:?}"),
         }
     }
 }

@@ -1,12 +1,13 @@
 //! Following processes as they come and go: the targets of a run (`--pid`, a launched command and,
-//! unless `--no-children`, every process they fork), or every process (`--all`). A process that
-//! execs a new program has that program's allocator and USDT sites probed; processes are found
-//! as they first allocate (or report through USDT) and released when they exit. Uprobes belong to
+//! unless `--no-children`, every process they fork), or every process (`--all`). The exec watcher
+//! names each exec'd program's files while the process exists, and its execs are held (`hold`)
+//! until that program is probed; processes are found as they first allocate (or report through
+//! USDT) and seen when they exit. What is attached for each is crate::attach's: uprobes belong to
 //! a file, so one attachment serves every process that maps it, in any mount namespace.
 
+pub mod hold;
+
 use std::{
-    collections::{HashMap, HashSet},
-    fs,
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
@@ -25,27 +26,23 @@ use nix::{
     unistd::pipe2,
 };
 
+use self::hold::{fanotify::MISSED_WITHOUT_HOLD, HeldExecs, Holding, ProbeRequest};
 use crate::{
-    allocator::{installed_allocator_libraries, Allocator, Overrides},
-    held_execs::{HeldExecs, Holding, ProbeRequest, Probed, ProbedFiles},
+    attach::Attachments,
     kernel_features::{Feature, KernelFeatures},
     model::Model,
     probes::{Probes, Reach, Scope},
-    process::{FileCache, FileId, ObjectFile, ProcessImage},
+    process::allocator::{Allocator, Overrides},
+    process::{FileCache, ObjectFile, ProcessImage},
     procfs,
     usdt::UsdtProbes,
 };
 
 pub struct Following {
-    overrides: Overrides,
     /// Which processes count, and so how probes are attached: per target, or for every process.
     reach: Reach,
-    /// Every file probed, as what, for which scope.
-    probed: HashSet<(Probed, Scope)>,
-    /// The files probed for every process, as the exec hold sees them.
-    probed_for_all: ProbedFiles,
-    /// What each file is, read once however many processes map it.
-    cache: FileCache,
+    /// What is attached, and what each file is.
+    attach: Attachments,
     /// The images of programs just exec'd, resolved by the watcher thread while the process
     /// existed, with their files open: a short-lived program is gone, and its /proc/PID/exe with
     /// it, by the time the main loop scans them for USDT probes.
@@ -55,8 +52,6 @@ pub struct Following {
     /// Execs of followed processes, held until their program's allocator is probed; None where
     /// no tree is followed, or without CAP_SYS_ADMIN.
     held: Option<HeldExecs>,
-    /// The USDT sites wanted and found, attached beside the allocators.
-    usdt: UsdtProbes,
 }
 
 impl Following {
@@ -82,30 +77,14 @@ impl Following {
             .name("exec-watcher".into())
             .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
             .context("starting the exec watcher")?;
-        let probed_for_all = ProbedFiles::default();
+        let attach = Attachments::new(overrides, cache, usdt);
         let held = match features.lacks(Feature::FanotifyExecPerm) {
             true => cannot_hold_execs(&reach),
-            false => hold_execs(probes, &reach, Arc::clone(&probed_for_all), &cache, &overrides, hold_wake)?,
+            false => hold_execs(probes, &reach, &attach, hold_wake)?,
         };
-        let mut this = Self {
-            overrides,
-            reach,
-            probed: HashSet::new(),
-            probed_for_all,
-            cache,
-            execs,
-            wakeup: wakeup.into(),
-            held,
-            usdt,
-        };
+        let mut this = Self { reach, attach, execs, wakeup: wakeup.into(), held };
         if let Reach::AllProcesses(_) = this.reach {
-            // Everything is resolved before anything is attached: once libc is probed, every malloc
-            // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
-            let (allocators, mapped) = this.resolve_running();
-            for allocator in allocators.values() {
-                this.probe(probes, allocator, Scope::AllProcesses)?;
-            }
-            this.usdt.attach_system_wide(probes, mapped)?;
+            this.attach.every_process(probes)?;
         }
         Ok(this)
     }
@@ -113,56 +92,22 @@ impl Following {
     /// Traces `pid`, whose image (running, or a command about to exec) is `image`: probes its
     /// allocator and USDT sites; returns the allocator.
     pub fn add_target(&mut self, probes: &mut Probes, pid: u32, image: &ProcessImage) -> Result<Allocator> {
-        let allocator = Allocator::of_image(image, &self.overrides, &self.cache)?;
-        let scope = self.reach.scope_for(pid);
-        probes.add_target(pid)?;
-        self.probe(probes, &allocator, scope)?;
-        self.usdt.attach_process(probes, image, scope)?;
-        Ok(allocator)
+        self.attach.target(probes, pid, image, self.reach.scope_for(pid))
     }
 
     /// The USDT sites wanted and found.
     pub fn usdt(&self) -> &UsdtProbes {
-        &self.usdt
+        self.attach.usdt()
     }
 
     /// What each file is, as read so far.
     pub fn cache(&self) -> &FileCache {
-        &self.cache
-    }
-
-    /// The allocators of every running process and every allocator library installed, each file
-    /// once; and every object file running processes map, each once, for the USDT scan.
-    fn resolve_running(&self) -> (HashMap<FileId, Allocator>, Vec<ObjectFile>) {
-        let mut allocators = HashMap::new();
-        if self.overrides.lib.is_none() {
-            for library in installed_allocator_libraries() {
-                let Ok(object) = ObjectFile::open_host(&library) else { continue };
-                if let Some(allocator) = Allocator::of_file(&object, &self.cache) {
-                    allocators.entry(allocator.object.id).or_insert(allocator);
-                }
-            }
-        }
-        let own_pid = std::process::id();
-        let mut mapped: HashMap<FileId, ObjectFile> = HashMap::new();
-        for pid in running_pids().into_iter().filter(|&pid| pid != own_pid) {
-            // Kernel threads and processes that exit meanwhile have no image.
-            let Ok(image) = ProcessImage::of_process(pid, &self.cache) else { continue };
-            if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
-                allocators.entry(allocator.object.id).or_insert(allocator);
-            }
-            for object in image.objects {
-                mapped.entry(object.id).or_insert(object);
-            }
-        }
-        let mut mapped: Vec<ObjectFile> = mapped.into_values().collect();
-        mapped.sort_by(|a, b| a.path.cmp(&b.path));
-        (allocators, mapped)
+        self.attach.cache()
     }
 
     /// How many allocator files are probed (the mapping calls' files, libc mostly, not counted).
     pub fn probed_files(&self) -> usize {
-        self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()
+        self.attach.probed_files()
     }
 
     /// Readable when processes have exec'd new programs.
@@ -178,18 +123,14 @@ impl Following {
         // Held execs first: their processes wait inside execve(2).
         let requests: Vec<ProbeRequest> = self.held.iter().flat_map(HeldExecs::requests).collect();
         for request in requests {
-            let probed = self.probe(probes, &request.allocator, Scope::AllProcesses);
+            let probed = self.attach.allocator(probes, &request.allocator, Scope::AllProcesses);
             request.done();
             probed?;
         }
         let mut objects = Vec::new();
         while let Ok(image) = self.execs.try_recv() {
             let scope = self.reach.scope_for(image.pid.unwrap_or_default());
-            // A program may have no allocator memtrace knows; it then needs no probe.
-            if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
-                self.probe(probes, &allocator, scope)?;
-            }
-            self.usdt.attach_exec_objects(probes, image.objects.clone(), scope);
+            self.attach.exec(probes, &image, scope)?;
             objects.extend(image.objects);
         }
         Ok(objects)
@@ -250,28 +191,6 @@ impl Following {
     pub fn missed_execs(&self) -> u64 {
         self.held.as_ref().map_or(0, |held| held.stats().missed)
     }
-
-    /// Probes `allocator` and its process's mapping calls, each file once per scope.
-    fn probe(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
-        self.probe_once(Probed::Allocator(allocator.object.id), scope, || probes.attach(allocator, scope))?;
-        if let Some(calls) = &allocator.map_calls {
-            self.probe_once(Probed::MapCalls(calls.object.id), scope, || {
-                probes.attach_map_calls(calls, scope)
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Runs `attach` unless `file` is probed for `scope` already.
-    fn probe_once(&mut self, file: Probed, scope: Scope, attach: impl FnOnce() -> Result<()>) -> Result<()> {
-        if self.probed.insert((file, scope)) {
-            attach()?;
-            if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
-                probed.insert(file);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Starts holding the execs of followed processes (a tree, or every process); says so when it
@@ -279,9 +198,7 @@ impl Following {
 fn hold_execs(
     probes: &Probes,
     reach: &Reach,
-    probed: ProbedFiles,
-    cache: &FileCache,
-    overrides: &Overrides,
+    attach: &Attachments,
     wake: OwnedFd,
 ) -> Result<Option<HeldExecs>> {
     let holding = match reach {
@@ -289,7 +206,9 @@ fn hold_execs(
         Reach::Tree => Holding::Tree(Arc::new(probes.tree_lookup()?)),
         Reach::AllProcesses(_) => Holding::Everyone,
     };
-    match HeldExecs::start(holding, probed, cache.clone(), overrides.clone(), wake) {
+    let (probed, cache, overrides) =
+        (attach.probed_for_all(), attach.cache().clone(), attach.overrides().clone());
+    match HeldExecs::start(holding, probed, cache, overrides, wake) {
         Ok(held) => Ok(Some(held)),
         Err(why) => {
             eprintln!("memtrace: warning: cannot hold execs: {why}");
@@ -305,10 +224,7 @@ fn cannot_hold_execs(reach: &Reach) -> Option<HeldExecs> {
         let info = Feature::FanotifyExecPerm.info();
         eprintln!(
             "memtrace: warning: this kernel lacks {} (Linux {}.{}, CONFIG_FANOTIFY_ACCESS_PERMISSIONS); {}",
-            info.name,
-            info.since.0,
-            info.since.1,
-            crate::process::exec_hold::MISSED_WITHOUT_HOLD
+            info.name, info.since.0, info.since.1, MISSED_WITHOUT_HOLD
         );
     }
     None
@@ -343,9 +259,4 @@ fn watch_execs(
         // SAFETY: writing one byte from a valid buffer to a pipe we own.
         unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
     }
-}
-
-fn running_pids() -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    entries.flatten().filter_map(|entry| entry.file_name().to_str()?.parse().ok()).collect()
 }

@@ -1,0 +1,177 @@
+//! What to attach to a process: the allocator and the mapping calls to probe for it (each file
+//! once per scope, however many processes map it), and its USDT sites (through usdt's `UsdtProbes`, which it holds). Which
+//! processes are followed, and when, is crate::follow's.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Result;
+
+use crate::{
+    probes::{Probes, Scope},
+    process::allocator::{installed_allocator_libraries, Allocator, Overrides},
+    process::{FileCache, FileId, ObjectFile, ProcessImage},
+    usdt::UsdtProbes,
+};
+
+/// A file probed, and as what: the C library is both an allocator and where mapping calls are made,
+/// probed by separate links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Probed {
+    Allocator(FileId),
+    MapCalls(FileId),
+}
+
+impl Probed {
+    /// What probing `allocator` (and the mapping calls beside it) takes.
+    pub fn all_for(allocator: &Allocator) -> impl Iterator<Item = Probed> {
+        let calls = allocator.map_calls.as_ref().map(|calls| Probed::MapCalls(calls.object.id));
+        std::iter::once(Probed::Allocator(allocator.object.id)).chain(calls)
+    }
+}
+
+/// The files probed for every process, shared with the exec hold: an exec of a program whose
+/// allocator and mapping calls are among them (libc, mostly) goes on without waiting for the main
+/// loop, which may itself be waiting for that exec (a command memtrace launches).
+pub type ProbedFiles = Arc<Mutex<HashSet<Probed>>>;
+
+/// What has been attached so far, and what the next process needs.
+pub struct Attachments {
+    /// `--allocator` and `--lib`.
+    overrides: Overrides,
+    /// What each file is, read once however many processes map it.
+    cache: FileCache,
+    /// Every file probed, as what, for which scope.
+    probed: HashSet<(Probed, Scope)>,
+    /// The files probed for every process, as the exec hold sees them.
+    probed_for_all: ProbedFiles,
+    /// The USDT sites wanted and found, attached beside the allocators.
+    usdt: UsdtProbes,
+}
+
+impl Attachments {
+    pub fn new(overrides: Overrides, cache: FileCache, usdt: UsdtProbes) -> Self {
+        Self { overrides, cache, probed: HashSet::new(), probed_for_all: ProbedFiles::default(), usdt }
+    }
+
+    /// The USDT sites wanted and found.
+    pub fn usdt(&self) -> &UsdtProbes {
+        &self.usdt
+    }
+
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// What each file is, as read so far.
+    pub fn cache(&self) -> &FileCache {
+        &self.cache
+    }
+
+    /// The files probed for every process, shared.
+    pub fn probed_for_all(&self) -> ProbedFiles {
+        Arc::clone(&self.probed_for_all)
+    }
+
+    /// Traces `pid`, whose image (running, or a command about to exec) is `image`: probes its
+    /// allocator and USDT sites for `scope`; returns the allocator.
+    pub fn target(
+        &mut self,
+        probes: &mut Probes,
+        pid: u32,
+        image: &ProcessImage,
+        scope: Scope,
+    ) -> Result<Allocator> {
+        let allocator = Allocator::of_image(image, &self.overrides, &self.cache)?;
+        probes.add_target(pid)?;
+        self.allocator(probes, &allocator, scope)?;
+        self.usdt.attach_process(probes, image, scope)?;
+        Ok(allocator)
+    }
+
+    /// Probes what a newly exec'd program brings along: its allocator, if memtrace knows it (a
+    /// program may have none, and then needs no probe), and its USDT sites.
+    pub fn exec(&mut self, probes: &mut Probes, image: &ProcessImage, scope: Scope) -> Result<()> {
+        if let Ok(allocator) = Allocator::of_image(image, &self.overrides, &self.cache) {
+            self.allocator(probes, &allocator, scope)?;
+        }
+        self.usdt.attach_exec_objects(probes, image.objects.clone(), scope);
+        Ok(())
+    }
+
+    /// Probes, for every process, the allocators of every running process and of every allocator
+    /// library installed, and the USDT sites of every file running processes map.
+    pub fn every_process(&mut self, probes: &mut Probes) -> Result<()> {
+        // Everything is resolved before anything is attached: once libc is probed, every malloc
+        // memtrace itself makes traps into the kernel too (the BPF side only then drops it).
+        let (allocators, mapped) = self.resolve_running();
+        for allocator in allocators.values() {
+            self.allocator(probes, allocator, Scope::AllProcesses)?;
+        }
+        self.usdt.attach_system_wide(probes, mapped)
+    }
+
+    /// The allocators of every running process and every allocator library installed, each file
+    /// once; and every object file running processes map, each once, for the USDT scan.
+    fn resolve_running(&self) -> (HashMap<FileId, Allocator>, Vec<ObjectFile>) {
+        let mut allocators = HashMap::new();
+        if self.overrides.lib.is_none() {
+            for library in installed_allocator_libraries() {
+                let Ok(object) = ObjectFile::open_host(&library) else { continue };
+                if let Some(allocator) = Allocator::of_file(&object, &self.cache) {
+                    allocators.entry(allocator.object.id).or_insert(allocator);
+                }
+            }
+        }
+        let own_pid = std::process::id();
+        let mut mapped: HashMap<FileId, ObjectFile> = HashMap::new();
+        for pid in running_pids().into_iter().filter(|&pid| pid != own_pid) {
+            // Kernel threads and processes that exit meanwhile have no image.
+            let Ok(image) = ProcessImage::of_process(pid, &self.cache) else { continue };
+            if let Ok(allocator) = Allocator::of_image(&image, &self.overrides, &self.cache) {
+                allocators.entry(allocator.object.id).or_insert(allocator);
+            }
+            for object in image.objects {
+                mapped.entry(object.id).or_insert(object);
+            }
+        }
+        let mut mapped: Vec<ObjectFile> = mapped.into_values().collect();
+        mapped.sort_by(|a, b| a.path.cmp(&b.path));
+        (allocators, mapped)
+    }
+
+    /// How many allocator files are probed (the mapping calls' files, libc mostly, not counted).
+    pub fn probed_files(&self) -> usize {
+        self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()
+    }
+
+    /// Probes `allocator` and its process's mapping calls, each file once per scope.
+    pub fn allocator(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
+        self.probe_once(Probed::Allocator(allocator.object.id), scope, || probes.attach(allocator, scope))?;
+        if let Some(calls) = &allocator.map_calls {
+            self.probe_once(Probed::MapCalls(calls.object.id), scope, || {
+                probes.attach_map_calls(calls, scope)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `attach` unless `file` is probed for `scope` already.
+    fn probe_once(&mut self, file: Probed, scope: Scope, attach: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.probed.insert((file, scope)) {
+            attach()?;
+            if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
+                probed.insert(file);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn running_pids() -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries.flatten().filter_map(|entry| entry.file_name().to_str()?.parse().ok()).collect()
+}
