@@ -1,5 +1,5 @@
 //! Builds the BPF programs in ../memtrace-ebpf for bpfel-unknown-none and leaves the object in OUT_DIR,
-//! where src/probes.rs embeds it. It finds the BPF toolchain by itself; `cargo xtask setup` installs one.
+//! where src/kernel/mod.rs embeds it. It finds the BPF toolchain by itself; `cargo xtask setup` installs one.
 
 use std::{
     env,

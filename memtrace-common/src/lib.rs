@@ -600,7 +600,7 @@ pub struct UsdtCounterValue {
 // ---- Unwind tables ------------------------------------------------------------------------------
 //
 // Userspace turns an object file's .eh_frame (and .debug_frame) into `UnwindRow`s indexed by page
-// (memtrace-user/src/unwind/); the BPF unwinder looks rows up by file offset and steps one frame
+// (memtrace-user/src/collect/unwind/); the BPF unwinder looks rows up by file offset and steps one frame
 // with each. Addresses here are FILE OFFSETS: for an ELF virtual address `v` inside an executable
 // PT_LOAD, `v - p_vaddr + p_offset`; for a runtime address `a` inside a file mapping, `a - start +
 // offset` (the mapping's start and file offset as /proc/PID/maps shows them). Both agree because
@@ -645,7 +645,7 @@ pub mod unwind_kind {
 
 /// One unwind row: from `pc` (a file offset) up to the next row's `pc`, how to step one frame.
 /// 8 bytes. With `rsp`, `rbp` and `rip` of a frame, the BPF side and the userspace reference
-/// (memtrace-user/src/unwind/reference.rs) step to the caller's frame so:
+/// (memtrace-user/src/collect/unwind/reference.rs) step to the caller's frame so:
 ///
 /// 1. `cfa` per `kind` (see `unwind_kind`); NONE, END and UNSUPPORTED do not step. CFA_RBP with an
 ///    unknown rbp (a previous row said UNWIND_RBP_LOST) ends the stack.

@@ -1,5 +1,5 @@
 //! `--debug-bpf`: the kernel side's own diagnostics, as aya-log records that memtrace prints on
-//! stderr (memtrace-user/src/bpf_log.rs). Without the flag the loader leaves aya-log's level at 0,
+//! stderr (memtrace-user/src/kernel/log.rs). Without the flag the loader leaves aya-log's level at 0,
 //! a constant of the frozen .rodata: each function below returns at once, and the probes pay a
 //! call on the rare paths that make one.
 //!

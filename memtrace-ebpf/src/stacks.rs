@@ -10,7 +10,7 @@
 //!
 //! Frames are recorded as the unwinder found them, (file slot, file offset); a stack seen for the
 //! first time is written to STACKS in build-ID form, each frame's build ID copied from its file's
-//! slot, so userspace symbolizes it after the process is gone (crate-external: symbolize.rs).
+//! slot, so userspace symbolizes it after the process is gone (memtrace-user/src/collect/symbolize.rs).
 //! A process whose mapping table is not loaded yet falls back to the frame-pointer walk and
 //! bpf_get_stack's build-ID form, cut at the first frame outside a file.
 

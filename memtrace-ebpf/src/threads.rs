@@ -8,7 +8,7 @@
 //! is a value of the one map, so the verifier goes on from one state, not one per home. A thread
 //! whose slots are all held by other live threads gets none (its events count as lost). A slot
 //! whose release the kernel skipped (process_exit's recursion guard, on a preemptible kernel) is
-//! freed by userspace once its thread is gone (memtrace-user probes/thread_slots.rs).
+//! freed by userspace once its thread is gone (memtrace-user/src/kernel/thread_slots.rs).
 
 use aya_ebpf::{macros::map, maps::Array};
 use memtrace_common::{ThreadSlot, ThreadState, MAX_THREADS};

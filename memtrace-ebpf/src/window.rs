@@ -64,7 +64,7 @@ impl WalkStart {
     }
 }
 
-/// Bumped by userspace (memtrace-user/src/unwind/kernel.rs) after each write to a mapping table or
+/// Bumped by userspace (memtrace-user/src/collect/unwind/kernel.rs) after each write to a mapping table or
 /// a file slot: a memo from before a change is not used after it.
 #[map]
 static UNWIND_EPOCH: Array<u64> = Array::with_max_entries(1, 0);

@@ -151,8 +151,8 @@ pub struct RunArgs {
     /// Count hits of a USDT probe, or track its argument N (arg0 is the first) as a counter; PATH
     /// limits it to one executable or library (repeatable), e.g. myapp:request or ./libfoo.so:foo:alloc=arg1
     #[arg(long = "usdt", value_name = "[PATH:]PROVIDER:NAME[=argN]",
-          value_parser = crate::usdt::UsdtRequest::parse)]
-    pub usdt: Vec<crate::usdt::UsdtRequest>,
+          value_parser = crate::attach::usdt::UsdtRequest::parse)]
+    pub usdt: Vec<crate::attach::usdt::UsdtRequest>,
 
     /// Command to run and trace from its first instruction
     #[arg(last = true, value_name = "COMMAND")]

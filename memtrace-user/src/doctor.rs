@@ -11,9 +11,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::{
-    kernel_features::{Feature, FeatureInfo, KernelFeatures, LinkKind, Needs, Presence, Without, FEATURES},
+    kernel::features::{Feature, FeatureInfo, KernelFeatures, LinkKind, Needs, Presence, Without, FEATURES},
+    kernel::{self, ProbeConfig, Probes, Reach},
     privileges,
-    probes::{self, ProbeConfig, Probes, Reach},
 };
 
 /// What came of loading memtrace's BPF programs.
@@ -52,7 +52,7 @@ pub fn run() -> Result<ExitCode> {
     for info in &FEATURES {
         println!("  {}", feature_line(info, &features));
     }
-    let link_kind = probes::link_kind_for(&features)?;
+    let link_kind = kernel::link_kind_for(&features)?;
     println!("attach path  {}", describe_links(link_kind, &features));
     println!("unwinder     {}", describe_unwinder(&features));
     println!("privileges   {}", describe_privileges(&privileges::held()));
@@ -105,7 +105,7 @@ fn describe_links(kind: LinkKind, features: &KernelFeatures) -> String {
     if let Presence::Unknown(_) = features.presence(Feature::UprobeMulti) {
         return "unknown: uprobe_multi links cannot be probed without root".into();
     }
-    let forced = match probes::link_kind_for(features).ok() == Some(features.link_kind()) {
+    let forced = match kernel::link_kind_for(features).ok() == Some(features.link_kind()) {
         true => "",
         false => " (as MEMTRACE_LINKS says)",
     };

@@ -1,31 +1,19 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
 mod attach;
-mod bpf_log;
-mod bpf_sys;
 mod cli;
-mod collector;
+mod collect;
 mod doctor;
-mod elf;
 mod export;
 mod follow;
-mod kernel_features;
+mod kernel;
 mod model;
-mod peaks;
 mod plan;
 mod privileges;
-mod probes;
 mod process;
-mod procfs;
 mod serve;
 mod session;
-mod skipped_exits;
-mod stack_table;
-mod symbolize;
-mod threads;
 mod top;
-mod unwind;
-mod usdt;
 
 use std::process::ExitCode;
 
@@ -52,7 +40,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.subcommand {
         Some(cli::Subcommand::Usdt(args)) => {
-            usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
+            attach::usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => report(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
@@ -81,7 +69,7 @@ fn trace(run: cli::RunArgs, mode: plan::Mode) -> anyhow::Result<ExitCode> {
     let checked =
         run.check_kernel_limits().and_then(|()| export::output_file::check_distinct(&run.output_files()));
     refuse_usage(checked, cli::Cli::command());
-    let plan = plan::resolve::plan(run, mode, kernel_features::KernelFeatures::probe())?;
+    let plan = plan::resolve::plan(run, mode, kernel::features::KernelFeatures::probe())?;
     session::run(plan)
 }
 
@@ -101,14 +89,14 @@ fn refuse_usage(checked: Result<(), String>, mut usage: clap::Command) {
 /// `memtrace verifier-report`: the programs loaded as a run loads them, then each again with the
 /// verifier's statistics.
 fn verifier_report() -> anyhow::Result<()> {
-    let config = probes::ProbeConfig {
+    let config = kernel::ProbeConfig {
         max_allocations: memtrace_common::DEFAULT_MAX_LIVE_ALLOCATIONS,
         max_stacks: memtrace_common::MAX_STACKS,
         capture_stacks: true,
-        ..probes::ProbeConfig::default()
+        ..kernel::ProbeConfig::default()
     };
-    let kernel = plan::Kernel::resolve(kernel_features::KernelFeatures::probe(), &config.reach)?;
-    let probes = probes::Probes::load(&config, &kernel.layout()?, kernel.link_kind)?;
+    let kernel = plan::Kernel::resolve(kernel::features::KernelFeatures::probe(), &config.reach)?;
+    let probes = kernel::Probes::load(&config, &kernel.layout()?, kernel.link_kind)?;
     let report = probes.verifier_report()?;
     let problems: Vec<String> = report.iter().filter_map(|program| program.problem()).collect();
     for program in &report {

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::{kernel_features::LinkKind, plan::Targets};
+use crate::{kernel::features::LinkKind, plan::Targets};
 
 /// One capability, with the reason memtrace needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,14 +28,14 @@ use nix::{
 
 use self::hold::{fanotify::MISSED_WITHOUT_HOLD, HeldExecs, Holding, ProbeRequest};
 use crate::{
+    attach::usdt::UsdtProbes,
     attach::Attachments,
-    kernel_features::{Feature, KernelFeatures},
+    kernel::features::{Feature, KernelFeatures},
+    kernel::{Probes, Reach, Scope},
     model::Model,
-    probes::{Probes, Reach, Scope},
     process::allocator::{Allocator, Overrides},
+    process::procfs,
     process::{FileCache, ObjectFile, ProcessImage},
-    procfs,
-    usdt::UsdtProbes,
 };
 
 pub struct Following {
@@ -156,7 +156,7 @@ impl Following {
         }
         // The USDT handler gives a reporting process figures in the kernel too; these are the
         // ones it could not (the table of processes was full).
-        for pid in crate::usdt::reporting_processes(probes)? {
+        for pid in crate::attach::usdt::reporting_processes(probes)? {
             if !model.processes.contains_key(&pid) {
                 model.add_process(pid, procfs::comm(pid).unwrap_or_default(), PathBuf::new());
             }
@@ -238,7 +238,7 @@ fn watch_execs(
     deliver: impl Fn(ProcessImage) -> bool,
     wake: OwnedFd,
 ) {
-    crate::threads::set_urgency(crate::threads::Urgency::Racing);
+    crate::process::threads::set_urgency(crate::process::threads::Urgency::Racing);
     loop {
         let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, PollTimeout::NONE).is_err() {

@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use memtrace_common::{ProcessStats, StackTotals};
 
-use crate::procfs::Mapping;
+use crate::process::procfs::Mapping;
 use frame::Frame;
 use levels::MemoryLevels;
 

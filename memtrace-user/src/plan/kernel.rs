@@ -1,5 +1,5 @@
 //! The kernel's facts for a run, found once before anything is loaded: its features (probed by
-//! crate::kernel_features), how probe sites are linked, and where its structs keep what the BPF
+//! crate::kernel::features), how probe sites are linked, and where its structs keep what the BPF
 //! programs read (from BTF).
 
 use std::path::Path;
@@ -8,8 +8,8 @@ use anyhow::Result;
 use memtrace_common::KernelLayout;
 
 use crate::{
-    kernel_features::{KernelFeatures, LinkKind, VMLINUX_BTF},
-    probes::{self, Reach},
+    kernel::features::{KernelFeatures, LinkKind, VMLINUX_BTF},
+    kernel::{self, Reach},
 };
 
 pub struct Kernel {
@@ -23,10 +23,10 @@ pub struct Kernel {
 impl Kernel {
     /// The facts a run with `reach` needs; fails on a MEMTRACE_LINKS the loader does not know.
     pub fn resolve(features: KernelFeatures, reach: &Reach) -> Result<Self> {
-        let link_kind = probes::link_kind_for(&features)?;
+        let link_kind = kernel::link_kind_for(&features)?;
         // A forked child's process id and an exiting process's memory are read from the kernel's
         // structs; only following a tree cannot do without.
-        let layout = match probes::kernel_layout(Path::new(VMLINUX_BTF)) {
+        let layout = match kernel::kernel_layout(Path::new(VMLINUX_BTF)) {
             Ok(layout) => Ok(layout),
             Err(err) if matches!(reach, Reach::Tree) => Err(format!("{err:#}")),
             Err(_) => Ok(KernelLayout::default()),

@@ -14,9 +14,9 @@ pub use self::{
     mode::{Mode, PushTarget, ServeOptions},
 };
 use crate::{
-    probes::{ProcessFilter, Reach},
+    attach::usdt::UsdtRequest,
+    kernel::{ProcessFilter, Reach},
     process::allocator::Overrides,
-    usdt::UsdtRequest,
 };
 
 /// One tracing run, as the command line and the kernel make it.

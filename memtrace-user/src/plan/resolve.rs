@@ -12,8 +12,8 @@ use super::{
 };
 use crate::{
     cli::{ReportOutputs, RunArgs, ServeArgs},
-    kernel_features::KernelFeatures,
-    probes::ProcessFilter,
+    kernel::features::KernelFeatures,
+    kernel::ProcessFilter,
     process::allocator::Overrides,
 };
 

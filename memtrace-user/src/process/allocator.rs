@@ -195,10 +195,10 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::{elf::ElfObject, process::entry_points::resolve_entry_points};
+    use crate::{process::elf::ElfObject, process::entry_points::resolve_entry_points};
 
     fn own_libc() -> PathBuf {
-        crate::procfs::mappings(std::process::id())
+        crate::process::procfs::mappings(std::process::id())
             .unwrap()
             .into_iter()
             .map(|m| m.path)

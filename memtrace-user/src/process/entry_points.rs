@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 use memtrace_common::AllocatorFunction;
 
-use crate::elf::ElfObject;
+use crate::process::elf::ElfObject;
 
 /// An allocator entry point and the symbol that names it, without any prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use super::{
     map_sites::{resolve_map_sites, MapSite},
     sparse::{self, SparseImage},
 };
-use crate::elf::{DynamicInfo, ElfObject};
+use crate::process::elf::{DynamicInfo, ElfObject};
 
 /// Files remembered before the cache starts afresh: far more than a machine maps at once, and a
 /// bound on memtrace's memory over a long `--all` run that sees many short-lived programs.

@@ -10,7 +10,7 @@ use std::{io, path::Path, sync::OnceLock};
 use proptest::prelude::*;
 
 use super::{entry_points::resolve_entry_points, sparse::SparseImage};
-use crate::elf::ElfObject;
+use crate::process::elf::ElfObject;
 
 fn real_file(path: &str) -> &'static [u8] {
     static TRUE: OnceLock<Vec<u8>> = OnceLock::new();
@@ -81,7 +81,7 @@ fn check(bytes: &[u8]) {
             Ok(())
         });
     }
-    let _ = crate::usdt::notes::parse_elf(bytes);
+    let _ = crate::attach::usdt::notes::parse_elf(bytes);
 }
 
 proptest! {

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use memtrace_common::MapFunction;
 
-use crate::elf::ElfObject;
+use crate::process::elf::ElfObject;
 
 /// A mapping call located in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

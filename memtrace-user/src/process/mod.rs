@@ -12,6 +12,7 @@
 //! below is for the rest of memtrace.
 
 pub mod allocator;
+pub mod elf;
 mod entry_points;
 mod facts;
 mod file;
@@ -21,8 +22,10 @@ mod image;
 pub mod map_calls;
 mod map_sites;
 mod objects;
+pub mod procfs;
 mod resolve;
 mod sparse;
+pub mod threads;
 
 use std::path::Path;
 

@@ -16,7 +16,7 @@ use super::{
     facts::FileCache,
     file::{ObjectFile, Root},
 };
-use crate::procfs::{self, Mapping};
+use crate::process::procfs::{self, Mapping};
 
 /// The executable and every file a running process maps executable, in the dynamic linker's
 /// symbol search order: the executable, LD_PRELOAD, then DT_NEEDED breadth-first; objects loaded

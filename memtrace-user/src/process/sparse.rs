@@ -15,7 +15,7 @@ use object::{
 };
 
 use super::file::{ObjectFile, MAX_OBJECT_BYTES};
-use crate::elf::ElfObject;
+use crate::process::elf::ElfObject;
 
 type FileHeader = elf::FileHeader64<Endianness>;
 

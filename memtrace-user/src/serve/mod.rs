@@ -28,7 +28,7 @@ use crate::{
     export::exporter::{Exporter, StacksWanted},
     model::{Model, Process, RunEnd, Sample},
     plan::ServeOptions,
-    procfs,
+    process::procfs,
 };
 
 /// The table occupancy is read at least this often (a pass over every kernel table), and at each

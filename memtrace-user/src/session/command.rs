@@ -15,7 +15,7 @@ use nix::{
 };
 
 use super::{poll::Ending, signals, targets::Watched};
-use crate::{model::Model, procfs};
+use crate::{model::Model, process::procfs};
 
 /// A launched command still running when tracing stops: memtrace waits for it, never leaving it
 /// orphaned, and says so.

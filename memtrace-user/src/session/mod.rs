@@ -19,15 +19,15 @@ use self::{
     targets::{processes_to_attach, Targets},
 };
 use crate::{
-    collector::Collector,
+    attach::usdt::UsdtProbes,
+    collect::unwind::KernelTables,
+    collect::Collector,
     follow::Following,
-    kernel_features::Needs,
+    kernel::features::Needs,
+    kernel::{ProbeConfig, Probes, Reach},
     model::{KernelMaps, Model, Sampling},
     plan::{self, Kernel, Mode, Plan, ProbePlan},
     privileges,
-    probes::{ProbeConfig, Probes, Reach},
-    unwind::KernelTables,
-    usdt::UsdtProbes,
 };
 
 /// Traces as the plan says; with `Mode::Serve`, as the agent of `memtrace serve`: no trace file

@@ -19,12 +19,12 @@ use nix::{
 
 use super::{outputs::Exporters, signals, targets::Watched};
 use crate::{
-    collector::Collector,
+    collect::unwind::KernelTables,
+    collect::Collector,
     follow::Following,
+    kernel::Probes,
     model::Model,
     plan::{Retention, Tables, Timing},
-    probes::Probes,
-    unwind::KernelTables,
 };
 
 /// Why tracing stopped.

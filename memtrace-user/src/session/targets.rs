@@ -15,17 +15,17 @@ use nix::{
 };
 
 use crate::{
-    collector::Collector,
+    collect::Collector,
     follow::{
         hold::command::{resolve_program, HeldCommand},
         Following,
     },
+    kernel::Probes,
     model::Model,
     plan,
-    probes::Probes,
     process::allocator::Allocator,
+    process::procfs,
     process::{ObjectFile, ProcessImage},
-    procfs,
 };
 
 /// What a run traces, with every probe attached (none: every process, `--all`).

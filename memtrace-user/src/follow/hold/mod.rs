@@ -24,7 +24,7 @@ use std::{
 use self::fanotify::{ExecHold, HeldExec, HoldStats, Unavailable, DEFAULT_BOUND};
 use crate::{
     attach::{Probed, ProbedFiles},
-    probes::KeyLookup,
+    kernel::KeyLookup,
     process::allocator::{Allocator, Overrides},
     process::{FileCache, ObjectFile, ProcessImage},
 };

@@ -20,8 +20,8 @@ use memtrace_common::{StackFrames, FRAME_BUILD_ID, FRAME_IP};
 
 use crate::{
     model::frame::Frame,
+    process::procfs::Mapping,
     process::{FileCache, FileId, ObjectFile},
-    procfs::Mapping,
 };
 
 pub struct StackSymbolizer {
@@ -223,7 +223,7 @@ mod tests {
         let build_id = symbolizer.indexed[&object.id].expect("rustc links test binaries with a build ID");
         // Find this function's file offset through our own mappings.
         let address = own_functions_resolve_by_build_id as fn() as usize as u64;
-        let mappings = crate::procfs::mappings(std::process::id()).unwrap();
+        let mappings = crate::process::procfs::mappings(std::process::id()).unwrap();
         let mapping = mappings.iter().find(|m| (m.start..m.end).contains(&address)).unwrap();
         let offset = address - mapping.start + mapping.file_offset;
         let frame =

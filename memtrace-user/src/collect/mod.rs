@@ -1,6 +1,12 @@
 //! Reads the kernel's maps and /proc into the model, for every process at one moment, and at the end
 //! of the run turns the kernel's stacks into symbolized per-stack profiles.
 
+pub mod peaks;
+pub mod skipped_exits;
+pub mod stack_table;
+pub mod symbolize;
+pub mod unwind;
+
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
@@ -12,17 +18,17 @@ use anyhow::Result;
 use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
+    attach::usdt::UsdtProbes,
+    collect::peaks::PeakTracker,
+    collect::skipped_exits::SkippedExits,
+    collect::stack_table::StackTable,
+    collect::symbolize::StackSymbolizer,
+    kernel::Probes,
     model::{
         frame::Frame, levels::MemoryLevels, HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
     },
-    peaks::PeakTracker,
-    probes::Probes,
+    process::procfs::{self, Mapping},
     process::{open_mapping, ObjectFile, Root},
-    procfs::{self, Mapping},
-    skipped_exits::SkippedExits,
-    stack_table::StackTable,
-    symbolize::StackSymbolizer,
-    usdt::UsdtProbes,
 };
 
 #[derive(Default)]

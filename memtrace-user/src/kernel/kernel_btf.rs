@@ -172,7 +172,7 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel_features::VMLINUX_BTF;
+    use crate::kernel::features::VMLINUX_BTF;
 
     fn offset(name: &str, member: &str) -> Result<u32> {
         let data = std::fs::read(VMLINUX_BTF).unwrap();

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use anyhow::Result;
 
-use crate::{model::Model, probes::Probes, procfs};
+use crate::{kernel::Probes, model::Model, process::procfs};
 
 #[derive(Default)]
 pub struct SkippedExits {

@@ -2,6 +2,8 @@
 //! once per scope, however many processes map it), and its USDT sites (through usdt's `UsdtProbes`, which it holds). Which
 //! processes are followed, and when, is crate::follow's.
 
+pub mod usdt;
+
 use std::{
     collections::{HashMap, HashSet},
     fs,
@@ -11,10 +13,10 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    probes::{Probes, Scope},
+    attach::usdt::UsdtProbes,
+    kernel::{Probes, Scope},
     process::allocator::{installed_allocator_libraries, Allocator, Overrides},
     process::{FileCache, FileId, ObjectFile, ProcessImage},
-    usdt::UsdtProbes,
 };
 
 /// A file probed, and as what: the C library is both an allocator and where mapping calls are made,

@@ -11,7 +11,7 @@ use super::{
     request::UsdtRequest,
 };
 use crate::{
-    probes::{tables::USDT_SPECS, Probes},
+    kernel::{tables::USDT_SPECS, Probes},
     process::{FileId, ObjectFile},
 };
 

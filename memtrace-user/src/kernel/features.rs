@@ -10,7 +10,7 @@ use std::{fmt, io, os::fd::AsFd, path::Path};
 use anyhow::{bail, Result};
 use aya_obj::generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type::BPF_PROG_TYPE_KPROBE};
 
-use crate::bpf_sys::{bpf, load_raw_program, prog_info, uprobe_multi_link, UprobeMulti};
+use crate::kernel::sys::{bpf, load_raw_program, prog_info, uprobe_multi_link, UprobeMulti};
 
 /// The kernel's own type information (BTF).
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";

@@ -24,13 +24,13 @@ use memtrace_common::{
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
-    model::Model,
-    probes::{
+    kernel::{
         tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
         Probes,
     },
+    model::Model,
+    process::procfs::Mapping,
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
-    procfs::Mapping,
 };
 
 /// What the kernel has for one file slot.
@@ -295,7 +295,7 @@ fn spawn_worker() -> Worker {
     let (requests, incoming) = channel::<(u32, ObjectFile)>();
     let (done, results) = channel::<Built>();
     std::thread::spawn(move || {
-        crate::threads::set_urgency(crate::threads::Urgency::Background);
+        crate::process::threads::set_urgency(crate::process::threads::Urgency::Background);
         for (slot, object) in incoming {
             if done.send((slot, build(&object))).is_err() {
                 return;

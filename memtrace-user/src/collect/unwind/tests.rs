@@ -134,7 +134,7 @@ fn debug_frame_gives_the_rows_eh_frame_gives() {
     let (df_table, df_stats) = build_table(&df).unwrap();
     assert!(df_stats.fdes >= 5, "{df_stats:?}");
     let file_offset = |data: &[u8], address: u64| {
-        crate::elf::ElfObject::parse(data).unwrap().code_file_offset(address).unwrap()
+        crate::process::elf::ElfObject::parse(data).unwrap().code_file_offset(address).unwrap()
     };
     let eh_functions = fixture_functions(&eh);
     for ((name, eh_start, size), (_, df_start, df_size)) in eh_functions.iter().zip(fixture_functions(&df)) {
@@ -269,7 +269,7 @@ fn walk_and_name(pid: u32, regs: Registers) -> (Vec<Named>, StopReason) {
     let memory = ProcessMemory::open(pid).unwrap();
     let mut tables = ProcessTables::new(pid).unwrap();
     let walk = tables.walk(regs, &memory, 128);
-    let maps = crate::procfs::mappings(pid).unwrap();
+    let maps = crate::process::procfs::mappings(pid).unwrap();
     let addresses: Vec<u64> = walk.frames.iter().map(|f| f.address).collect();
     let symbolizer = Symbolizer::new();
     // Names from the files' own .symtab/.dynsym: blazesym (built without zlib) fails on the

@@ -23,8 +23,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    bpf_sys::{bpf, uprobe_multi_link, UprobeMulti, BPF_LINK_CREATE},
-    kernel_features::{LinkKind, UPROBE_PMU_TYPE},
+    kernel::features::{LinkKind, UPROBE_PMU_TYPE},
+    kernel::sys::{bpf, uprobe_multi_link, UprobeMulti, BPF_LINK_CREATE},
 };
 
 /// attr.config bits 32-63 (/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset).

@@ -10,8 +10,8 @@ use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
+    process::procfs::{self, Mapping},
     process::{open_mapping, Root},
-    procfs::{self, Mapping},
 };
 
 /// The registers the unwinder needs; `rbp` is None once no frame can tell it.

@@ -4,11 +4,14 @@
 //! kernel removes it when memtrace exits, however it exits. What to attach is decided above this
 //! room (following, and usdt for USDT sites), which calls in here and is never called back.
 
+pub mod features;
 mod kernel_btf;
 mod links;
 mod live_table;
 mod loader;
+pub mod log;
 mod map_ops;
+pub mod sys;
 pub mod tables;
 mod thread_slots;
 pub mod verifier_report;
@@ -36,9 +39,9 @@ use loader::MultiPrograms;
 use tables::{ArrayTable, Table};
 
 use crate::{
-    bpf_log::BpfLog,
-    bpf_sys::prog_info,
-    kernel_features::{KernelFeatures, LinkKind},
+    kernel::features::{KernelFeatures, LinkKind},
+    kernel::log::BpfLog,
+    kernel::sys::prog_info,
     process::{allocator::Allocator, map_calls::MapCalls},
 };
 
@@ -501,11 +504,15 @@ impl Probes {
         Ok(tables::STACKS.take(&self.ebpf, |_, _| true)?.taken)
     }
 
-    /// Takes out the totals of every (process, stack) with nothing live: an allocation from it
-    /// later starts a new entry, whose figures add to these. Those with live blocks stay, and are
-    /// returned as they were read.
-    pub fn take_idle_stack_totals(&self) -> Result<Taken<StackKey, StackTotals>> {
-        tables::STACK_TOTALS.take(&self.ebpf, |_, totals| totals.live_allocations == 0)
+    /// Takes out the totals of every (process, stack) with nothing live that `settled` allows: an
+    /// allocation from it later starts a new entry, whose figures add to these. The others stay,
+    /// and are returned as they were read.
+    pub fn take_idle_stack_totals(
+        &self,
+        settled: impl Fn(&StackKey, &StackTotals) -> bool,
+    ) -> Result<Taken<StackKey, StackTotals>> {
+        tables::STACK_TOTALS
+            .take(&self.ebpf, |key, totals| totals.live_allocations == 0 && settled(key, totals))
     }
 
     pub fn stack(&self, stack: u64) -> Result<Option<StackFrames>> {
@@ -569,7 +576,7 @@ fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
         .override_global("KERNEL_LAYOUT", globals.layout, true)
         .override_global("SELF_TGID", &globals.self_tgid, true)
         .override_global("FILTER_COMMS", &u8::from(globals.filter_comms), true)
-        .override_global("AYA_LOG_LEVEL", &crate::bpf_log::kernel_level(config.debug_bpf), true)
+        .override_global("AYA_LOG_LEVEL", &crate::kernel::log::kernel_level(config.debug_bpf), true)
         .load(BPF_OBJECT)
         .with_context(|| loading_failed(live_size))?;
     Ok(ebpf)

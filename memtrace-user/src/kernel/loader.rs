@@ -26,7 +26,7 @@ use aya_obj::{
     Function, Object, ProgramSection,
 };
 
-use crate::bpf_sys::{bpf, log_text, prog_load, ProgLoadAttr};
+use crate::kernel::sys::{bpf, log_text, prog_load, ProgLoadAttr};
 
 const BPF_BTF_LOAD: libc::c_long = 18;
 /// bpf(2): BPF_F_SLEEPABLE in prog_flags.

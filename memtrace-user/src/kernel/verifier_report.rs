@@ -19,7 +19,7 @@ use aya_obj::generated::bpf_insn;
 use std::os::fd::AsFd;
 
 use super::loader::{load_logged, Prepared, ProgramKind};
-use crate::bpf_sys::prog_info;
+use crate::kernel::sys::prog_info;
 
 /// The stack a call chain may use without a private stack (MAX_BPF_STACK).
 pub const MAX_CHAIN_BYTES: u32 = 512;

@@ -8,11 +8,11 @@ use memtrace_common::USDT_LOST_SLOT;
 
 use super::request::UsdtRequest;
 use crate::{
-    model::{Model, UsdtProbeCounter},
-    probes::{
+    kernel::{
         tables::{SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS},
         Probes,
     },
+    model::{Model, UsdtProbeCounter},
 };
 
 /// Reads every subsystem and `--usdt` counter (of `requests`, by index) of every process, in one

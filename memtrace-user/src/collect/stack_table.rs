@@ -3,13 +3,19 @@
 //! (process, stack) with nothing live (STACK_TOTALS) are taken out as they stand and added to
 //! what is kept here. A stack that allocates again starts afresh in the kernel, and its figures
 //! add to the kept ones; a stack with live blocks stays in the kernel, where frees find it.
+//!
+//! An entry is taken only once it has stood idle and unchanged from one sample to the next. A run
+//! holds an entry by pointer between its lookup (or its creation, zeroed) and its counts, and on a
+//! preemptible kernel it can be preempted there: an entry taken meanwhile is freed to the next
+//! insert, for another stack, and the run's counts land in that stack's totals (7.2 charged a
+//! leak to a churn stack so, the leak's entry taken while still zero).
 
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
 use memtrace_common::{StackFrames, StackKey, StackTotals};
 
-use crate::probes::{Probes, Taken};
+use crate::kernel::{Probes, Taken};
 
 #[derive(Default)]
 pub struct StackTable {
@@ -17,6 +23,8 @@ pub struct StackTable {
     frames: HashMap<u64, StackFrames>,
     /// The totals taken out of the kernel, per (process, stack), of the process's current image.
     kept: HashMap<StackKey, StackTotals>,
+    /// The kernel's idle entries as the last drain read them: taken at this one if unchanged.
+    idle: HashMap<StackKey, StackTotals>,
 }
 
 impl StackTable {
@@ -31,7 +39,11 @@ impl StackTable {
         for (key, frames) in probes.take_stacks()? {
             self.frames.entry(key).or_insert(frames);
         }
-        let Taken { taken, left } = probes.take_idle_stack_totals()?;
+        let settled = |key: &StackKey, totals: &StackTotals| self.idle.get(key) == Some(totals);
+        let Taken { taken, left } = probes.take_idle_stack_totals(settled)?;
+        let (idle, live): (Vec<_>, Vec<_>) =
+            left.into_iter().partition(|(_, totals)| totals.live_allocations == 0);
+        self.idle = idle.into_iter().collect();
         for (key, taken) in taken {
             let start = image_start(key.tgid).unwrap_or(0);
             match self.kept.get_mut(&key) {
@@ -41,7 +53,7 @@ impl StackTable {
                 }
             }
         }
-        Ok(left)
+        Ok(live)
     }
 
     /// Every (process, stack)'s totals since its current image started: what was taken out, plus

@@ -38,8 +38,8 @@ use self::{
 };
 pub use self::{read::reporting_processes, request::UsdtRequest};
 use crate::{
+    kernel::{Probes, Scope, Site},
     model::Model,
-    probes::{Probes, Scope, Site},
     process::{file_identity, FileId, ObjectFile, ProcessImage, SparseImage},
 };
 
