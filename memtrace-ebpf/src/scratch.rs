@@ -114,10 +114,15 @@ impl<T: Claimable + 'static> Claim<T> {
         (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?))
     }
 
-    /// The slot at `value`, if its owner word was free and is this run's now.
+    /// The slot at `value`, if its owner word was free and is this run's now. (A `Claim` is made
+    /// only then: one made and dropped for a slot another run holds would free it.)
     fn claimed(value: *mut T) -> Option<Self> {
         // The owner word is the value's first (`Claimable`).
-        (compare_exchange(value as *const u64, FREE, HELD) == FREE).then_some(Self(value))
+        if compare_exchange(value as *const u64, FREE, HELD) == FREE {
+            Some(Self(value))
+        } else {
+            None
+        }
     }
 
     /// The slot's memory, this run's alone while the claim lives.

@@ -7,8 +7,8 @@
 //! An entry is taken only once it has stood idle and unchanged from one sample to the next. A run
 //! holds an entry by pointer between its lookup (or its creation, zeroed) and its counts, and on a
 //! preemptible kernel it can be preempted there: an entry taken meanwhile is freed to the next
-//! insert, for another stack, and the run's counts land in that stack's totals (7.2 charged a
-//! leak to a churn stack so, the leak's entry taken while still zero).
+//! insert, for another stack, and the run's counts would land in that stack's totals (a new entry
+//! is zero, so idle, until its creator's first count).
 
 use std::collections::{HashMap, HashSet};
 
