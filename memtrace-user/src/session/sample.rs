@@ -66,16 +66,21 @@ impl Run {
         let lost = self.model.lost_events();
         if lost > self.lost_reported {
             // Which ones the kernel skipped, said by program: no table size helps with those.
-            for (program, skipped) in self.probes.skipped_runs_by_program().unwrap_or_default() {
+            let skipped = self.probes.skipped_runs_by_program().unwrap_or_default();
+            for (program, runs) in &skipped {
                 eprintln!(
-                    "memtrace: warning: the kernel skipped {skipped} runs of BPF program {program} in all \
+                    "memtrace: warning: the kernel skipped {runs} runs of BPF program {program} in all \
                      (it was running on that CPU already); each is an event lost"
                 );
             }
+            let cause = match skipped.is_empty() {
+                true => "a kernel table is full",
+                false => "beyond the runs skipped, a kernel table may be full",
+            };
             eprintln!(
-                "memtrace: warning: {} events lost in the last interval ({lost} in all); a kernel table \
-                 is full: live allocations (--max-allocations {}) or stacks made within one interval \
-                 (--max-stacks {}; or sample more often with -i)",
+                "memtrace: warning: {} events lost in the last interval ({lost} in all); {cause}: live \
+                 allocations (--max-allocations {}) or stacks made within one interval (--max-stacks {}; \
+                 or sample more often with -i)",
                 lost - self.lost_reported,
                 self.tables.max_allocations,
                 self.tables.max_stacks
