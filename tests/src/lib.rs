@@ -652,38 +652,31 @@ impl Figures {
 
 /// Asserts the figures of the one traced process exactly, and that nothing was lost.
 pub fn assert_figures(outcome: &Outcome, expected: Figures) {
-    // First, with memtrace's stderr (which says why events were lost): assert_figures_of asserts
-    // the same without it.
-    assert_eq!(
-        outcome.process()["lost_events"],
-        0,
-        "the process lost events: {:#}\n--- memtrace's stderr ---\n{}",
-        outcome.process(),
-        outcome.stderr
-    );
-    assert_figures_of(outcome.process(), expected);
-    assert_eq!(
-        outcome.summary()["lost_events"],
-        0,
-        "the run lost events: {:#}\n--- memtrace's stderr ---\n{}",
-        outcome.summary(),
-        outcome.stderr
-    );
+    // memtrace's stderr says why events were lost.
+    let stderr = format!("\n--- memtrace's stderr ---\n{}", outcome.stderr);
+    check_process_figures(outcome.process(), expected, &stderr);
+    assert_eq!(outcome.summary()["lost_events"], 0, "the run lost events: {:#}{stderr}", outcome.summary());
 }
 
-/// Compares one process entry of a summary with the fixture's figures, exactly.
 /// A process's figures in the summary, its peak included.
 pub fn figures_of(process: &Value) -> Figures {
     Figures::of(process, true)
 }
 
+/// Compares one process entry of a summary with the fixture's figures, exactly, and asserts that
+/// it lost nothing.
 pub fn assert_figures_of(process: &Value, expected: Figures) {
+    check_process_figures(process, expected, "");
+}
+
+/// `assert_figures_of`, with `context` added to each failure's message.
+fn check_process_figures(process: &Value, expected: Figures, context: &str) {
     let actual = Figures::of(process, expected.peak_live_bytes.is_some());
     assert_eq!(
         actual, expected,
-        "summary figures (left: memtrace, right: the fixture's source)\nsummary: {process:#}"
+        "summary figures (left: memtrace, right: the fixture's source)\nsummary: {process:#}{context}"
     );
-    assert_eq!(process["lost_events"], 0, "the process lost events: {process:#}");
+    assert_eq!(process["lost_events"], 0, "the process lost events: {process:#}{context}");
 }
 
 /// Runs `memtrace -- <fixture>` to its end and asserts that the fixture exited with 0 (its own

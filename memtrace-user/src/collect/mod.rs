@@ -95,8 +95,11 @@ impl Collector {
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
-        self.skipped_exits.recover(probes, model)?;
-        model.unattributed_lost_events = probes.unattributed_lost_events()? + self.skipped_exits.lost();
+        // Read once for the sample: each program's statistics are a syscall.
+        let skipped = probes.skipped_runs()?;
+        self.skipped_exits.recover(probes, skipped.exits(), model)?;
+        model.unattributed_lost_events =
+            probes.global_lost_events()? + skipped.lost() + self.skipped_exits.lost();
         usdt.collect(probes, model)?;
         Ok(())
     }

@@ -21,9 +21,9 @@ pub struct SkippedExits {
 }
 
 impl SkippedExits {
-    /// Does what the exits skipped since the last call left undone.
-    pub fn recover(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
-        let skipped = probes.skipped_exit_runs()?;
+    /// Does what the exits skipped since the last call left undone; `skipped` is how many runs of
+    /// process_exit the kernel has skipped so far.
+    pub fn recover(&mut self, probes: &Probes, skipped: u64, model: &mut Model) -> Result<()> {
         if skipped == self.seen {
             return Ok(());
         }

@@ -161,6 +161,34 @@ struct Calls<'a> {
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
 const EXIT_PROGRAM: &str = "process_exit";
 
+/// The runs of each program the kernel skipped, as read at one moment.
+pub struct SkippedRuns {
+    /// Programs with runs skipped, and how many.
+    by_program: Vec<(String, u64)>,
+}
+
+impl SkippedRuns {
+    /// The programs whose skipped runs are events lost, and how many: all but process_exit, whose
+    /// skipped runs leave undone what is done from /proc instead (collect/skipped_exits.rs).
+    pub fn lossy(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.by_program
+            .iter()
+            .filter(|(name, _)| name != EXIT_PROGRAM)
+            .map(|(name, runs)| (name.as_str(), *runs))
+    }
+
+    /// Events lost to skipped runs.
+    pub fn lost(&self) -> u64 {
+        self.lossy().map(|(_, runs)| runs).sum()
+    }
+
+    /// Runs of process_exit skipped, for every task of the system that exited while another's exit
+    /// ran on its CPU (a preemptible kernel): most are of processes not traced.
+    pub fn exits(&self) -> u64 {
+        self.by_program.iter().filter(|(name, _)| name == EXIT_PROGRAM).map(|(_, runs)| runs).sum()
+    }
+}
+
 pub struct Probes {
     ebpf: Ebpf,
     /// The uprobe programs loaded for uprobe_multi links, or None where aya loaded them for
@@ -423,10 +451,9 @@ impl Probes {
         Ok(tables::STATS.get(&self.ebpf, &pid)?.unwrap_or_default())
     }
 
-    /// Events that could not be charged to any process (the statistics map was full), and the
-    /// runs of programs the kernel skipped.
-    pub fn unattributed_lost_events(&self) -> Result<u64> {
-        Ok(tables::LOST_EVENTS.get(&self.ebpf, GLOBAL_LOST_SLOT)? + self.skipped_runs()?)
+    /// Events that could not be charged to any process (the statistics map was full).
+    pub fn global_lost_events(&self) -> Result<u64> {
+        tables::LOST_EVENTS.get(&self.ebpf, GLOBAL_LOST_SLOT)
     }
 
     /// The stack every program uses, as this kernel's verifier reports it.
@@ -438,25 +465,24 @@ impl Probes {
         verifier_report::report(BPF_OBJECT, &self.ebpf, attach_type)
     }
 
-    /// Runs of programs that the kernel skipped (its recursion guard: the program was already
-    /// running on that CPU), each an event not recorded. process_exit's are not among them: what
-    /// its skipped runs leave undone is done from /proc (`skipped_exit_runs`).
-    pub fn skipped_runs(&self) -> Result<u64> {
-        Ok(self.skipped_runs_by_program()?.iter().map(|(_, skipped)| skipped).sum())
-    }
-
-    /// The programs the kernel skipped runs of that lose events, and how many.
-    pub fn skipped_runs_by_program(&self) -> Result<Vec<(String, u64)>> {
-        let mut skipped = self.every_skipped_run()?;
-        skipped.retain(|(name, misses)| *misses > 0 && name != EXIT_PROGRAM);
-        Ok(skipped)
-    }
-
-    /// Runs of process_exit the kernel skipped, for every task of the system that exited while
-    /// another's exit ran on its CPU (a preemptible kernel): most are of processes not traced.
-    pub fn skipped_exit_runs(&self) -> Result<u64> {
-        let skipped = self.every_skipped_run()?;
-        Ok(skipped.iter().filter(|(name, _)| name == EXIT_PROGRAM).map(|(_, misses)| misses).sum())
+    /// How many runs of each program the kernel has skipped so far (its recursion guard: the
+    /// program was already running on that CPU).
+    pub fn skipped_runs(&self) -> Result<SkippedRuns> {
+        let mut by_program = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            // Programs aya did not load (the uprobes, where uprobe_multi links are used) have no fd.
+            let Ok(fd) = program.fd() else { continue };
+            let misses = prog_info::recursion_misses(fd.as_fd())
+                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
+            by_program.push((name.to_owned(), misses));
+        }
+        for (name, fd) in self.multi.iter().flat_map(MultiPrograms::named) {
+            let misses = prog_info::recursion_misses(fd)
+                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
+            by_program.push((name.to_owned(), misses));
+        }
+        by_program.retain(|(_, misses)| *misses > 0);
+        Ok(SkippedRuns { by_program })
     }
 
     /// Frees the kernel's slots of threads for which `gone` holds, whose exit the kernel skipped;
@@ -468,24 +494,6 @@ impl Probes {
     /// Whether the kernel saw the process exit: None when it has no figures of it.
     pub fn saw_exit(&self, pid: u32) -> Result<Option<bool>> {
         Ok(tables::STATS.get(&self.ebpf, &pid)?.map(|stats| stats.exited != 0))
-    }
-
-    /// Every loaded program and how many runs of it the kernel skipped.
-    fn every_skipped_run(&self) -> Result<Vec<(String, u64)>> {
-        let mut skipped = Vec::new();
-        for (name, program) in self.ebpf.programs() {
-            // Programs aya did not load (the uprobes, where uprobe_multi links are used) have no fd.
-            let Ok(fd) = program.fd() else { continue };
-            let misses = prog_info::recursion_misses(fd.as_fd())
-                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
-            skipped.push((name.to_owned(), misses));
-        }
-        for (name, fd) in self.multi.iter().flat_map(MultiPrograms::named) {
-            let misses = prog_info::recursion_misses(fd)
-                .with_context(|| format!("reading BPF program {name}'s statistics"))?;
-            skipped.push((name.to_owned(), misses));
-        }
-        Ok(skipped)
     }
 
     /// Every live allocation the kernel knows, of every traced process.

@@ -66,7 +66,8 @@ impl Run {
         let lost = self.model.lost_events();
         if lost > self.lost_reported {
             // Which ones the kernel skipped, said by program: no table size helps with those.
-            let skipped = self.probes.skipped_runs_by_program().unwrap_or_default();
+            let read = self.probes.skipped_runs().ok();
+            let skipped: Vec<(&str, u64)> = read.iter().flat_map(|runs| runs.lossy()).collect();
             for (program, runs) in &skipped {
                 eprintln!(
                     "memtrace: warning: the kernel skipped {runs} runs of BPF program {program} in all \
