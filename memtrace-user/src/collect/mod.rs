@@ -1,6 +1,7 @@
 //! Reads the kernel's maps and /proc into the model, for every process at one moment, and at the end
 //! of the run turns the kernel's stacks into symbolized per-stack profiles.
 
+pub mod owners;
 pub mod peaks;
 pub mod skipped_exits;
 pub mod stack_table;
@@ -19,6 +20,7 @@ use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
     attach::usdt::UsdtProbes,
+    collect::owners::{classify::SeenMapping, free_pool::LiveBlock, OwnersReader},
     collect::peaks::PeakTracker,
     collect::skipped_exits::SkippedExits,
     collect::stack_table::StackTable,
@@ -43,6 +45,10 @@ pub struct Collector {
     peaks: PeakTracker,
     /// What exits the kernel skipped left undone.
     skipped_exits: SkippedExits,
+    /// Who owns each process's resident pages, and its allocator's free pool.
+    owners: OwnersReader,
+    /// The run's last sample: the free pool is measured whatever its budget says.
+    last_sample: bool,
 }
 
 impl Collector {
@@ -58,6 +64,7 @@ impl Collector {
             Some(sampling) => Some(estimate_live(probes, sampling)?),
             None => None,
         };
+        let mut seen = SeenMappings::default();
         for process in model.processes.values_mut() {
             if process.released {
                 continue;
@@ -75,23 +82,9 @@ impl Collector {
             if let Some(comm) = crate::model::kernel_comm(&process.stats) {
                 process.comm = comm;
             }
-            if process.exited {
-                // What the kernel counted as it exited, else what was last seen.
-                if let Some(memory) = MemoryLevels::at_exit(&process.stats, procfs::page_size()) {
-                    process.memory = memory;
-                }
-                continue;
-            }
-            // The process may exit between the reads; keep what was last seen.
-            let os = procfs::os_memory(process.pid);
-            let brk_heap_bytes = self.read_mappings_of(process);
-            if let (Some(os), Some(brk_heap_bytes)) = (os, brk_heap_bytes) {
-                process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes);
-            }
-            if let Some(comm) = procfs::comm(process.pid) {
-                process.comm = comm;
-            }
+            self.read_levels(process, estimates.is_none(), &mut seen, probes);
         }
+        self.measure_free_pools(probes, model)?;
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
@@ -101,6 +94,77 @@ impl Collector {
         model.unattributed_lost_events =
             probes.global_lost_events()? + skipped.lost() + self.skipped_exits.lost();
         usdt.collect(probes, model)?;
+        Ok(())
+    }
+
+    /// A process's memory levels: read from /proc and its pages' owners while it runs; at its
+    /// exit, what the kernel counted then, with the owners last read.
+    fn read_levels(&mut self, process: &mut Process, exact: bool, seen: &mut SeenMappings, probes: &Probes) {
+        let whole = exact && process.seen_from_start && process.stats.lost_events == 0;
+        if process.exited {
+            let owners = self.owners.last(process.pid, whole);
+            // What the kernel counted as it exited, else what was last seen.
+            if let Some(memory) = MemoryLevels::at_exit(&process.stats, procfs::page_size(), owners) {
+                process.memory = memory;
+            }
+            return;
+        }
+        // The process may exit between the reads; keep what was last seen.
+        let os = procfs::os_memory(process.pid);
+        let brk_heap_bytes = self.read_mappings_of(process);
+        if let (Some(os), Some(brk_heap_bytes)) = (os, brk_heap_bytes) {
+            let owners = self.owners.read(process.pid, os, whole, || seen.of(probes, process.pid));
+            process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes, owners);
+            process.free_pool = self.owners.free_pool(process.pid).filter(|_| whole).cloned();
+        }
+        if let Some(comm) = procfs::comm(process.pid) {
+            process.comm = comm;
+        }
+    }
+
+    /// The run's next sample is its last: its free pools are measured whatever the budget.
+    pub fn last_sample_next(&mut self) {
+        self.last_sample = true;
+    }
+
+    /// Measures the allocator's free pool of every running process whose every live block is in
+    /// the kernel's table, when the budget allows (collect/owners/mod.rs).
+    fn measure_free_pools(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
+        if model.sampling.is_some() || !self.owners.free_pool_due(self.last_sample) {
+            return Ok(());
+        }
+        let wanted: HashMap<u32, u64> = model
+            .processes
+            .values()
+            .filter(|p| !p.exited && !p.released && p.seen_from_start && p.stats.lost_events == 0)
+            .map(|p| (p.pid, p.stats.started_ns))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let mut blocks: HashMap<u32, Vec<LiveBlock>> = HashMap::new();
+        for (key, allocation) in probes.live_allocations()? {
+            // Records from before the process's current image are not its own.
+            if wanted.get(&key.tgid).is_some_and(|&image_start| allocation.timestamp_ns >= image_start) {
+                let block = LiveBlock { address: key.address, size: allocation.size };
+                blocks.entry(key.tgid).or_default().push(block);
+            }
+        }
+        let measured: Vec<(u32, Vec<LiveBlock>, u64)> = wanted
+            .keys()
+            .map(|&pid| {
+                let mut blocks = blocks.remove(&pid).unwrap_or_default();
+                blocks.sort_unstable();
+                (pid, blocks, chunk_header(&model.processes[&pid].allocator_kind))
+            })
+            .collect();
+        self.owners.measure_free_pools(measured, started);
+        for (&pid, process) in model.processes.iter_mut().filter(|(pid, _)| wanted.contains_key(pid)) {
+            process.memory.allocator_free_resident_bytes =
+                self.owners.last(pid, true).and_then(|o| o.allocator_free);
+            process.free_pool = self.owners.free_pool(pid).cloned();
+        }
         Ok(())
     }
 
@@ -149,6 +213,7 @@ impl Collector {
         for &tgid in tgids {
             self.peaks.forget(tgid);
             self.indexed.remove(&tgid);
+            self.owners.forget(tgid);
         }
         self.stacks.forget(probes, tgids)
     }
@@ -240,6 +305,50 @@ impl Collector {
                 Some(HeapPeak { ts_us: raw.ts_us, heap_live_bytes: raw.heap_live_bytes, consumers });
         }
         Ok(())
+    }
+}
+
+/// The bytes an allocator keeps before each block it hands out: glibc's chunk header (its size
+/// field and the previous chunk's, which a block in use may hold data in); none known elsewhere.
+fn chunk_header(allocator_kind: &str) -> u64 {
+    match allocator_kind {
+        "glibc" => 16,
+        _ => 0,
+    }
+}
+
+/// The mappings the probes saw each process make, read from the kernel once a sample and only
+/// when some process's pages are classified again.
+#[derive(Default)]
+struct SeenMappings {
+    by_process: Option<HashMap<u32, Vec<SeenMapping>>>,
+}
+
+impl SeenMappings {
+    fn of(&mut self, probes: &Probes, pid: u32) -> Vec<SeenMapping> {
+        let by_process = self.by_process.get_or_insert_with(|| {
+            let mut by_process: HashMap<u32, Vec<SeenMapping>> = HashMap::new();
+            for (key, region) in probes.regions().unwrap_or_default() {
+                let Some(owner) = classify_region(region.kind) else { continue };
+                let mapping = SeenMapping { start: key.start, end: key.start + region.len, owner };
+                by_process.entry(key.tgid).or_default().push(mapping);
+            }
+            by_process.values_mut().for_each(|mappings| mappings.sort_unstable_by_key(|m| m.start));
+            by_process
+        });
+        by_process.remove(&pid).unwrap_or_default()
+    }
+}
+
+/// Whose memory a mapping the probes followed is (`region_kind`).
+fn classify_region(kind: u64) -> Option<owners::classify::Owner> {
+    use memtrace_common::region_kind;
+    use owners::classify::Owner;
+    match kind {
+        region_kind::ALLOCATOR => Some(Owner::Allocator),
+        region_kind::PROGRAM => Some(Owner::Program),
+        region_kind::STACK => Some(Owner::Stack),
+        _ => None,
     }
 }
 

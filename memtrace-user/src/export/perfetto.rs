@@ -133,7 +133,9 @@ fn counter_tracks(
         ..packet()
     };
     for point in &process.timeline {
-        for (level, bytes) in point.memory.named() {
+        for (level, bytes) in
+            point.memory.named().into_iter().filter_map(|(level, bytes)| Some((level, bytes?)))
+        {
             write(value(tracks[level], point.ts_us, i64::try_from(bytes).unwrap_or(i64::MAX)))?;
         }
         for (name, &bytes) in &point.subsystems {

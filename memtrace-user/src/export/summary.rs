@@ -18,8 +18,10 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
-    frame::Frame, levels::MemoryLevels, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model,
-    PeakConsumer, Process, RunEnd, Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
+    frame::Frame,
+    levels::{FreeClass, FreePool, MemoryLevels},
+    FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling,
+    StackProfile, TimelinePoint, UsdtProbeCounter,
 };
 
 pub const SUMMARY_VERSION: u32 = 1;
@@ -64,7 +66,7 @@ pub struct ProcessSummary {
     pub lost_events: u64,
     pub rss_bytes: u64,
     /// The process's memory level by level, as last read (`levels.rs` says what each means).
-    pub memory: MemoryLevels,
+    pub memory: MemorySummary,
     /// Allocations freed before their thread allocated anything else, and their bytes.
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
@@ -88,6 +90,37 @@ pub struct ProcessSummary {
     /// When its live heap was highest at a sample, and the stacks that held it then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak: Option<PeakSummary>,
+}
+
+/// A process's memory levels, and its allocator's free pool by size class where it was measured.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MemorySummary {
+    #[serde(flatten)]
+    pub levels: MemoryLevels,
+    /// glibc arenas: the main one and each thread arena (0 for other allocators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_arenas: Option<u32>,
+    /// The gaps between live blocks in the allocator's mappings by power-of-two size class, with
+    /// their resident whole pages (which add up to allocator_free_resident_bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_free_by_size: Option<Vec<FreeClass>>,
+}
+
+impl MemorySummary {
+    fn of(process: &Process) -> Self {
+        let pool = process.free_pool.as_ref();
+        Self {
+            levels: process.memory,
+            allocator_arenas: pool.map(|pool| pool.arenas),
+            allocator_free_by_size: pool.map(|pool| pool.classes.clone()),
+        }
+    }
+
+    /// The free pool again, as a saved summary holds it.
+    pub fn free_pool(&self) -> Option<FreePool> {
+        let classes = self.allocator_free_by_size.clone()?;
+        Some(FreePool { arenas: self.allocator_arenas.unwrap_or_default(), classes })
+    }
 }
 
 /// One call stack of a process and what it allocated, held and leaked.
@@ -172,7 +205,7 @@ impl ProcessSummary {
             failed_allocations: stats.failed_allocations,
             lost_events: stats.lost_events,
             rss_bytes: process.memory.rss_bytes(),
-            memory: process.memory,
+            memory: MemorySummary::of(process),
             temporary_allocations: stats.temporary_allocations,
             temporary_bytes: stats.temporary_bytes,
             unwind_stops: unwind_stop::NAMES

@@ -174,7 +174,7 @@ fn process_events(process: &Process, sample: Sample, heap_subsystems: &BTreeSet<
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.memory.rss_bytes()})),
         // Losses show on the timeline when they happen.
         counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
-        counter(process, sample.ts_us, "memory", json!(process.memory)),
+        counter(process, sample.ts_us, "memory", process.memory.known().into()),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations, heap_subsystems));

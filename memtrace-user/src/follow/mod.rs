@@ -8,6 +8,7 @@
 pub mod hold;
 
 use std::{
+    collections::HashSet,
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
@@ -52,6 +53,8 @@ pub struct Following {
     /// Execs of followed processes, held until their program's allocator is probed; None where
     /// no tree is followed, or without CAP_SYS_ADMIN.
     held: Option<HeldExecs>,
+    /// Processes seen to exec during the run: their images ran under the probes from the start.
+    execed: HashSet<u32>,
 }
 
 impl Following {
@@ -82,7 +85,7 @@ impl Following {
             true => cannot_hold_execs(&reach),
             false => hold_execs(probes, &reach, &attach, hold_wake)?,
         };
-        let mut this = Self { reach, attach, execs, wakeup: wakeup.into(), held };
+        let mut this = Self { reach, attach, execs, wakeup: wakeup.into(), held, execed: HashSet::new() };
         if let Reach::AllProcesses(_) = this.reach {
             this.attach.every_process(probes)?;
         }
@@ -129,6 +132,7 @@ impl Following {
         }
         let mut objects = Vec::new();
         while let Ok(image) = self.execs.try_recv() {
+            self.execed.extend(image.pid);
             let scope = self.reach.scope_for(image.pid.unwrap_or_default());
             self.attach.exec(probes, &image, scope)?;
             objects.extend(image.objects);
@@ -148,8 +152,11 @@ impl Following {
             if !model.processes.contains_key(&pid) {
                 model.add_process(pid, crate::model::kernel_comm(&stats).unwrap_or_default(), PathBuf::new());
             }
+            let Some(process) = model.processes.get_mut(&pid) else { continue };
+            // Its figures restart at exec: from then on, every block went through the probes.
+            process.seen_from_start |= self.execed.contains(&pid);
             // A process that exec'd a program allocates through that program's allocator.
-            if let Some(process) = model.processes.get_mut(&pid).filter(|_| stats.allocator != 0) {
+            if stats.allocator != 0 {
                 process.allocator = allocator.path;
                 process.allocator_kind = allocator.kind;
             }

@@ -27,8 +27,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, StackFrames, StackKey,
-    StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS, MAX_PROCESSES,
+    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
+    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
+    MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -401,6 +402,11 @@ impl Probes {
     /// Every process the kernel has figures for.
     pub fn traced_processes(&self) -> Result<Vec<(u32, ProcessStats)>> {
         tables::STATS.entries(&self.ebpf)
+    }
+
+    /// Every anonymous mapping the probes follow, of every process, with who made it.
+    pub fn regions(&self) -> Result<Vec<(RegionKey, Region)>> {
+        tables::REGIONS.entries(&self.ebpf)
     }
 
     /// Forgets exited processes in the kernel, so the tables do not fill up over a long run.

@@ -13,6 +13,8 @@ pub struct OsMemory {
     pub rss_file_bytes: u64,
     pub rss_shmem_bytes: u64,
     pub swap_bytes: u64,
+    /// VmSize: the address space mapped, reservations included (0 at exit: not read then).
+    pub address_space_bytes: u64,
 }
 
 impl OsMemory {
@@ -24,6 +26,7 @@ impl OsMemory {
             rss_file_bytes: bytes(mm_counter::FILE_PAGES),
             rss_shmem_bytes: bytes(mm_counter::SHMEM_PAGES),
             swap_bytes: bytes(mm_counter::SWAP_ENTRIES),
+            address_space_bytes: 0,
         }
     }
 }
@@ -48,14 +51,42 @@ impl TakenMemory {
     }
 }
 
+/// Who owns a process's resident anonymous pages: every resident (or swapped) anonymous page of
+/// /proc/PID/smaps has one owner, found by collect/owners.rs, and is summed here per owner. What no
+/// owner claims is dark memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResidentOwners {
+    /// The brk heap, glibc's arenas, every mapping an allocator made.
+    pub allocator: u64,
+    /// Resident pages of the allocator's mappings that hold no live block; None where live blocks
+    /// predate the trace (an attach) or are sampled, so which pages hold one is unknown.
+    pub allocator_free: Option<u64>,
+    /// Anonymous mappings the program made itself, outside allocator calls.
+    pub program: u64,
+    /// The main stack and thread stacks.
+    pub stacks: u64,
+    /// Copied-on-write pages of the loaded objects' writable data, and their .bss.
+    pub statics: u64,
+    /// The accessible address space of the allocator's mappings (reservations not counted).
+    pub allocator_accessible: u64,
+}
+
+impl ResidentOwners {
+    /// Every owned byte: rss_anon + swap less this is dark memory.
+    pub fn owned(&self) -> u64 {
+        self.allocator + self.program + self.stacks + self.statics
+    }
+}
+
 /// One process's memory, level by level (the summary's `memory` object and the trace's `memory`
 /// counter).
 ///
-/// `dark_bytes` is an estimate: resident and swapped anonymous memory less what the allocator
-/// holds (at least the live heap) and less what the program mapped itself,
-/// `max(0, rss_anon + swap - max(allocator_held, heap_live) - mapped_anon)`. It is static data,
-/// thread stacks, memory of allocators memtrace does not trace, and the like. Held and mapped
-/// memory that is not resident makes it an underestimate, never a negative figure.
+/// With the owners of its resident pages read (every sample where the process runs):
+/// `dark_bytes = max(0, rss_anon + swap - allocator_resident - mapped_anon_resident - stack -
+/// static)`, which adds up by construction; what remains is what no rule explains (JIT code, raw
+/// syscalls, allocators memtrace does not know). Before the owners were ever read (a process that
+/// lived less than an interval) it is the estimate `max(0, rss_anon + swap - max(allocator_held,
+/// heap_live) - mapped_anon)`, as before there were owners.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryLevels {
     pub rss_anon_bytes: u64,
@@ -68,12 +99,26 @@ pub struct MemoryLevels {
     /// and caching.
     pub heap_overhead_bytes: u64,
     pub mapped_anon_bytes: u64,
+    /// Resident (and swapped) anonymous bytes of the allocator's mappings.
+    #[serde(default)]
+    pub allocator_resident_bytes: u64,
+    /// Of those, resident pages holding no live block: what malloc_trim(0) could give back. Null
+    /// where it is unknown (live blocks from before the trace, or sampled).
+    #[serde(default)]
+    pub allocator_free_resident_bytes: Option<u64>,
+    /// Resident (and swapped) anonymous bytes of the mappings the program made itself.
+    #[serde(default)]
+    pub mapped_anon_resident_bytes: u64,
+    #[serde(default)]
+    pub stack_bytes: u64,
+    #[serde(default)]
+    pub static_bytes: u64,
     pub dark_bytes: u64,
 }
 
 impl MemoryLevels {
     /// The names of the levels, in the order `named` gives them.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 14] = [
         "rss_anon_bytes",
         "rss_file_bytes",
         "rss_shmem_bytes",
@@ -82,32 +127,56 @@ impl MemoryLevels {
         "allocator_held_bytes",
         "heap_overhead_bytes",
         "mapped_anon_bytes",
+        "allocator_resident_bytes",
+        "allocator_free_resident_bytes",
+        "mapped_anon_resident_bytes",
+        "stack_bytes",
+        "static_bytes",
         "dark_bytes",
     ];
 
-    /// The levels of a process the OS says holds `os`, from the kernel's figures of it.
-    pub fn of(os: OsMemory, stats: &ProcessStats, brk_heap_bytes: u64) -> Self {
-        Self::new(os, stats.live_bytes, TakenMemory::of(stats, brk_heap_bytes))
+    /// The levels of a process the OS says holds `os`, from the kernel's figures of it and the
+    /// owners of its resident pages, when they were read.
+    pub fn of(
+        os: OsMemory,
+        stats: &ProcessStats,
+        brk_heap_bytes: u64,
+        owners: Option<ResidentOwners>,
+    ) -> Self {
+        Self::new(os, stats.live_bytes, TakenMemory::of(stats, brk_heap_bytes), owners)
     }
 
-    /// The levels of an exited process, from what the kernel counted as it exited; None if that
-    /// was not read (a kernel without BTF).
-    pub fn at_exit(stats: &ProcessStats, page_size: u64) -> Option<Self> {
+    /// The levels of an exited process, from what the kernel counted as it exited and the owners
+    /// last read while it ran; None if the kernel's counters were not read (a kernel without BTF).
+    pub fn at_exit(stats: &ProcessStats, page_size: u64, owners: Option<ResidentOwners>) -> Option<Self> {
         let exit = &stats.exit_memory;
         (exit.read != 0).then(|| {
             Self::new(
                 OsMemory::at_exit(exit, page_size),
                 stats.live_bytes,
                 TakenMemory::of(stats, exit.heap_break_bytes),
+                owners,
             )
         })
     }
 
-    pub fn new(os: OsMemory, heap_live_bytes: i64, taken: TakenMemory) -> Self {
+    pub fn new(
+        os: OsMemory,
+        heap_live_bytes: i64,
+        taken: TakenMemory,
+        owners: Option<ResidentOwners>,
+    ) -> Self {
         // Sampling estimates can dip below zero for a moment; a level cannot.
         let heap_live_bytes = heap_live_bytes.max(0) as u64;
-        let held = taken.allocator_held_bytes;
-        let explained = held.max(heap_live_bytes) + taken.mapped_anon_bytes;
+        let anonymous = os.rss_anon_bytes + os.swap_bytes;
+        let (held, explained) = match owners {
+            Some(owners) => (owners.allocator_accessible, owners.owned()),
+            None => {
+                let held = taken.allocator_held_bytes;
+                (held, held.max(heap_live_bytes) + taken.mapped_anon_bytes)
+            }
+        };
+        let owners = owners.unwrap_or_default();
         Self {
             rss_anon_bytes: os.rss_anon_bytes,
             rss_file_bytes: os.rss_file_bytes,
@@ -117,7 +186,12 @@ impl MemoryLevels {
             allocator_held_bytes: held,
             heap_overhead_bytes: held.saturating_sub(heap_live_bytes),
             mapped_anon_bytes: taken.mapped_anon_bytes,
-            dark_bytes: (os.rss_anon_bytes + os.swap_bytes).saturating_sub(explained),
+            allocator_resident_bytes: owners.allocator,
+            allocator_free_resident_bytes: owners.allocator_free,
+            mapped_anon_resident_bytes: owners.program,
+            stack_bytes: owners.stacks,
+            static_bytes: owners.statics,
+            dark_bytes: anonymous.saturating_sub(explained),
         }
     }
 
@@ -126,25 +200,55 @@ impl MemoryLevels {
         self.rss_anon_bytes + self.rss_file_bytes + self.rss_shmem_bytes
     }
 
-    /// Every level with its name, in `NAMES` order.
-    pub fn named(&self) -> [(&'static str, u64); 9] {
+    /// Every level with its name, in `NAMES` order; None for a level that is unknown.
+    pub fn named(&self) -> [(&'static str, Option<u64>); 14] {
         let values = [
-            self.rss_anon_bytes,
-            self.rss_file_bytes,
-            self.rss_shmem_bytes,
-            self.swap_bytes,
-            self.heap_live_bytes,
-            self.allocator_held_bytes,
-            self.heap_overhead_bytes,
-            self.mapped_anon_bytes,
-            self.dark_bytes,
+            Some(self.rss_anon_bytes),
+            Some(self.rss_file_bytes),
+            Some(self.rss_shmem_bytes),
+            Some(self.swap_bytes),
+            Some(self.heap_live_bytes),
+            Some(self.allocator_held_bytes),
+            Some(self.heap_overhead_bytes),
+            Some(self.mapped_anon_bytes),
+            Some(self.allocator_resident_bytes),
+            self.allocator_free_resident_bytes,
+            Some(self.mapped_anon_resident_bytes),
+            Some(self.stack_bytes),
+            Some(self.static_bytes),
+            Some(self.dark_bytes),
         ];
-        let mut named = [("", 0); 9];
+        let mut named = [("", None); 14];
         for (slot, (name, value)) in named.iter_mut().zip(Self::NAMES.into_iter().zip(values)) {
             *slot = (name, value);
         }
         named
     }
+
+    /// The levels that are known, by name: the trace's `memory` counter (a counter has no null).
+    pub fn known(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.named().into_iter().filter_map(|(name, value)| Some((name.to_owned(), value?.into()))).collect()
+    }
+}
+
+/// The allocator's free pool: the gaps between live blocks in its mappings, by size class, with
+/// how much of each is resident (the summary's `memory.allocator_free_by_size`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreePool {
+    /// glibc arenas seen (the main one and each thread arena's heaps' arena); 0 for other allocators.
+    pub arenas: u32,
+    /// Classes with any gap, smallest first.
+    pub classes: Vec<FreeClass>,
+}
+
+/// The gaps of one power-of-two size class: each at least `min_bytes` and less than twice it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeClass {
+    pub min_bytes: u64,
+    pub gaps: u64,
+    pub bytes: u64,
+    /// Whole resident pages inside the gaps: the class's part of allocator_free_resident_bytes.
+    pub resident_bytes: u64,
 }
 
 #[cfg(test)]
@@ -158,21 +262,48 @@ mod tests {
         // 16 MiB resident anonymous: 8 MiB mapped by the program, 1 MiB live in a 2 MiB heap.
         let os = OsMemory { rss_anon_bytes: 16 * MIB, rss_file_bytes: 3 * MIB, ..OsMemory::default() };
         let taken = TakenMemory { allocator_held_bytes: 2 * MIB, mapped_anon_bytes: 8 * MIB };
-        let levels = MemoryLevels::new(os, MIB as i64, taken);
+        let levels = MemoryLevels::new(os, MIB as i64, taken, None);
         assert_eq!(levels.dark_bytes, 6 * MIB);
         assert_eq!(levels.heap_overhead_bytes, MIB);
         assert_eq!(levels.rss_bytes(), 19 * MIB);
-        assert_eq!(levels.named()[8], ("dark_bytes", 6 * MIB));
+        assert_eq!(levels.named()[13], ("dark_bytes", Some(6 * MIB)));
+        assert_eq!(levels.named()[9], ("allocator_free_resident_bytes", None));
+        assert!(!levels.known().contains_key("allocator_free_resident_bytes"));
     }
 
     #[test]
     fn dark_memory_is_never_negative_and_the_live_heap_counts_when_holdings_are_unknown() {
         let os = OsMemory { rss_anon_bytes: MIB, ..OsMemory::default() };
-        let levels = MemoryLevels::new(os, 4 * MIB as i64, TakenMemory::default());
+        let levels = MemoryLevels::new(os, 4 * MIB as i64, TakenMemory::default(), None);
         assert_eq!(levels.dark_bytes, 0);
         assert_eq!(levels.heap_overhead_bytes, 0);
-        let levels = MemoryLevels::new(os, -5, TakenMemory::default());
+        let levels = MemoryLevels::new(os, -5, TakenMemory::default(), None);
         assert_eq!(levels.heap_live_bytes, 0);
         assert_eq!(levels.dark_bytes, MIB);
+    }
+
+    #[test]
+    fn with_owners_dark_memory_is_what_no_owner_claims() {
+        // 30 MiB resident + 2 MiB swapped: 20 allocator (4 of it free), 3 program, 1 stacks, 6 static.
+        let os = OsMemory { rss_anon_bytes: 30 * MIB, swap_bytes: 2 * MIB, ..OsMemory::default() };
+        let owners = ResidentOwners {
+            allocator: 20 * MIB,
+            allocator_free: Some(4 * MIB),
+            program: 3 * MIB,
+            stacks: MIB,
+            statics: 6 * MIB,
+            allocator_accessible: 64 * MIB,
+        };
+        let levels = MemoryLevels::new(os, 16 * MIB as i64, TakenMemory::default(), Some(owners));
+        assert_eq!(levels.dark_bytes, 2 * MIB);
+        assert_eq!(levels.allocator_held_bytes, 64 * MIB);
+        assert_eq!(levels.heap_overhead_bytes, 48 * MIB);
+        assert_eq!(levels.known()["allocator_free_resident_bytes"], 4 * MIB);
+        let owned = levels.allocator_resident_bytes
+            + levels.mapped_anon_resident_bytes
+            + levels.stack_bytes
+            + levels.static_bytes
+            + levels.dark_bytes;
+        assert_eq!(owned, levels.rss_anon_bytes + levels.swap_bytes, "the owners add up");
     }
 }

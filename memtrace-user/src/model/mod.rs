@@ -13,7 +13,7 @@ use memtrace_common::{ProcessStats, StackTotals};
 
 use crate::process::procfs::Mapping;
 use frame::Frame;
-use levels::MemoryLevels;
+use levels::{FreePool, MemoryLevels};
 
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -32,6 +32,11 @@ pub struct Process {
     /// When its live heap was highest, as seen at the samples, and which stacks held it then.
     pub peak: Option<HeapPeak>,
     pub exited: bool,
+    /// The probes were attached before its current image ran (a launched command, an exec seen):
+    /// every block it holds went through them, so its allocator's free pool can be measured.
+    pub seen_from_start: bool,
+    /// Its allocator's free pool by size class, as last measured (collect/owners), where known.
+    pub free_pool: Option<FreePool>,
     /// Its kernel state is gone (system-wide tracing releases exited processes): the figures are
     /// final and no longer read.
     pub released: bool,
@@ -251,6 +256,8 @@ impl Model {
                 timeline: Vec::new(),
                 peak: None,
                 exited: false,
+                seen_from_start: false,
+                free_pool: None,
                 released: false,
                 mappings: Vec::new(),
                 stacks: Vec::new(),

@@ -8,7 +8,9 @@
 //! object), `sparse` (the parts of an ELF file a question needs), `entry_points` and `map_sites`
 //! (what one ELF file defines), `facts` (the per-file cache of those), `objects` (link order),
 //! `image` (a process's objects), and above them `allocator` and `map_calls`, which choose per
-//! process what to probe. Each imports from the file that defines what it uses; the `pub use`
+//! process what to probe. Beside them, what /proc and the process's memory say of its pages:
+//! `smaps` (mappings with their resident bytes), `pagemap` (which pages are present) and `remote`
+//! (reading words of its memory). Each imports from the file that defines what it uses; the `pub use`
 //! below is for the rest of memtrace.
 
 pub mod allocator;
@@ -22,8 +24,11 @@ mod image;
 pub mod map_calls;
 mod map_sites;
 mod objects;
+pub mod pagemap;
 pub mod procfs;
+pub mod remote;
 mod resolve;
+pub mod smaps;
 mod sparse;
 pub mod threads;
 

@@ -89,22 +89,23 @@ pub fn os_memory(pid: u32) -> Option<OsMemory> {
     parse_status_memory(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
 }
 
-/// RssAnon, RssFile, RssShmem and VmSwap of /proc/PID/status (in kB there).
+/// RssAnon, RssFile, RssShmem, VmSwap and VmSize of /proc/PID/status (in kB there).
 fn parse_status_memory(status: &str) -> Option<OsMemory> {
     let mut memory = OsMemory::default();
     let mut found = 0;
     for line in status.lines() {
         let Some((name, value)) = line.split_once(':') else { continue };
-        let field = match name {
-            "RssAnon" => &mut memory.rss_anon_bytes,
-            "RssFile" => &mut memory.rss_file_bytes,
-            "RssShmem" => &mut memory.rss_shmem_bytes,
-            "VmSwap" => &mut memory.swap_bytes,
+        let (field, counted) = match name {
+            "RssAnon" => (&mut memory.rss_anon_bytes, 1),
+            "RssFile" => (&mut memory.rss_file_bytes, 1),
+            "RssShmem" => (&mut memory.rss_shmem_bytes, 1),
+            "VmSwap" => (&mut memory.swap_bytes, 1),
+            "VmSize" => (&mut memory.address_space_bytes, 0),
             _ => continue,
         };
         let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
         *field = kib * 1024;
-        found += 1;
+        found += counted;
     }
     // A zombie or kernel thread has none of them.
     (found == 4).then_some(memory)

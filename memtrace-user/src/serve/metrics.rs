@@ -116,7 +116,8 @@ impl ProcessFamilies {
         self.allocated_bytes.get_or_create(labels).inc_by(stats.allocated_bytes);
         self.rss_bytes.get_or_create(labels).inc_by(gauge_value(process.memory.rss_bytes()));
         for ((name, value), family) in process.memory.named().into_iter().zip(&self.levels) {
-            if !is_heap_live(name) {
+            // An unknown level (the free pool of a process attached late) has no sample.
+            if let Some(value) = value.filter(|_| !is_heap_live(name)) {
                 family.get_or_create(labels).inc_by(gauge_value(value));
             }
         }

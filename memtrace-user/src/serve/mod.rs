@@ -183,6 +183,8 @@ fn copy(process: &Process, stacks: Stacks) -> Process {
         timeline: Vec::new(),
         peak: None,
         exited: process.exited,
+        seen_from_start: process.seen_from_start,
+        free_pool: process.free_pool.clone(),
         released: process.released,
         mappings: Vec::new(),
         stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },

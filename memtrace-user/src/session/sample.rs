@@ -159,6 +159,7 @@ impl Run {
         // once, before the reports are worked out.
         self.following.release_held_execs();
         self.probes.detach();
+        self.collector.last_sample_next();
         self.sample()?;
         // The agent has nothing left to show them to.
         if !self.retention.forget_released {

@@ -110,6 +110,10 @@ impl Targets {
         collector.index_object(&allocator.object);
         let watched = vec![Watched::new(held.pid, true)?];
         add_traced(model, held.pid, command_name(&program), &allocator);
+        // Held before its first instruction: every block it makes goes through the probes.
+        if let Some(process) = model.processes.get_mut(&held.pid) {
+            process.seen_from_start = true;
+        }
         Ok(Self { watched, held: Some(held), preload: image.objects })
     }
 }

@@ -302,7 +302,10 @@ fn figure_lines<'a>(row: &Row) -> Vec<Line<'a>> {
     for part in [&levels[..4], &levels[4..]] {
         let named: Vec<String> = part
             .iter()
-            .map(|(name, bytes)| format!("{} {}", name.trim_end_matches("_bytes"), format_bytes(*bytes)))
+            .map(|(name, bytes)| {
+                let bytes = bytes.map_or_else(|| "?".to_owned(), format_bytes);
+                format!("{} {bytes}", name.trim_end_matches("_bytes"))
+            })
             .collect();
         lines.push(Line::raw(named.join(" · ")));
     }

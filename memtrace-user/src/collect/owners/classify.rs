@@ -1,0 +1,346 @@
+//! Who owns each resident anonymous page of a process. Every mapping of /proc/PID/smaps gets its
+//! owner from the first rule that speaks for it; its anonymous resident and swapped bytes go to
+//! that owner, so the owners and dark memory add up to RssAnon + VmSwap by construction. The rules,
+//! in order:
+//!
+//! 1. its name: `[heap]` is the allocator's, `[stack]` a stack; glibc 2.39+ names arenas
+//!    (`[anon:glibc: malloc arena]`) and thread stacks (`[anon:glibc: pthread stack: TID]`); a
+//!    private file mapping that is not executable holds its object's static data (its anonymous
+//!    pages are the copies written to: .data, .got, relocated read-only data);
+//! 2. the mappings the probes saw made (the kernel's REGIONS, for processes traced from their
+//!    start): inside an allocator call the allocator's, MAP_STACK a stack, otherwise the program's;
+//! 3. a glibc heap: 64 MiB-aligned (HEAP_MAX_SIZE), starting with a plausible `heap_info`
+//!    (read from the process), reserved to its 64 MiB with PROT_NONE beyond what is open: the
+//!    thread arenas, which glibc opens with mprotect and which the probes never see mapped;
+//! 4. blocks glibc mapped for a large malloc, found from their chunk headers (prev_size 0, the
+//!    IS_MMAPPED bit, a size of whole pages), for processes attached after they were made;
+//! 5. a thread stack: read-write anonymous memory right above a small PROT_NONE guard;
+//! 6. a .bss: anonymous memory right after its object's writable file mapping.
+//!
+//! A mapping the kernel merged from several (two adjacent anonymous mappings with one protection)
+//! may have several owners: its pages are then counted per part in /proc/PID/pagemap.
+
+use crate::{
+    model::levels::ResidentOwners,
+    process::{
+        pagemap::Pagemap,
+        remote::ReadWords,
+        smaps::{Backing, Vma},
+    },
+};
+
+/// Who a page belongs to; a page of no owner is dark memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Allocator,
+    Program,
+    Stack,
+    Static,
+}
+
+/// A mapping the probes saw made, and by whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenMapping {
+    pub start: u64,
+    pub end: u64,
+    pub owner: Owner,
+}
+
+/// A process's resident pages by owner, and where its allocator's memory lies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Classified {
+    /// `allocator_free` is left None: it takes the live blocks (free_pool.rs).
+    pub owners: ResidentOwners,
+    /// The allocator's accessible address ranges, lowest first: where its free pool lies.
+    pub allocator_ranges: Vec<(u64, u64)>,
+    /// glibc arenas: the main one (a `[heap]`) and one per thread arena's first heap.
+    pub arenas: u32,
+}
+
+/// glibc's HEAP_MAX_SIZE on 64-bit: 2 * DEFAULT_MMAP_THRESHOLD_MAX (32 MiB).
+const GLIBC_HEAP_MAX: u64 = 64 << 20;
+/// glibc's IS_MMAPPED bit of a chunk's size field.
+const IS_MMAPPED: u64 = 2;
+/// The largest guard below a thread stack taken for one (glibc's default is a page).
+const MAX_GUARD: u64 = 64 << 10;
+/// At most this many chunk headers are read per mapping.
+const MAX_CHUNKS: usize = 4096;
+
+/// What a rule says of one mapping.
+enum Claim {
+    Whole(Owner),
+    /// Disjoint parts, lowest first; the rest of the mapping is dark.
+    Parts(Vec<(u64, u64, Owner)>),
+    Unowned,
+}
+
+/// Classifies every mapping of `vmas` (lowest first). `seen` is sorted by start.
+pub fn classify(
+    vmas: &[Vma],
+    seen: &[SeenMapping],
+    memory: &impl ReadWords,
+    pagemap: Option<&Pagemap>,
+) -> Classified {
+    let mut classified = Classified::default();
+    for (index, vma) in vmas.iter().enumerate() {
+        let previous = index.checked_sub(1).map(|before| &vmas[before]).filter(|p| p.end == vma.start);
+        let claim = claim_of(vma, previous, seen, memory, &mut classified.arenas);
+        classified.add(vma, claim, pagemap);
+    }
+    classified
+}
+
+fn claim_of(
+    vma: &Vma,
+    previous: Option<&Vma>,
+    seen: &[SeenMapping],
+    memory: &impl ReadWords,
+    arenas: &mut u32,
+) -> Claim {
+    if let Some(owner) = by_name(vma) {
+        *arenas += u32::from(vma.backing == Backing::Heap);
+        return Claim::Whole(owner);
+    }
+    if !vma.is_plain_anonymous() || vma.is_reservation() {
+        return Claim::Unowned;
+    }
+    let parts = seen_parts(vma, seen);
+    if !parts.is_empty() {
+        return Claim::Parts(parts);
+    }
+    if let Some(heap) = glibc_heap(vma, memory) {
+        *arenas += u32::from(heap.first_of_arena);
+        return Claim::Parts(vec![(vma.start, vma.start + heap.open_bytes, Owner::Allocator)]);
+    }
+    let chunks = glibc_mapped_chunks(vma, memory);
+    if !chunks.is_empty() {
+        return Claim::Parts(chunks.into_iter().map(|(start, end)| (start, end, Owner::Allocator)).collect());
+    }
+    match previous {
+        Some(guard) if guard.is_plain_anonymous() && guard.is_reservation() && guard.len() <= MAX_GUARD => {
+            Claim::Whole(Owner::Stack)
+        }
+        Some(data) if matches!(data.backing, Backing::File(_)) && data.private && data.writable => {
+            Claim::Whole(Owner::Static)
+        }
+        _ => Claim::Unowned,
+    }
+}
+
+/// Rule 1: what the mapping's name says.
+fn by_name(vma: &Vma) -> Option<Owner> {
+    match &vma.backing {
+        Backing::Heap => Some(Owner::Allocator),
+        Backing::MainStack => Some(Owner::Stack),
+        Backing::Named(name) if name.starts_with("glibc: malloc") => Some(Owner::Allocator),
+        Backing::Named(name) if name.contains("stack") => Some(Owner::Stack),
+        // An executable mapping's copied pages are breakpoints (the probes') or patched code.
+        Backing::File(_) if vma.private && !vma.executable => Some(Owner::Static),
+        _ => None,
+    }
+}
+
+/// Rule 2: the parts of the mapping the probes saw made.
+fn seen_parts(vma: &Vma, seen: &[SeenMapping]) -> Vec<(u64, u64, Owner)> {
+    let first = seen.partition_point(|mapping| mapping.end <= vma.start);
+    seen[first..]
+        .iter()
+        .take_while(|mapping| mapping.start < vma.end)
+        .map(|mapping| (mapping.start.max(vma.start), mapping.end.min(vma.end), mapping.owner))
+        .filter(|(start, end, _)| start < end)
+        .collect()
+}
+
+struct GlibcHeap {
+    /// heap_info.mprotect_size: the part open for use.
+    open_bytes: u64,
+    /// heap_info.prev is NULL: the arena's first heap, which holds the arena itself.
+    first_of_arena: bool,
+}
+
+/// Rule 3: a glibc heap, from its `heap_info { ar_ptr, prev, size, mprotect_size, ... }`.
+fn glibc_heap(vma: &Vma, memory: &impl ReadWords) -> Option<GlibcHeap> {
+    if vma.start % GLIBC_HEAP_MAX != 0 || !vma.writable {
+        return None;
+    }
+    let ar_ptr = memory.word(vma.start)?;
+    let prev = memory.word(vma.start + 8)?;
+    let size = memory.word(vma.start + 16)?;
+    let open = memory.word(vma.start + 24)?;
+    let plausible = ar_ptr != 0
+        && 0 < size
+        && size <= open
+        && open <= GLIBC_HEAP_MAX.min(vma.len())
+        && open % 4096 == 0
+        && (prev == 0 || prev % GLIBC_HEAP_MAX == 0);
+    plausible.then_some(GlibcHeap { open_bytes: open, first_of_arena: prev == 0 })
+}
+
+/// Rule 4: the blocks glibc mapped for large allocations, one after another from the mapping's
+/// start (the kernel merges adjacent ones); empty when the first header is not one.
+fn glibc_mapped_chunks(vma: &Vma, memory: &impl ReadWords) -> Vec<(u64, u64)> {
+    let mut chunks = Vec::new();
+    let mut at = vma.start;
+    while at < vma.end && chunks.len() < MAX_CHUNKS {
+        let (Some(0), Some(size)) = (memory.word(at), memory.word(at + 8)) else { break };
+        let len = size & !7;
+        if size & IS_MMAPPED == 0 || len == 0 || len % 4096 != 0 || at + len > vma.end {
+            break;
+        }
+        chunks.push((at, at + len));
+        at += len;
+    }
+    chunks
+}
+
+impl Classified {
+    /// Adds one mapping's anonymous bytes to its owners.
+    fn add(&mut self, vma: &Vma, claim: Claim, pagemap: Option<&Pagemap>) {
+        let parts = match claim {
+            Claim::Unowned => return,
+            Claim::Whole(owner) => vec![(vma.start, vma.end, owner)],
+            Claim::Parts(parts) => parts,
+        };
+        if !vma.is_reservation() {
+            for &(start, end, _) in parts.iter().filter(|part| part.2 == Owner::Allocator) {
+                self.owners.allocator_accessible += end - start;
+                match self.allocator_ranges.last_mut() {
+                    Some(last) if last.1 == start => last.1 = end,
+                    _ => self.allocator_ranges.push((start, end)),
+                }
+            }
+        }
+        let whole = parts.len() == 1 && (parts[0].0, parts[0].1) == (vma.start, vma.end);
+        let mut left = vma.anonymous_and_swap();
+        for (start, end, owner) in parts {
+            let bytes = match (whole, pagemap) {
+                (true, _) => left,
+                (false, Some(pagemap)) => {
+                    let pages = pagemap.count(start, end);
+                    (pages.present + pages.swapped) * pagemap.page_size()
+                }
+                // Without pagemap, a part's share of the mapping's pages is its share of its length.
+                (false, None) => vma.anonymous_and_swap() * (end - start) / vma.len().max(1),
+            };
+            let bytes = bytes.min(left);
+            left -= bytes;
+            *self.owner_mut(owner) += bytes;
+        }
+    }
+
+    fn owner_mut(&mut self, owner: Owner) -> &mut u64 {
+        match owner {
+            Owner::Allocator => &mut self.owners.allocator,
+            Owner::Program => &mut self.owners.program,
+            Owner::Stack => &mut self.owners.stacks,
+            Owner::Static => &mut self.owners.statics,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const KIB: u64 = 1 << 10;
+
+    struct Words(HashMap<u64, u64>);
+
+    impl ReadWords for Words {
+        fn word(&self, address: u64) -> Option<u64> {
+            self.0.get(&address).copied()
+        }
+    }
+
+    fn anonymous(start: u64, end: u64, resident: u64, perms: &str) -> Vma {
+        Vma {
+            start,
+            end,
+            readable: perms.starts_with('r'),
+            writable: perms.as_bytes()[1] == b'w',
+            executable: perms.as_bytes()[2] == b'x',
+            private: true,
+            backing: Backing::Anonymous,
+            anonymous: resident,
+            swap: 0,
+        }
+    }
+
+    fn backed(start: u64, end: u64, resident: u64, perms: &str, backing: Backing) -> Vma {
+        Vma { backing, ..anonymous(start, end, resident, perms) }
+    }
+
+    /// A process of one executable with a .bss, a brk heap, a thread arena (heap_info readable),
+    /// a thread stack with its guard, a block glibc mapped before the attach, a mapping the program
+    /// made (seen by the probes), JIT code and the main stack: every rule once.
+    #[test]
+    fn every_rule_gives_its_owner_and_what_is_left_is_dark() {
+        let arena = 0x7f00_0000_0000; // 64 MiB-aligned
+        let block = 0x7f10_0000_0000;
+        let exe = Backing::File("/usr/bin/app".into());
+        let vmas = vec![
+            backed(0x5500_0000, 0x5500_1000, 0, "r-xp", exe.clone()),
+            backed(0x5500_1000, 0x5500_2000, 4 * KIB, "rw-p", exe),
+            anonymous(0x5500_2000, 0x5560_2000, 6 * MIB, "rw-p"), // .bss
+            backed(0x5600_0000, 0x5640_0000, 3 * MIB, "rw-p", Backing::Heap),
+            anonymous(arena, arena + 32 * MIB, 20 * MIB, "rw-p"),
+            anonymous(arena + 32 * MIB, arena + 64 * MIB, 0, "---p"),
+            anonymous(0x7f08_0000_0000, 0x7f08_0000_1000, 0, "---p"), // guard
+            anonymous(0x7f08_0000_1000, 0x7f08_0080_0000, 64 * KIB, "rw-p"),
+            anonymous(block, block + 2 * MIB, 2 * MIB, "rw-p"),
+            anonymous(0x7f20_0000_0000, 0x7f20_0100_0000, 5 * MIB, "rw-p"), // the program's
+            anonymous(0x7f30_0000_0000, 0x7f30_0001_0000, 64 * KIB, "rwxp"), // JIT
+            backed(0x7ffc_0000_0000, 0x7ffc_0002_1000, 132 * KIB, "rw-p", Backing::MainStack),
+        ];
+        let words = Words(HashMap::from([
+            (arena, arena + 48),
+            (arena + 8, 0),
+            (arena + 16, 30 * MIB),
+            (arena + 24, 32 * MIB),
+            (block, 0),
+            (block + 8, 2 * MIB | IS_MMAPPED),
+        ]));
+        let seen = [SeenMapping { start: 0x7f20_0000_0000, end: 0x7f20_0100_0000, owner: Owner::Program }];
+        let classified = classify(&vmas, &seen, &words, None);
+        let owners = classified.owners;
+        assert_eq!(owners.allocator, 3 * MIB + 20 * MIB + 2 * MIB);
+        assert_eq!(owners.allocator_accessible, 4 * MIB + 32 * MIB + 2 * MIB);
+        assert_eq!(owners.program, 5 * MIB);
+        assert_eq!(owners.stacks, 64 * KIB + 132 * KIB);
+        assert_eq!(owners.statics, 4 * KIB + 6 * MIB);
+        let total: u64 = vmas.iter().map(Vma::anonymous_and_swap).sum();
+        assert_eq!(total - owners.owned(), 64 * KIB, "the JIT code alone is dark");
+        assert_eq!(classified.arenas, 2, "the main arena and one thread arena");
+        assert_eq!(
+            classified.allocator_ranges,
+            [(0x5600_0000, 0x5640_0000), (arena, arena + 32 * MIB), (block, block + 2 * MIB)]
+        );
+    }
+
+    /// The kernel merged a block the allocator mapped with one the program mapped: each part's
+    /// pages go to its maker (here, without pagemap, by length).
+    #[test]
+    fn a_merged_mapping_is_shared_by_its_parts() {
+        let vmas = [anonymous(0x1000_0000, 0x1040_0000, 4 * MIB, "rw-p")];
+        let seen = [
+            SeenMapping { start: 0x1000_0000, end: 0x1010_0000, owner: Owner::Allocator },
+            SeenMapping { start: 0x1010_0000, end: 0x1040_0000, owner: Owner::Program },
+        ];
+        let classified = classify(&vmas, &seen, &Words(HashMap::new()), None);
+        assert_eq!((classified.owners.allocator, classified.owners.program), (MIB, 3 * MIB));
+    }
+
+    /// An aligned mapping whose first words are no heap_info is no arena.
+    #[test]
+    fn an_aligned_mapping_without_a_heap_header_is_not_an_arena() {
+        let start = 0x7f00_0000_0000;
+        let vmas = [anonymous(start, start + MIB, MIB, "rw-p")];
+        let words = Words(HashMap::from([(start, 7), (start + 8, 3), (start + 16, 1), (start + 24, 5)]));
+        let classified = classify(&vmas, &[], &words, None);
+        assert_eq!(classified.owners.owned(), 0);
+        assert_eq!(classified.arenas, 0);
+    }
+}

@@ -1,0 +1,110 @@
+//! The owners of every process's resident anonymous pages (classify.rs) and its allocator's free
+//! pool (free_pool.rs), read so that their cost stays bounded:
+//!
+//! - /proc/PID/smaps is read again only when the process's RssAnon, VmSwap or VmSize moved since
+//!   the last read (a quiet process costs one read of /proc/PID/status a sample, as before);
+//! - the free pool takes every live block of the kernel's table and the pagemap of the
+//!   allocator's mappings: it is measured again only after memtrace has spent 99 times as long
+//!   elsewhere as the last measurement took (at most 1% of a core on average), and always at the
+//!   end of a run. Between measurements a process keeps the last figure.
+
+pub mod classify;
+pub mod free_pool;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use self::{
+    classify::{classify, Classified, SeenMapping},
+    free_pool::LiveBlock,
+};
+use crate::{
+    model::levels::{FreePool, OsMemory, ResidentOwners},
+    process::{pagemap::Pagemap, remote::RemoteMemory, smaps},
+};
+
+/// The free pool may take this share of memtrace's time: 1 / BUDGET_DIVISOR of a core.
+const BUDGET_DIVISOR: u32 = 100;
+
+#[derive(Default)]
+pub struct OwnersReader {
+    processes: HashMap<u32, Known>,
+    /// When the free pool may be measured again.
+    free_pool_due: Option<Instant>,
+}
+
+/// What was last read of one process.
+struct Known {
+    /// RssAnon, VmSwap and VmSize when smaps was last read.
+    read_at: (u64, u64, u64),
+    classified: Classified,
+    /// The resident free bytes and the pool, when last measured.
+    free: Option<(u64, FreePool)>,
+}
+
+impl OwnersReader {
+    /// The owners of `pid`'s pages, read again if its memory moved since the last read (`os` is
+    /// what /proc/PID/status says now; `seen` the mappings the probes saw it make). None when the
+    /// process has gone. The free figure is the last measured, if `whole` (every live block of
+    /// the process is in the kernel's table).
+    pub fn read(
+        &mut self,
+        pid: u32,
+        os: OsMemory,
+        whole: bool,
+        seen: impl FnOnce() -> Vec<SeenMapping>,
+    ) -> Option<ResidentOwners> {
+        let key = (os.rss_anon_bytes, os.swap_bytes, os.address_space_bytes);
+        if self.processes.get(&pid).is_none_or(|known| known.read_at != key) {
+            let vmas = smaps::read(pid)?;
+            let pagemap = Pagemap::open(pid, crate::process::procfs::page_size());
+            let classified = classify(&vmas, &seen(), &RemoteMemory::of(pid), pagemap.as_ref());
+            let known = self.processes.entry(pid).or_insert_with(|| Known {
+                read_at: key,
+                classified: Classified::default(),
+                free: None,
+            });
+            known.read_at = key;
+            known.classified = classified;
+        }
+        self.last(pid, whole)
+    }
+
+    /// What was last read of `pid` (an exited process keeps it).
+    pub fn last(&self, pid: u32, whole: bool) -> Option<ResidentOwners> {
+        let known = self.processes.get(&pid)?;
+        let free = known.free.as_ref().filter(|_| whole).map(|(bytes, _)| *bytes);
+        Some(ResidentOwners { allocator_free: free, ..known.classified.owners })
+    }
+
+    /// The free pool of `pid` as last measured.
+    pub fn free_pool(&self, pid: u32) -> Option<&FreePool> {
+        Some(&self.processes.get(&pid)?.free.as_ref()?.1)
+    }
+
+    /// Whether the free pool is due (the budget allows it, or `now_anyway`).
+    pub fn free_pool_due(&self, now_anyway: bool) -> bool {
+        now_anyway || self.free_pool_due.is_none_or(|due| Instant::now() >= due)
+    }
+
+    /// Measures the free pools of `processes` (pid, its live blocks sorted by address, the
+    /// header each block takes before it), then waits out the budget.
+    pub fn measure_free_pools(&mut self, processes: Vec<(u32, Vec<LiveBlock>, u64)>, started: Instant) {
+        let page_size = crate::process::procfs::page_size();
+        for (pid, blocks, header) in processes {
+            let Some(known) = self.processes.get_mut(&pid) else { continue };
+            let Some(pagemap) = Pagemap::open(pid, page_size) else { continue };
+            let (resident, classes) =
+                free_pool::measure(&known.classified.allocator_ranges, &blocks, header, &pagemap);
+            known.free = Some((resident, FreePool::new(known.classified.arenas, classes)));
+        }
+        let spent = started.elapsed().max(Duration::from_micros(100));
+        self.free_pool_due = Some(Instant::now() + spent * (BUDGET_DIVISOR - 1));
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+}
