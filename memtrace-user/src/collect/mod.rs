@@ -101,6 +101,7 @@ impl Collector {
     /// exit, what the kernel counted then, with the owners last read.
     fn read_levels(&mut self, process: &mut Process, exact: bool, seen: &mut SeenMappings, probes: &Probes) {
         let whole = exact && process.seen_from_start && process.stats.lost_events == 0;
+        process.free_measured = false;
         if process.exited {
             let owners = self.owners.last(process.pid, whole);
             // What the kernel counted as it exited, else what was last seen.
@@ -142,7 +143,7 @@ impl Collector {
         if wanted.is_empty() {
             return Ok(());
         }
-        let started = std::time::Instant::now();
+        let started = owners::CpuTime::now();
         let mut blocks: HashMap<u32, Vec<LiveBlock>> = HashMap::new();
         for (key, allocation) in probes.live_allocations()? {
             // Records from before the process's current image are not its own.
@@ -164,6 +165,7 @@ impl Collector {
             process.memory.allocator_free_resident_bytes =
                 self.owners.last(pid, true).and_then(|o| o.allocator_free);
             process.free_pool = self.owners.free_pool(pid).cloned();
+            process.free_measured = true;
         }
         Ok(())
     }

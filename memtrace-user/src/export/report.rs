@@ -116,6 +116,28 @@ fn write_figures(text: &mut String, process: &Process) {
     }
 }
 
+/// The allocator's free pool said in words when it is large (a tenth of the resident anonymous
+/// memory, and at least 1 MiB): how much, what would give it back, and over how many arenas.
+pub fn free_pool_words(process: &Process) -> Option<String> {
+    let memory = &process.memory;
+    let free = memory.allocator_free_resident_bytes?;
+    if free < (1 << 20) || free * 10 < memory.rss_anon_bytes + memory.swap_bytes {
+        return None;
+    }
+    let giver = match process.allocator_kind.as_str() {
+        "glibc" => "malloc_trim(0) would return them",
+        kind if kind.starts_with("jemalloc") => "a purge of its arenas would return them",
+        _ => "a trim of the allocator could return them",
+    };
+    let arenas = process.free_pool.as_ref().map_or(0, |pool| pool.arenas);
+    let arenas = match arenas {
+        0 => String::new(),
+        1 => "; 1 arena".to_owned(),
+        n => format!("; {n} arenas"),
+    };
+    Some(format!("the allocator keeps {} of resident free pages ({giver}){arenas}", bytes(free)))
+}
+
 /// The levels, from the OS's view down: what holds the resident anonymous memory.
 fn write_memory(text: &mut String, process: &Process) {
     let memory = &process.memory;
@@ -135,6 +157,19 @@ fn write_memory(text: &mut String, process: &Process) {
         bytes(memory.mapped_anon_bytes),
         bytes(memory.dark_bytes)
     );
+    let _ = writeln!(
+        text,
+        "    resident anon + swap by owner: allocator {} (free {}), program {}, stacks {}, static {}, dark {}",
+        bytes(memory.allocator_resident_bytes),
+        memory.allocator_free_resident_bytes.map_or_else(|| "unknown".to_owned(), bytes),
+        bytes(memory.mapped_anon_resident_bytes),
+        bytes(memory.stack_bytes),
+        bytes(memory.static_bytes),
+        bytes(memory.dark_bytes)
+    );
+    if let Some(words) = free_pool_words(process) {
+        let _ = writeln!(text, "    {words}");
+    }
     if let Some(peak) = &process.peak {
         let _ = writeln!(
             text,

@@ -76,6 +76,21 @@ impl ResidentOwners {
     pub fn owned(&self) -> u64 {
         self.allocator + self.program + self.stacks + self.statics
     }
+
+    /// The owners last read, made to fit in the `anonymous` bytes a process had as it exited.
+    /// Threads end before the process does, and their stacks and a page or two of their arenas
+    /// go with them: an excess of up to a tenth is taken from the stacks, then the allocator. A
+    /// larger one means the process gave memory back after the last sample (Python frees its
+    /// objects at its end): the owners are stale, and None.
+    pub fn fitted(self, anonymous: u64) -> Option<Self> {
+        let excess = self.owned().saturating_sub(anonymous);
+        if excess * 10 > anonymous {
+            return None;
+        }
+        let from_stacks = excess.min(self.stacks);
+        let from_allocator = (excess - from_stacks).min(self.allocator);
+        Some(Self { stacks: self.stacks - from_stacks, allocator: self.allocator - from_allocator, ..self })
+    }
 }
 
 /// One process's memory, level by level (the summary's `memory` object and the trace's `memory`
@@ -147,16 +162,14 @@ impl MemoryLevels {
     }
 
     /// The levels of an exited process, from what the kernel counted as it exited and the owners
-    /// last read while it ran; None if the kernel's counters were not read (a kernel without BTF).
+    /// last read while it ran, if they still fit in that (`ResidentOwners::fitted`); None if the kernel's counters
+    /// were not read (a kernel without BTF).
     pub fn at_exit(stats: &ProcessStats, page_size: u64, owners: Option<ResidentOwners>) -> Option<Self> {
         let exit = &stats.exit_memory;
         (exit.read != 0).then(|| {
-            Self::new(
-                OsMemory::at_exit(exit, page_size),
-                stats.live_bytes,
-                TakenMemory::of(stats, exit.heap_break_bytes),
-                owners,
-            )
+            let os = OsMemory::at_exit(exit, page_size);
+            let owners = owners.and_then(|owners| owners.fitted(os.rss_anon_bytes + os.swap_bytes));
+            Self::new(os, stats.live_bytes, TakenMemory::of(stats, exit.heap_break_bytes), owners)
         })
     }
 
@@ -280,6 +293,17 @@ mod tests {
         let levels = MemoryLevels::new(os, -5, TakenMemory::default(), None);
         assert_eq!(levels.heap_live_bytes, 0);
         assert_eq!(levels.dark_bytes, MIB);
+    }
+
+    #[test]
+    fn at_exit_the_last_owners_are_fitted_or_dropped() {
+        let owners =
+            ResidentOwners { allocator: 90 * MIB, stacks: MIB, statics: MIB, ..ResidentOwners::default() };
+        // The threads' stacks and 1 MiB of their arenas went before the exit was counted.
+        let fitted = owners.fitted(90 * MIB).unwrap();
+        assert_eq!((fitted.stacks, fitted.allocator, fitted.statics), (0, 89 * MIB, MIB));
+        assert_eq!(owners.fitted(92 * MIB), Some(owners));
+        assert_eq!(owners.fitted(5 * MIB), None, "the process gave back what the owners held");
     }
 
     #[test]

@@ -160,7 +160,7 @@ struct GlibcHeap {
 
 /// Rule 3: a glibc heap, from its `heap_info { ar_ptr, prev, size, mprotect_size, ... }`.
 fn glibc_heap(vma: &Vma, memory: &impl ReadWords) -> Option<GlibcHeap> {
-    if vma.start % GLIBC_HEAP_MAX != 0 || !vma.writable {
+    if !vma.start.is_multiple_of(GLIBC_HEAP_MAX) || !vma.writable {
         return None;
     }
     let ar_ptr = memory.word(vma.start)?;
@@ -171,8 +171,8 @@ fn glibc_heap(vma: &Vma, memory: &impl ReadWords) -> Option<GlibcHeap> {
         && 0 < size
         && size <= open
         && open <= GLIBC_HEAP_MAX.min(vma.len())
-        && open % 4096 == 0
-        && (prev == 0 || prev % GLIBC_HEAP_MAX == 0);
+        && open.is_multiple_of(4096)
+        && (prev == 0 || prev.is_multiple_of(GLIBC_HEAP_MAX));
     plausible.then_some(GlibcHeap { open_bytes: open, first_of_arena: prev == 0 })
 }
 
@@ -184,7 +184,7 @@ fn glibc_mapped_chunks(vma: &Vma, memory: &impl ReadWords) -> Vec<(u64, u64)> {
     while at < vma.end && chunks.len() < MAX_CHUNKS {
         let (Some(0), Some(size)) = (memory.word(at), memory.word(at + 8)) else { break };
         let len = size & !7;
-        if size & IS_MMAPPED == 0 || len == 0 || len % 4096 != 0 || at + len > vma.end {
+        if size & IS_MMAPPED == 0 || len == 0 || !len.is_multiple_of(4096) || at + len > vma.end {
             break;
         }
         chunks.push((at, at + len));
@@ -301,7 +301,7 @@ mod tests {
             (arena + 16, 30 * MIB),
             (arena + 24, 32 * MIB),
             (block, 0),
-            (block + 8, 2 * MIB | IS_MMAPPED),
+            (block + 8, (2 * MIB) | IS_MMAPPED),
         ]));
         let seen = [SeenMapping { start: 0x7f20_0000_0000, end: 0x7f20_0100_0000, owner: Owner::Program }];
         let classified = classify(&vmas, &seen, &words, None);

@@ -90,8 +90,9 @@ impl OwnersReader {
     }
 
     /// Measures the free pools of `processes` (pid, its live blocks sorted by address, the
-    /// header each block takes before it), then waits out the budget.
-    pub fn measure_free_pools(&mut self, processes: Vec<(u32, Vec<LiveBlock>, u64)>, started: Instant) {
+    /// header each block takes before it), then waits out the budget: the CPU time spent since
+    /// `started` (which took the blocks from the kernel's table), 99 times over.
+    pub fn measure_free_pools(&mut self, processes: Vec<(u32, Vec<LiveBlock>, u64)>, started: CpuTime) {
         let page_size = crate::process::procfs::page_size();
         for (pid, blocks, header) in processes {
             let Some(known) = self.processes.get_mut(&pid) else { continue };
@@ -106,5 +107,23 @@ impl OwnersReader {
 
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
+    }
+}
+
+/// The CPU time this thread has used: what the budget counts (wall time would count the time the
+/// traced programs took the CPUs from memtrace).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTime(Duration);
+
+impl CpuTime {
+    pub fn now() -> Self {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes only the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        Self(Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        Self::now().0.saturating_sub(self.0)
     }
 }
