@@ -207,3 +207,58 @@ fn synthetic_process(pid: u32, comm: &str, stacks: &[Value]) -> Value {
                      {"ts_us": 1_000_000, "memory": levels, "subsystems": {"cache": 4096}}],
     })
 }
+
+/// fixtures/arenas.c kept untrimmed: the treemap's outermost box is the process's resident
+/// anonymous memory and swap, its owners inside (the allocator holding the live heap by stack and
+/// its free resident pages by size class, dark memory its own box), the page says in words what
+/// malloc_trim(0) would return, and `memtrace report` draws the same from the saved summary.
+#[test]
+fn the_treemap_holds_every_resident_byte_by_owner() {
+    let memtrace = Memtrace::new().args(["--max-allocations", "65536"]);
+    let page = memtrace.dir().join("report.html");
+    let mut run = memtrace.arg("--html").arg(&page).command(&fixture("arenas")).arg("keep").spawn();
+    run.wait_for_stdout("ready");
+    let fresh = |trace: &memtrace_tests::Trace| {
+        trace.counters("memory").any(|counter| counter["args"].get("allocator_free_resident_bytes").is_some())
+    };
+    // The free pool, measured after the program said it was ready (its blocks are all made then).
+    let before = run.wait_for_trace("a trace", |_| true).counters("memory").count();
+    run.wait_for_trace("a measured free pool after ready", |trace| {
+        trace
+            .counters("memory")
+            .skip(before + 1)
+            .any(|c| c["args"].get("allocator_free_resident_bytes").is_some())
+            && fresh(trace)
+    });
+    run.send(b"x");
+    let outcome = run.finish();
+    outcome.assert_exit_code(0);
+    let memory = &outcome.process()["memory"];
+    let anonymous = memory["rss_anon_bytes"].as_u64().unwrap() + memory["swap_bytes"].as_u64().unwrap();
+
+    let mut chromium = Chromium::start();
+    let report = load(&mut chromium, &page, Duration::from_secs(30));
+    let root = &report["treemap"][0];
+    assert_eq!(root["value"], anonymous, "the outermost box is rss_anon + swap: {root}");
+    let names: Vec<&str> =
+        root["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    // At its exit: its threads and their stacks went before the process's memory was counted.
+    assert!(names.contains(&"allocator") && names.contains(&"static data"), "{root}");
+    let allocator = root["children"].as_array().unwrap().iter().find(|c| c["name"] == "allocator").unwrap();
+    let inside: Vec<&str> =
+        allocator["children"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(inside.starts_with(&["heap live", "free (resident)"]), "{allocator}");
+    let sum: f64 = root["children"].as_array().unwrap().iter().map(|c| c["value"].as_f64().unwrap()).sum();
+    assert_eq!(sum as u64, anonymous, "the owners add up to the box: {root}");
+    let text = chromium.evaluate("document.body.innerText").as_str().unwrap().to_owned();
+    assert!(text.contains("(malloc_trim(0) would return them);"), "{text}");
+    screenshot(&mut chromium, "arenas");
+
+    let summary = outcome.dir().join("summary.json");
+    let again = outcome.dir().join("again.html");
+    let output =
+        Command::new(memtrace_bin()).arg("report").arg(&summary).arg("--html").arg(&again).output().unwrap();
+    assert!(output.status.success(), "memtrace report failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let redrawn = load(&mut Chromium::start(), &again, Duration::from_secs(30));
+    assert_eq!(redrawn["treemap"], report["treemap"], "memtrace report draws the saved run the same");
+}

@@ -299,7 +299,8 @@ fn figure_lines<'a>(row: &Row) -> Vec<Line<'a>> {
         )),
     ];
     let levels = row.memory.named();
-    for part in [&levels[..4], &levels[4..]] {
+    // What the OS says; what the allocator and the program took; who owns the resident pages.
+    for part in [&levels[..4], &levels[4..8], &levels[8..]] {
         let named: Vec<String> = part
             .iter()
             .map(|(name, bytes)| {

@@ -11,12 +11,29 @@
     heap_live_bytes: '#e8a33d', heap_overhead_bytes: '#f3d08f', allocator_held_bytes: '#b8741a',
     mapped_anon_bytes: '#5b9bd5', dark_bytes: '#2d2a32', rss_anon_bytes: '#8e44ad',
     rss_file_bytes: '#7fb98b', rss_shmem_bytes: '#a99bd4', swap_bytes: '#c0392b', subsystems: '#d95f5f',
+    allocator_resident_bytes: '#c98a2b', allocator_free_resident_bytes: '#9fc5a8', mapped_anon_resident_bytes: '#5b9bd5',
+    stack_bytes: '#8fa3bf', static_bytes: '#b39ddb',
   };
   const LEVEL_NAMES = {
     heap_live_bytes: 'heap live', heap_overhead_bytes: 'heap overhead', allocator_held_bytes: 'allocator held',
     mapped_anon_bytes: 'mapped anonymous', dark_bytes: 'dark memory', rss_anon_bytes: 'RSS anonymous',
     rss_file_bytes: 'RSS file', rss_shmem_bytes: 'RSS shmem', swap_bytes: 'swap', subsystems: 'subsystems (reported)',
+    allocator_resident_bytes: 'allocator', allocator_free_resident_bytes: 'allocator free (resident)',
+    mapped_anon_resident_bytes: 'program mappings', stack_bytes: 'stacks', static_bytes: 'static data',
   };
+  /** The owners of the resident anonymous pages, which add up to RSS anonymous + swap (dark last). */
+  const OWNERS = ['allocator_resident_bytes', 'mapped_anon_resident_bytes', 'stack_bytes', 'static_bytes', 'dark_bytes'];
+  /** Whether a summary has the owners (one written before they existed has not). */
+  function hasOwners(m) { return m && typeof m.allocator_resident_bytes === 'number'; }
+  /** The allocator's free pool in words when it is large, as the text report says it. */
+  function freeWords(p) {
+    const m = p.memory || {}, free = m.allocator_free_resident_bytes;
+    if (typeof free !== 'number' || free < 1048576 || free * 10 < (m.rss_anon_bytes || 0) + (m.swap_bytes || 0)) return '';
+    const giver = p.allocator_kind === 'glibc' ? 'malloc_trim(0) would return them'
+      : (p.allocator_kind || '').startsWith('jemalloc') ? 'a purge of its arenas would return them' : 'a trim of the allocator could return them';
+    const arenas = m.allocator_arenas > 0 ? '; ' + m.allocator_arenas + (m.allocator_arenas === 1 ? ' arena' : ' arenas') : '';
+    return 'the allocator keeps ' + bytes(free) + ' of resident free pages (' + giver + ')' + arenas;
+  }
 
   // ---- helpers ----
   function el(tag, props, ...children) {
@@ -143,14 +160,43 @@
 
   // ---- treemap: process -> level -> subsystem or call stack ----
   const treeSection = el('section', null, el('h2', { text: 'Memory by level' }),
-    el('p', { class: 'note', text: 'Each process\u2019s resident and swapped memory by level; the live heap by call stack. ' +
-      'Dark memory is resident anonymous memory no level explains (an estimate). Subsystems are what the program reports and may overlap the heap. Click a process to show it below.' }));
+    el('p', { class: 'note', text: 'Each process\u2019s resident anonymous memory and swap by owner: the allocator (its live heap by call stack, ' +
+      'its free resident pages by size class, the rest), the program\u2019s own mappings, stacks, static data, and dark memory: what no owner explains. ' +
+      'Click a process to show it below.' }));
   const treeCanvas = el('canvas', { id: 'treemap' });
   treeSection.append(treeCanvas);
   document.body.append(treeSection);
 
+  /** The process's resident anonymous memory and swap by owner; inside the allocator, the live
+   * heap by call stack, the free resident pages by size class, and the rest (headers, pages a
+   * block only partly covers). Live bytes not resident (untouched) are left out of the box. */
+  function ownerTree(p) {
+    const m = p.memory || {};
+    const alloc = m.allocator_resident_bytes || 0;
+    const free = typeof m.allocator_free_resident_bytes === 'number' ? m.allocator_free_resident_bytes : 0;
+    const stacks = (p.stacks || []).filter(s => s.live_bytes > 0).sort((a, b) => b.live_bytes - a.live_bytes);
+    const stackTotal = stacks.reduce((sum, s) => sum + s.live_bytes, 0);
+    const live = Math.max(m.heap_live_bytes || 0, stackTotal);
+    const shown = Math.min(live, Math.max(0, alloc - free));
+    const scale = live > 0 ? shown / live : 0;
+    const heap = { name: 'heap live', color: LEVEL_COLORS.heap_live_bytes, value: shown, children: [] };
+    for (const s of stacks.slice(0, 40)) heap.children.push({ name: frameName(s.frame_ids[0]), stack: s.frame_ids, color: flameColor(frameName(s.frame_ids[0])), value: s.live_bytes * scale });
+    const rest = stacks.slice(40).reduce((sum, s) => sum + s.live_bytes, 0) * scale;
+    if (rest > 0) heap.children.push({ name: (stacks.length - 40) + ' other stacks', color: '#f0c27a', value: rest });
+    if (live > stackTotal) heap.children.push({ name: 'no stack recorded', color: '#f6dcae', value: (live - stackTotal) * scale });
+    const pool = { name: 'free (resident)', color: LEVEL_COLORS.allocator_free_resident_bytes, value: free,
+      children: (m.allocator_free_by_size || []).filter(c => c.resident_bytes > 0).map(c => ({ name: 'gaps of ' + bytes(c.min_bytes) + '+', color: '#c3dfc9', value: c.resident_bytes })) };
+    const other = { name: 'headers, partial pages', color: '#e5c89a', value: Math.max(0, alloc - shown - free) };
+    const owners = [{ name: LEVEL_NAMES.allocator_resident_bytes, color: LEVEL_COLORS.allocator_resident_bytes, value: alloc,
+      children: [heap, pool, other].filter(c => c.value > 0) }];
+    for (const key of OWNERS.slice(1)) owners.push({ name: LEVEL_NAMES[key], color: LEVEL_COLORS[key], value: m[key] || 0, dark: key === 'dark_bytes' });
+    const kept = owners.filter(o => o.value > 0);
+    return { name: label(p), proc: p, color: '#d7d7dc', value: (m.rss_anon_bytes || 0) + (m.swap_bytes || 0), children: kept };
+  }
+
   function levelTree(p) {
     const m = p.memory || {};
+    if (hasOwners(m)) return ownerTree(p);
     const stacks = (p.stacks || []).filter(s => s.live_bytes > 0).sort((a, b) => b.live_bytes - a.live_bytes);
     const stackTotal = stacks.reduce((sum, s) => sum + s.live_bytes, 0);
     const heap = { name: 'heap live', color: LEVEL_COLORS.heap_live_bytes, value: Math.max(m.heap_live_bytes || 0, stackTotal), children: [] };
@@ -210,6 +256,8 @@
   let treeRects = [];
   function drawTreemap() {
     const roots = PROCS.map(levelTree).filter(t => t.value > 0).sort((a, b) => b.value - a.value);
+    report.treemap = roots.slice(0, 20).map(r => ({ name: r.name, value: r.value,
+      children: r.children.map(c => ({ name: c.name, value: c.value, children: (c.children || []).map(k => k.name) })) }));
     const w = contentWidth(treeSection), h = Math.round(Math.min(560, Math.max(260, w * 0.42)));
     const ctx = sizeCanvas(treeCanvas, w, h);
     treeRects = [];
@@ -287,11 +335,13 @@
       ['untracked frees', count(p.untracked_frees)], ['failed allocations', count(p.failed_allocations)],
       ['lost events', count(p.lost_events)], ['RSS', bytes(p.rss_bytes)],
     ];
-    for (const key of ['rss_anon_bytes', 'rss_file_bytes', 'rss_shmem_bytes', 'swap_bytes', 'allocator_held_bytes', 'heap_overhead_bytes', 'mapped_anon_bytes', 'dark_bytes']) {
-      figures.push([LEVEL_NAMES[key], bytes(m[key])]);
+    for (const key of ['rss_anon_bytes', 'rss_file_bytes', 'rss_shmem_bytes', 'swap_bytes', 'allocator_held_bytes', 'heap_overhead_bytes', 'mapped_anon_bytes'].concat(hasOwners(m) ? OWNERS.concat(['allocator_free_resident_bytes']) : ['dark_bytes'])) {
+      figures.push([LEVEL_NAMES[key], m[key] === null ? 'unknown' : bytes(m[key])]);
     }
     for (const [name, v] of Object.entries(p.subsystems || {})) figures.push(['subsystem ' + name, bytes(v)]);
     procView.append(el('div', { class: 'figures' }, ...figures.map(([k, v]) => el('div', null, el('span', { text: k }), el('span', { text: v })))));
+    const words = freeWords(p);
+    if (words) procView.append(el('p', { class: 'warn', text: words.charAt(0).toUpperCase() + words.slice(1) + '.' }));
     renderTimeline(p);
     renderFlamegraph(p);
     renderPeak(p);
@@ -306,9 +356,14 @@
     const points = p.timeline || [];
     if (!points.length) { procView.append(el('p', { class: 'note', text: 'No samples were kept for this process.' })); return; }
     const series = [];
-    for (const key of ['rss_anon_bytes', 'rss_file_bytes', 'heap_live_bytes', 'allocator_held_bytes', 'mapped_anon_bytes', 'dark_bytes', 'swap_bytes', 'rss_shmem_bytes']) {
+    // The owners stacked (they add up to RSS anonymous + swap), the other levels as lines.
+    const owned = points.some(pt => hasOwners(pt.memory));
+    const stacked = owned ? OWNERS : [];
+    const lines = owned ? ['heap_live_bytes', 'allocator_held_bytes', 'rss_file_bytes', 'rss_shmem_bytes']
+      : ['rss_anon_bytes', 'rss_file_bytes', 'heap_live_bytes', 'allocator_held_bytes', 'mapped_anon_bytes', 'dark_bytes', 'swap_bytes', 'rss_shmem_bytes'];
+    for (const key of stacked.concat(lines)) {
       const values = points.map(pt => (pt.memory || {})[key] || 0);
-      if (values.some(v => v > 0)) series.push({ name: LEVEL_NAMES[key], color: LEVEL_COLORS[key], values, on: true });
+      if (values.some(v => v > 0)) series.push({ name: LEVEL_NAMES[key], color: LEVEL_COLORS[key], values, on: true, stacked: stacked.includes(key) });
     }
     const names = new Set();
     for (const pt of points) for (const name in pt.subsystems || {}) names.add(name);
@@ -335,7 +390,14 @@
     function draw() {
       w = contentWidth(procView);
       const ctx = sizeCanvas(canvas, w, h);
-      maxY = Math.max(1, ...series.filter(s => s.on).map(s => Math.max(...s.values)));
+      // A stacked series is drawn on top of the ones before it: its tops are the running sums.
+      let base = points.map(() => 0);
+      for (const s of series) {
+        s.bottoms = base;
+        s.tops = s.stacked && s.on ? s.values.map((v, i) => base[i] + v) : s.values;
+        if (s.stacked && s.on) base = s.tops;
+      }
+      maxY = Math.max(1, ...series.filter(s => s.on).map(s => Math.max(...s.tops)));
       ctx.strokeStyle = '#e4e4e8'; ctx.fillStyle = '#6b6b70'; ctx.lineWidth = 1;
       for (let i = 0; i <= 4; i++) {
         const v = maxY * i / 4, y = yOf(v);
@@ -349,7 +411,16 @@
       }
       ctx.textAlign = 'left';
       xs = points.map(pt => xOf(pt.ts_us));
-      for (const s of series.filter(s => s.on)) {
+      for (const s of series.filter(s => s.on && s.stacked)) {
+        ctx.fillStyle = s.color; ctx.globalAlpha = 0.75;
+        ctx.beginPath();
+        s.tops.forEach((v, i) => (i ? ctx.lineTo(xs[i], yOf(v)) : ctx.moveTo(xs[i], yOf(v))));
+        for (let i = xs.length - 1; i >= 0; i--) ctx.lineTo(xs[i], yOf(s.bottoms[i]));
+        ctx.closePath(); ctx.fill();
+        if (points.length === 1) ctx.fillRect(xs[0] - 4, yOf(s.tops[0]), 8, yOf(s.bottoms[0]) - yOf(s.tops[0]));
+        ctx.globalAlpha = 1;
+      }
+      for (const s of series.filter(s => s.on && !s.stacked)) {
         ctx.strokeStyle = s.color; ctx.fillStyle = s.color; ctx.lineWidth = 1.6;
         ctx.setLineDash(s.dashed ? [5, 3] : []);
         ctx.beginPath();
@@ -517,7 +588,7 @@
   // ---- start ----
   const redraws = [];
   // What the page drew, for a person in the console and for memtrace's tests.
-  const report = { ready: false, processes: PROCS.length, flameFrames: 0, flameMetric: '', flameZoom: '', ms: 0 };
+  const report = { ready: false, processes: PROCS.length, flameFrames: 0, flameMetric: '', flameZoom: '', ms: 0, treemap: [] };
   window.memtraceReport = report;
   drawTreemap();
   if (chosen >= 0) choose(chosen);
