@@ -20,6 +20,8 @@ use std::{
 
 use anyhow::{Context, Result};
 
+mod collector;
+
 use crate::{as_root, compile_c, workspace_root};
 
 const PAIRS: &str = "400000";
@@ -53,12 +55,22 @@ pub fn run(memtrace: &Path) -> Result<()> {
         threads.traced / single,
         threads.lost_events
     );
-    match collector_cpu(memtrace, &trace)? {
-        Some(share) => println!(
-            "the collector's CPU with {QUIET_PROCESSES} quiet processes traced (default interval): {:.1}% of a core",
-            share * 100.0
-        ),
-        None => println!("the collector's CPU: not measured (needs xtask to run as root)"),
+    match crate::is_root() {
+        true => {
+            let cpu = collector::measure(|| memtrace_writing(memtrace, &trace))?;
+            let share = |share: f64| format!("{:.2}% of a core", share * 100.0);
+            println!(
+                "the collector's CPU (default 1 s interval): {} quiet processes launched {}; the same under \
+                 --all, running before it {}; one process with 1 GiB live in 1,048,576 blocks {} (memtrace's \
+                 RSS then {} MiB)",
+                collector::QUIET_PROCESSES,
+                share(cpu.launched),
+                share(cpu.system_wide),
+                share(cpu.big_heap),
+                cpu.big_heap_memtrace_rss >> 20
+            );
+        }
+        false => println!("the collector's CPU: not measured (needs xtask to run as root)"),
     }
     match bpftrace_ns(&program)? {
         Some(ns) => println!(
@@ -198,53 +210,6 @@ fn lost_events(summary: &Path) -> Result<u64> {
     let processes = summary["processes"].as_array().map(Vec::as_slice).unwrap_or_default();
     let per_process: u64 = processes.iter().filter_map(|process| process["lost_events"].as_u64()).sum();
     Ok(summary["lost_events"].as_u64().unwrap_or(0) + per_process)
-}
-
-const QUIET_PROCESSES: usize = 100;
-/// How long the collector's CPU time is counted, once every quiet process runs.
-const CPU_WINDOW: Duration = Duration::from_secs(8);
-
-/// The share of one core memtrace's own threads use while QUIET_PROCESSES processes are traced,
-/// from its utime + stime in /proc over CPU_WINDOW. None unless xtask runs as root (through sudo,
-/// the child would be sudo, not memtrace).
-fn collector_cpu(memtrace: &Path, trace: &Path) -> Result<Option<f64>> {
-    if !crate::is_root() {
-        return Ok(None);
-    }
-    let idle = compile_c("bench/idle_allocator.c", "bench", &[])?;
-    let seconds = CPU_WINDOW.as_secs() + 6;
-    let script = format!("for i in $(seq {QUIET_PROCESSES}); do {} {seconds} & done; wait", idle.display());
-    let mut run = memtrace_writing(memtrace, trace)
-        .args(["--", "sh", "-c", &script])
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting memtrace over the quiet processes")?;
-    let stderr = run.stderr.take().context("memtrace's stderr")?;
-    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
-    anyhow::ensure!(
-        lines.any(|line| line.starts_with("memtrace: tracing")),
-        "memtrace over the quiet processes never said it was tracing"
-    );
-    // Let the shell start them all and memtrace take them in (a benchmark's settling time).
-    std::thread::sleep(Duration::from_secs(2));
-    let before = cpu_ticks(run.id())?;
-    std::thread::sleep(CPU_WINDOW);
-    let after = cpu_ticks(run.id())?;
-    lines.for_each(drop);
-    run.wait()?;
-    let ticks_per_second = 100.0; // USER_HZ on Linux
-    Ok(Some((after - before) as f64 / ticks_per_second / CPU_WINDOW.as_secs_f64()))
-}
-
-/// utime + stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15).
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name, in parentheses, may hold spaces: count fields after its closing one.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').context("no command in /proc/PID/stat")?.1.split_whitespace().collect();
-    let field =
-        |n: usize| -> Result<u64> { Ok(fields.get(n - 3).context("a short /proc/PID/stat")?.parse()?) };
-    Ok(field(14)? + field(15)?)
 }
 
 /// bpftrace with a memleak-style script (sizes at entry, live blocks and their user stacks at

@@ -69,6 +69,15 @@ const PLAN: &[(&str, &[&str])] = &[
     ),
     // levels: the mapping and brk probes
     ("levels", &["every_level_of_a_running_and_of_an_exited_process"]),
+    // the owners of resident pages (smaps, pagemap, glibc's heap headers read from the process),
+    // launched and attached, and the free pool
+    (
+        "resident",
+        &[
+            "thread_arenas_are_the_allocators_and_their_free_pages_what_malloc_trim_returns",
+            "arenas_made_before_an_attach_are_found_from_the_mappings",
+        ],
+    ),
     // 8 threads on 2 vCPUs beside an untraced busy neighbour
     ("preemption", &[]),
 ];
