@@ -62,7 +62,7 @@ struct ProcessFamilies {
     rss_bytes: Family<ProcessLabels, Gauge>,
     /// One per memory level, as `MemoryLevels::NAMES` orders them (heap_live_bytes is
     /// `memtrace_heap_live_bytes` above, and is not repeated).
-    levels: [Family<ProcessLabels, Gauge>; 9],
+    levels: [Family<ProcessLabels, Gauge>; MemoryLevels::NAMES.len()],
     subsystem_bytes: Family<SubsystemLabels, Gauge>,
 }
 
@@ -319,7 +319,11 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("comm=\"small\""), "{text}");
-        assert!(text.contains("# TYPE memtrace_dark_bytes gauge\n"), "{text}");
+        for owner in ["allocator_resident", "mapped_anon_resident", "stack", "static", "dark"] {
+            assert!(text.contains(&format!("# TYPE memtrace_{owner}_bytes gauge\n")), "{text}");
+        }
+        // Unknown in every process here (none was measured): no sample, rather than a guess.
+        assert!(!text.contains("memtrace_allocator_free_resident_bytes{"), "{text}");
         assert!(!text.contains("memtrace_heap_live_bytes_bytes"), "{text}");
         assert!(text.contains("# TYPE memtrace_allocations_total counter\n"), "{text}");
         assert!(text.contains("memtrace_lost_events_total 3\n"), "{text}");

@@ -483,14 +483,14 @@ mod tests {
         assert_eq!(lines[0], "pid 42 p42 via glibc");
         assert!(lines[1].starts_with("live heap 5768 B in 2 blocks · growth 0 ·"), "{lines:?}");
         assert_eq!(
-            lines[4..],
+            lines[5..],
             ["subsystems: cache 2048 B", "", "reading the call stacks at the next sample..."]
         );
-        assert_eq!(text(detail_lines(&row(42, 5768), &detail, true))[6], "no call stacks (--no-stacks)");
+        assert_eq!(text(detail_lines(&row(42, 5768), &detail, true))[7], "no call stacks (--no-stacks)");
         detail.stacks_read = true;
         let lines = text(detail_lines(&row(42, 5768), &detail, false));
         assert_eq!(
-            lines[6..],
+            lines[7..],
             [
                 "call stacks by live bytes (innermost first):",
                 "",
