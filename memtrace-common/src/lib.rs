@@ -123,6 +123,10 @@ pub struct ProcessStats {
     /// temporary allocations).
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
+    /// Frees the allocator's own library made of blocks it did not hand out through a probed call
+    /// (glibc's flush of a thread's tcache at thread exit frees chunks the program freed already):
+    /// its internal recycling, kept out of `untracked_frees`.
+    pub allocator_internal_frees: u64,
     /// Private anonymous memory mapped (mmap, mremap) inside allocator calls, still mapped.
     pub allocator_mapped_bytes: i64,
     /// Private anonymous memory the program mapped outside allocator calls, still mapped (thread

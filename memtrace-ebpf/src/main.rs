@@ -142,22 +142,21 @@ fn record_allocation(tgid: u32, stats: &ProcessStats, size: u64, address: u64, s
 }
 
 /// A block freed; `temporary` when its thread allocated nothing since (heaptrack's temporary
-/// allocations).
-fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
+/// allocations). Returns false for a free of a block with no record of this image (untracked),
+/// which the caller counts.
+fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) -> bool {
     if address == 0 || !sampling::may_be_recorded(tgid, address) {
-        return;
+        return true;
     }
     let key = AllocationKey { tgid, _pad: 0, address };
     // None also when another thread freed the same block first (a double free in the target).
     let Some(allocation) = live::remove(key) else {
-        add(&stats.untracked_frees, 1);
-        return;
+        return false;
     };
     let stale = allocation.timestamp_ns < stats.started_ns;
     sampling::released(tgid, address);
     if stale {
-        add(&stats.untracked_frees, 1);
-        return;
+        return false;
     }
     add(&stats.frees, 1);
     add(&stats.freed_bytes, allocation.size);
@@ -169,17 +168,25 @@ fn record_free(tgid: u32, stats: &ProcessStats, address: u64, temporary: bool) {
     }
     let change = StackChange { allocations: -1, bytes: -(allocation.size as i64), temporary };
     count_in_stack(tgid, stats, allocation.stack, change);
+    true
+}
+
+/// A free inside an allocator call (realloc's): an untracked block is an untracked free.
+fn record_inner_free(tgid: u32, stats: &ProcessStats, address: u64) {
+    if !record_free(tgid, stats, address, false) {
+        add(&stats.untracked_frees, 1);
+    }
 }
 
 fn record_realloc(tgid: u32, stats: &ProcessStats, call: PendingCall, result: u64, stack: u64) {
     match (call.address, result) {
         (0, _) => record_allocation(tgid, stats, call.size, result, stack),
         // glibc's realloc(p, 0) frees p and returns NULL.
-        (old, 0) if call.size == 0 => record_free(tgid, stats, old, false),
+        (old, 0) if call.size == 0 => record_inner_free(tgid, stats, old),
         // A failed realloc leaves the old block live.
         (_, 0) => record_allocation(tgid, stats, call.size, 0, stack),
         (old, new) => {
-            record_free(tgid, stats, old, false);
+            record_inner_free(tgid, stats, old);
             record_allocation(tgid, stats, call.size, new, stack);
         }
     }
@@ -238,7 +245,7 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
         add(&stats.allocated_bytes, call.size);
         if matches!(function, AllocatorFunction::Realloc | AllocatorFunction::Reallocarray) {
             // realloc(p, n) releases p whether or not the new block is sampled.
-            record_free(tgid, stats, call.address, false);
+            record_inner_free(tgid, stats, call.address);
         }
         return 0;
     }
@@ -321,7 +328,13 @@ fn on_free(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     note_allocator(ctx, stats);
-    record_free(tgid, stats, address, temporary);
+    if !record_free(tgid, stats, address, temporary) {
+        let untracked = match stacks::called_from_within(ctx, tgid) {
+            true => &stats.allocator_internal_frees,
+            false => &stats.untracked_frees,
+        };
+        add(untracked, 1);
+    }
     0
 }
 

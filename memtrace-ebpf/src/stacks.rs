@@ -27,7 +27,7 @@ use aya_ebpf::{
     },
     macros::map,
     maps::{Array, HashMap, LruHashMap},
-    programs::RetProbeContext,
+    programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use memtrace_common::{
@@ -284,6 +284,28 @@ fn unwind_frame(
             true
         }
         Err(stop) => end(depth + 1, stop),
+    }
+}
+
+/// Whether the function a probe stopped at (free, at its entry: the return address is on top of
+/// the stack) was called from its own file: the allocator's library calling itself, as glibc does
+/// when it flushes an exiting thread's tcache. False where the process has no mapping table (no
+/// stacks are taken) or either address lies outside its executable mappings.
+pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32) -> bool {
+    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
+    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
+    // SAFETY: reading the traced thread's stack; the helper fails rather than faults.
+    let Ok(return_address) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
+        return false;
+    };
+    let Some(mappings) = UNWIND_MAPPINGS.get_ptr(&tgid) else {
+        return false;
+    };
+    // SAFETY: a map value, valid while the program runs.
+    let mappings = unsafe { &*mappings };
+    match (find_mapping(mappings, rip), find_mapping(mappings, return_address)) {
+        (Some(callee), Some(caller)) => callee.file == caller.file,
+        _ => false,
     }
 }
 

@@ -38,6 +38,13 @@ fn assert_dark_is_small(memory: &Value) {
     assert!(dark * 10 <= level(memory, "rss_anon_bytes"), "dark {dark} over a tenth: {memory}");
 }
 
+/// What fixtures/arenas.c's arenas hold, as mallinfo2 says (within a tenth), and little dark.
+fn assert_glibcs_arenas(memory: &Value, glibc: &HashMap<String, u64>) {
+    let held = level(memory, "allocator_held_bytes");
+    assert_within("allocator_held_bytes", held, glibc["held"], 0.10, memory);
+    assert_dark_is_small(memory);
+}
+
 /// The levels of a sample taken wholly after the stage the program just said it reached, the
 /// first of them that has `wanted` (the free pool is in a sample's counter only when it was
 /// measured then). memtrace writes its samples one after another: the first counter written after
@@ -64,14 +71,7 @@ fn thread_arenas_are_the_allocators_and_their_free_pages_what_malloc_trim_return
     let mut run = Memtrace::new().args(TABLE).command(&fixture("arenas")).spawn();
     let glibc = figures(&run.wait_for_stdout("ready"));
     let memory = levels_after_stage(&mut run, "allocator_free_resident_bytes");
-    assert_within(
-        "allocator_held_bytes",
-        level(&memory, "allocator_held_bytes"),
-        glibc["held"],
-        0.10,
-        &memory,
-    );
-    assert_dark_is_small(&memory);
+    assert_glibcs_arenas(&memory, &glibc);
     // 32 MiB live of 128 MiB touched: the allocator owns nearly all of RssAnon.
     assert!(
         level(&memory, "allocator_resident_bytes") * 10 >= level(&memory, "rss_anon_bytes") * 9,
@@ -96,14 +96,7 @@ fn arenas_made_before_an_attach_are_found_from_the_mappings() {
     let mut run = Memtrace::new().args(["--pid", &target.pid().to_string()]).spawn();
     run.wait_for_stderr("memtrace: tracing");
     let memory = levels_after_stage(&mut run, "dark_bytes");
-    assert_within(
-        "allocator_held_bytes",
-        level(&memory, "allocator_held_bytes"),
-        glibc["held"],
-        0.10,
-        &memory,
-    );
-    assert_dark_is_small(&memory);
+    assert_glibcs_arenas(&memory, &glibc);
     assert!(memory.get("allocator_free_resident_bytes").is_none(), "unknown, so not drawn: {memory}");
     run.interrupt();
     let outcome = run.finish();

@@ -126,6 +126,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         live_bytes: saved.live_bytes,
         peak_live_bytes: saved.peak_live_bytes,
         untracked_frees: saved.untracked_frees,
+        allocator_internal_frees: saved.allocator_internal_frees,
         failed_allocations: saved.failed_allocations,
         lost_events: saved.lost_events,
         exited: u64::from(saved.exited),

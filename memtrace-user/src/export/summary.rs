@@ -62,6 +62,10 @@ pub struct ProcessSummary {
     pub live_bytes: i64,
     pub peak_live_bytes: i64,
     pub untracked_frees: u64,
+    /// Frees the allocator's library made itself of blocks it did not hand out through a probed
+    /// call (glibc's tcache flush at thread exit): not the program's, so not untracked frees.
+    #[serde(default)]
+    pub allocator_internal_frees: u64,
     pub failed_allocations: u64,
     pub lost_events: u64,
     pub rss_bytes: u64,
@@ -202,6 +206,7 @@ impl ProcessSummary {
             live_bytes: stats.live_bytes,
             peak_live_bytes: stats.peak_live_bytes,
             untracked_frees: stats.untracked_frees,
+            allocator_internal_frees: stats.allocator_internal_frees,
             failed_allocations: stats.failed_allocations,
             lost_events: stats.lost_events,
             rss_bytes: process.memory.rss_bytes(),
