@@ -4,9 +4,9 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated, generated::bpf_get_attach_cookie},
-    macros::{map, raw_tracepoint},
+    macros::{fentry, map, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
-    programs::RawTracePointContext,
+    programs::{FEntryContext, RawTracePointContext},
     EbpfContext,
 };
 use memtrace_common::{
@@ -177,13 +177,36 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     // It takes no more stacks.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
-        let exit_memory = crate::kernel::exit_memory().unwrap_or_default();
+        // Where the task still has its memory here (6.18 and later); else exit_begins read it.
+        let exit_memory = crate::kernel::exit_memory();
         // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
-            (*stats).exit_memory = exit_memory;
+            if let Some(exit_memory) = exit_memory {
+                (*stats).exit_memory = exit_memory;
+            }
             (*stats).exited = 1;
         }
+    }
+    0
+}
+
+/// A task begins to exit (fentry on do_exit), its memory still whole: where sched_process_exit
+/// runs after exit_mm has released it (Debian's 6.1 and 6.12 kernels: the task has no mm there),
+/// the leader's memory counters are read here for the exit levels. Attached where the kernel
+/// lets it (BTF and fentry trampolines); process_exit's own reading takes precedence.
+#[fentry(function = "do_exit")]
+pub fn exit_begins(_ctx: FEntryContext) -> u32 {
+    let Caller { tgid, tid } = caller();
+    if tgid != tid {
+        return 0;
+    }
+    let Some(stats) = STATS.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    if let Some(exit_memory) = crate::kernel::exit_memory() {
+        // SAFETY: a map value, valid while the program runs.
+        unsafe { (*stats).exit_memory = exit_memory };
     }
     0
 }

@@ -158,6 +158,15 @@ fn load_programs(features: &KernelFeatures) -> Programs {
     let kernel = crate::plan::Kernel::resolve(features.clone(), &config.reach);
     match kernel.and_then(|kernel| Probes::load(&config, &kernel.layout()?, kernel.link_kind)) {
         Ok(probes) => {
+            let line = match probes.reads_exits_early() {
+                true => "read at do_exit's entry (fentry) and at sched_process_exit",
+                false => {
+                    "read at sched_process_exit only (no fentry on do_exit here): where that runs \
+                          after the task's memory is released (before 6.18), a process that ends \
+                          within an interval has no exit levels"
+                }
+            };
+            println!("exit levels  {line}");
             drop(probes);
             Programs::Accepted
         }

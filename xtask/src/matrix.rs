@@ -67,8 +67,15 @@ const PLAN: &[(&str, &[&str])] = &[
         "process_trees",
         &["a_command_is_traced_with_every_child_it_forks", "an_env_chain_ends_in_the_final_program"],
     ),
-    // levels: the mapping and brk probes
-    ("levels", &["every_level_of_a_running_and_of_an_exited_process"]),
+    // levels: the mapping and brk probes, and the exit levels of a process that ends within an
+    // interval (read at do_exit's entry where sched_process_exit comes after exit_mm: 6.1, 6.12)
+    (
+        "levels",
+        &[
+            "every_level_of_a_running_and_of_an_exited_process",
+            "a_process_that_exits_at_once_still_has_its_memory_and_its_temporary_allocations",
+        ],
+    ),
     // the owners of resident pages (smaps, pagemap, glibc's heap headers read from the process),
     // launched and attached, and the free pool
     (

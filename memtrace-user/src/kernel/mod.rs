@@ -161,6 +161,8 @@ struct Calls<'a> {
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
 const EXIT_PROGRAM: &str = "process_exit";
+/// The program that reads an exiting process's memory at do_exit's entry.
+const EXIT_READER: &str = "exit_begins";
 
 /// The runs of each program the kernel skipped, as read at one moment.
 pub struct SkippedRuns {
@@ -174,7 +176,7 @@ impl SkippedRuns {
     pub fn lossy(&self) -> impl Iterator<Item = (&str, u64)> {
         self.by_program
             .iter()
-            .filter(|(name, _)| name != EXIT_PROGRAM)
+            .filter(|(name, _)| name != EXIT_PROGRAM && name != EXIT_READER)
             .map(|(name, runs)| (name.as_str(), *runs))
     }
 
@@ -203,6 +205,8 @@ pub struct Probes {
     follow_mappings: bool,
     /// USDT probe sites attached (one probe per site, whatever it is used for).
     usdt_sites: usize,
+    /// Whether the exit reader (fentry on do_exit) is attached.
+    exit_reader: bool,
     /// Every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<AttachedAllocator>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
@@ -243,11 +247,13 @@ impl Probes {
             },
             follow_mappings: !config.empty_probes,
             usdt_sites: 0,
+            exit_reader: false,
             allocators: Vec::new(),
             _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
         probes.attach_raw_tracepoint(EXIT_PROGRAM, "sched_process_exit")?;
+        probes.exit_reader = probes.attach_exit_reader().is_ok();
         if let Reach::Tree = config.reach {
             probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
         }
@@ -386,6 +392,25 @@ impl Probes {
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
         tables::EXEC_EVENTS.take(&mut self.ebpf)
+    }
+
+    /// The exit levels' reader at do_exit's entry (fentry), for kernels whose sched_process_exit
+    /// comes after the task's memory is released; an error where the kernel has no fentry.
+    fn attach_exit_reader(&mut self) -> Result<()> {
+        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let program: &mut aya::programs::FEntry = self
+            .ebpf
+            .program_mut(EXIT_READER)
+            .with_context(|| format!("the BPF object has no program {EXIT_READER}"))?
+            .try_into()?;
+        program.load("do_exit", &btf).context("verifying the exit reader")?;
+        program.attach().context("attaching the exit reader to do_exit")?;
+        Ok(())
+    }
+
+    /// Whether exit levels are read at do_exit's entry too (see `attach_exit_reader`).
+    pub fn reads_exits_early(&self) -> bool {
+        self.exit_reader
     }
 
     /// Raw tracepoints attach by name, with no tracefs needed.
@@ -604,6 +629,8 @@ fn load_programs(ebpf: &mut Ebpf, multi: bool) -> Result<()> {
             Program::UProbe(_) if multi => Ok(()),
             Program::UProbe(program) => program.load(),
             Program::RawTracePoint(program) => program.load(),
+            // Loaded with the kernel's BTF where it attaches (attach_exit_reader).
+            Program::FEntry(_) => Ok(()),
             _ => bail!("BPF program {name} is of a kind memtrace does not load"),
         }
         .with_context(|| format!("verifying BPF program {name}"))?;

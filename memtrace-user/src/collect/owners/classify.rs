@@ -104,27 +104,61 @@ fn claim_of(
     if !vma.is_plain_anonymous() || vma.is_reservation() {
         return Claim::Unowned;
     }
-    let parts = seen_parts(vma, seen);
-    if !parts.is_empty() {
-        return Claim::Parts(parts);
-    }
-    if let Some(heap) = glibc_heap(vma, memory) {
-        *arenas += u32::from(heap.first_of_arena);
-        return Claim::Parts(vec![(vma.start, vma.start + heap.open_bytes, Owner::Allocator)]);
-    }
-    let chunks = glibc_mapped_chunks(vma, memory);
-    if !chunks.is_empty() {
-        return Claim::Parts(chunks.into_iter().map(|(start, end)| (start, end, Owner::Allocator)).collect());
-    }
-    match previous {
-        Some(guard) if guard.is_plain_anonymous() && guard.is_reservation() && guard.len() <= MAX_GUARD => {
-            Claim::Whole(Owner::Stack)
+    // The kernel merges adjacent anonymous mappings of one protection: a thread stack with the
+    // program's mapping above it, a heap with the stack below it. Each rule claims its part; what
+    // none claims goes to the rule of the mapping's start (its guard, its object).
+    let mut parts = seen_parts(vma, seen);
+    for heap in glibc_heaps(vma, memory).collect::<Vec<_>>() {
+        if !overlaps(&parts, heap.start, heap.end) {
+            *arenas += u32::from(heap.first_of_arena);
+            parts.push((heap.start, heap.end, Owner::Allocator));
         }
-        Some(data) if matches!(data.backing, Backing::File(_)) && data.private && data.writable => {
-            Claim::Whole(Owner::Static)
-        }
-        _ => Claim::Unowned,
     }
+    if parts.is_empty() {
+        parts = glibc_mapped_chunks(vma, memory).into_iter().map(|(s, e)| (s, e, Owner::Allocator)).collect();
+    }
+    parts.sort_unstable_by_key(|part| part.0);
+    if let Some(owner) = by_neighbour(previous) {
+        parts = filled(parts, vma, owner);
+    }
+    match parts.is_empty() {
+        true => Claim::Unowned,
+        false => Claim::Parts(parts),
+    }
+}
+
+/// Rules 5 and 6: the owner the mapping's lower neighbour gives it.
+fn by_neighbour(previous: Option<&Vma>) -> Option<Owner> {
+    match previous? {
+        guard if guard.is_plain_anonymous() && guard.is_reservation() && guard.len() <= MAX_GUARD => {
+            Some(Owner::Stack)
+        }
+        data if matches!(data.backing, Backing::File(_)) && data.private && data.writable => {
+            Some(Owner::Static)
+        }
+        _ => None,
+    }
+}
+
+fn overlaps(parts: &[(u64, u64, Owner)], start: u64, end: u64) -> bool {
+    parts.iter().any(|&(s, e, _)| s < end && start < e)
+}
+
+/// `parts` (sorted, disjoint) with every stretch of `vma` they leave out given to `owner`.
+fn filled(parts: Vec<(u64, u64, Owner)>, vma: &Vma, owner: Owner) -> Vec<(u64, u64, Owner)> {
+    let mut whole = Vec::with_capacity(parts.len() * 2 + 1);
+    let mut cursor = vma.start;
+    for part in parts {
+        if part.0 > cursor {
+            whole.push((cursor, part.0, owner));
+        }
+        cursor = cursor.max(part.1);
+        whole.push(part);
+    }
+    if cursor < vma.end {
+        whole.push((cursor, vma.end, owner));
+    }
+    whole
 }
 
 /// Rule 1: what the mapping's name says.
@@ -152,28 +186,33 @@ fn seen_parts(vma: &Vma, seen: &[SeenMapping]) -> Vec<(u64, u64, Owner)> {
 }
 
 struct GlibcHeap {
-    /// heap_info.mprotect_size: the part open for use.
-    open_bytes: u64,
+    start: u64,
+    /// The end of the part open for use (heap_info.mprotect_size from its start).
+    end: u64,
     /// heap_info.prev is NULL: the arena's first heap, which holds the arena itself.
     first_of_arena: bool,
 }
 
-/// Rule 3: a glibc heap, from its `heap_info { ar_ptr, prev, size, mprotect_size, ... }`.
-fn glibc_heap(vma: &Vma, memory: &impl ReadWords) -> Option<GlibcHeap> {
-    if !vma.start.is_multiple_of(GLIBC_HEAP_MAX) || !vma.writable {
-        return None;
-    }
-    let ar_ptr = memory.word(vma.start)?;
-    let prev = memory.word(vma.start + 8)?;
-    let size = memory.word(vma.start + 16)?;
-    let open = memory.word(vma.start + 24)?;
+/// Rule 3: the glibc heaps inside a mapping, at each 64 MiB-aligned address in it whose first
+/// words are a plausible `heap_info { ar_ptr, prev, size, mprotect_size, ... }`.
+fn glibc_heaps<'a>(vma: &'a Vma, memory: &'a impl ReadWords) -> impl Iterator<Item = GlibcHeap> + 'a {
+    let first = vma.start.next_multiple_of(GLIBC_HEAP_MAX);
+    let starts = (first..vma.end).step_by(GLIBC_HEAP_MAX as usize);
+    starts.filter(|_| vma.writable).filter_map(|start| glibc_heap_at(start, vma.end, memory))
+}
+
+fn glibc_heap_at(start: u64, limit: u64, memory: &impl ReadWords) -> Option<GlibcHeap> {
+    let ar_ptr = memory.word(start)?;
+    let prev = memory.word(start + 8)?;
+    let size = memory.word(start + 16)?;
+    let open = memory.word(start + 24)?;
     let plausible = ar_ptr != 0
         && 0 < size
         && size <= open
-        && open <= GLIBC_HEAP_MAX.min(vma.len())
+        && open <= GLIBC_HEAP_MAX.min(limit - start)
         && open.is_multiple_of(4096)
         && (prev == 0 || prev.is_multiple_of(GLIBC_HEAP_MAX));
-    plausible.then_some(GlibcHeap { open_bytes: open, first_of_arena: prev == 0 })
+    plausible.then_some(GlibcHeap { start, end: start + open, first_of_arena: prev == 0 })
 }
 
 /// Rule 4: the blocks glibc mapped for large allocations, one after another from the mapping's
@@ -342,5 +381,32 @@ mod tests {
         let classified = classify(&vmas, &[], &words, None);
         assert_eq!(classified.owners.owned(), 0);
         assert_eq!(classified.arenas, 0);
+    }
+
+    /// A thread stack the kernel merged with a thread arena's heap above it (6.1 places them so):
+    /// the heap is found at its aligned start inside the mapping, the rest is the stack its guard
+    /// says it is.
+    #[test]
+    fn a_heap_merged_with_a_stack_below_it_is_split_at_the_heap() {
+        let heap = 0x7f00_0000_0000;
+        let vmas = [
+            anonymous(heap - 0x80_1000, heap - 0x80_0000, 0, "---p"),
+            anonymous(heap - 0x80_0000, heap + 16 * MIB, 16 * MIB + 64 * KIB, "rw-p"),
+            anonymous(heap + 16 * MIB, heap + 64 * MIB, 0, "---p"),
+        ];
+        let words = Words(HashMap::from([
+            (heap, heap + 48),
+            (heap + 8, 0),
+            (heap + 16, 15 * MIB),
+            (heap + 24, 16 * MIB),
+        ]));
+        let pagemap = None;
+        let classified = classify(&vmas, &[], &words, pagemap);
+        // Without pagemap, by length: 16 MiB of 24 MiB are the heap's, 8 MiB the stack's.
+        let resident = 16 * MIB + 64 * KIB;
+        assert_eq!(classified.owners.allocator, resident * 2 / 3);
+        assert_eq!(classified.owners.stacks, resident / 3);
+        assert_eq!(classified.arenas, 1);
+        assert_eq!(classified.allocator_ranges, [(heap, heap + 16 * MIB)]);
     }
 }
