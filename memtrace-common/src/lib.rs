@@ -168,14 +168,15 @@ pub struct KernelLayout {
     pub task_tgid: u32,
     /// `task_struct.mm`.
     pub task_mm: u32,
-    /// `mm_struct.rss_stat`, an array of `struct percpu_counter`.
+    /// `mm_struct.rss_stat`: an array of `struct percpu_counter` (6.2 and later), or a struct
+    /// mm_rss_stat of atomic_long_t counts (6.1).
     pub mm_rss_stat: u32,
     pub mm_start_brk: u32,
     pub mm_brk: u32,
     /// `percpu_counter.count`: the total /proc reads (per-CPU deltas not yet folded in are left out,
-    /// as /proc leaves them out).
+    /// as /proc leaves them out); 0 on 6.1, where each counter is its count.
     pub percpu_counter_count: u32,
-    /// sizeof(struct percpu_counter).
+    /// sizeof(struct percpu_counter); 8 (an atomic_long_t) on 6.1.
     pub percpu_counter_size: u32,
     pub _pad: u32,
 }

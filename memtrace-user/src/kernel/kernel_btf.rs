@@ -28,19 +28,30 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
         let btf = Btf::parse(&data)?;
         let task = btf.find_struct("task_struct")?;
         let mm = btf.find_struct("mm_struct")?;
-        let counter = btf.find_struct("percpu_counter")?;
+        let (percpu_counter_count, percpu_counter_size) = rss_counter_layout(&btf)?;
         Ok(KernelLayout {
             task_tgid: btf.member_offset(task, "tgid")?,
             task_mm: btf.member_offset(task, "mm")?,
             mm_rss_stat: btf.member_offset(mm, "rss_stat")?,
             mm_start_brk: btf.member_offset(mm, "start_brk")?,
             mm_brk: btf.member_offset(mm, "brk")?,
-            percpu_counter_count: btf.member_offset(counter, "count")?,
-            percpu_counter_size: btf.size(counter)?,
+            percpu_counter_count,
+            percpu_counter_size,
             _pad: 0,
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))
+}
+
+/// Where each of mm_struct's rss_stat counters keeps its count: (offset in the counter, the
+/// counter's size). Since 6.2 rss_stat is an array of struct percpu_counter; before, it is a
+/// struct mm_rss_stat holding an array of atomic_long_t (Debian 12's 6.1), each its own count.
+fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32)> {
+    if btf.find_struct("mm_rss_stat").is_ok() {
+        return Ok((0, 8));
+    }
+    let counter = btf.find_struct("percpu_counter")?;
+    Ok((btf.member_offset(counter, "count")?, btf.size(counter)?))
 }
 
 /// A struct or union of the BTF, by the byte offset of its type record.
