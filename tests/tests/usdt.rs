@@ -8,7 +8,7 @@ use std::{
     sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
-use memtrace_tests::{workspace_root, Memtrace, Outcome, Running, Spawned};
+use memtrace_tests::{workspace_root, Memtrace, Outcome, Running, Spawned, Trace};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -303,6 +303,104 @@ fn subsystems_reach_memtrace_from_a_running_process() {
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
     assert_subsystems(&outcome, &expected);
+}
+
+/// `name=N` fields of a fixture's line, e.g. `calls a=3 b=3`.
+fn fields(line: &str) -> BTreeMap<String, i64> {
+    line.split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.parse().unwrap_or_else(|_| panic!("{line}"))))
+        .collect()
+}
+
+/// The bytes of `dumper-a` and `dumper-b` in each memory dump of the trace that shows them: both or
+/// neither (before the first round is complete), never one alone.
+fn dumper_rounds(trace: &Trace) -> Vec<(i64, i64)> {
+    let size = |allocators: &Value, name: &str| {
+        allocators
+            .get(format!("subsystems/{name}"))
+            .map(|dump| i64::from_str_radix(dump["attrs"]["size"]["value"].as_str().unwrap(), 16).unwrap())
+    };
+    trace
+        .phase("v")
+        .filter_map(|dump| {
+            let allocators = &dump["args"]["dumps"]["allocators"];
+            match (size(allocators, "dumper-a"), size(allocators, "dumper-b")) {
+                (Some(a), Some(b)) => Some((a, b)),
+                (None, None) => None,
+                _ => panic!("a dump shows one dumper of a round without the other: {dump}"),
+            }
+        })
+        .collect()
+}
+
+/// A dumper round's figures, from the dumps or the counters: A's n-th call reports n * 4096 and
+/// B's n * 8192, so a round shown whole has B == 2 * A.
+fn assert_whole_round((a, b): (i64, i64), what: &str) {
+    assert!(a > 0 && a % 4096 == 0, "{what}: dumper-a {a}");
+    assert_eq!(b, 2 * a, "{what}: dumper-b {b} is not from dumper-a's round ({} and {})", a / 4096, b / 8192);
+}
+
+/// Registered dumpers (include/memtrace.h): every memory dump, every sample's counters and the
+/// summary show both dumpers of one round, never one round's A with another's B; a deregistered
+/// dumper is never called again.
+#[test]
+fn registered_dumpers_show_one_whole_round_in_every_dump() {
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_dumpers.c", "-O2");
+    let mut memtrace = Memtrace::new().command(&program).arg("traced").spawn();
+    memtrace.wait_for_stdout("registered");
+    // Enough dumps that a reader mixing rounds would be caught: one that took each subsystem's
+    // latest value mixed 4 of 25 dumps here, with the fixture's B taking 500 us (now 1 ms).
+    memtrace.wait_for_trace("20 dumps of the dumpers' rounds", |trace| dumper_rounds(trace).len() >= 20);
+    memtrace.send(b"go\n");
+    let calls = fields(&memtrace.wait_for_stdout("calls "));
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_eq!(calls["c"], calls["c_at_deregister"], "dumper-c was called after its deregistration");
+    assert!(calls["a"] - calls["b"] <= 1 && calls["a"] >= calls["b"], "{calls:?}");
+
+    let trace = outcome.trace();
+    let rounds = dumper_rounds(trace);
+    assert!(rounds.len() >= 20, "{rounds:?}");
+    for (index, &round) in rounds.iter().enumerate() {
+        assert_whole_round(round, &format!("dump {index}"));
+    }
+    // Rounds went on from dump to dump.
+    assert!(rounds.windows(2).all(|pair| pair[0].0 <= pair[1].0), "{rounds:?}");
+    assert!(rounds.last().unwrap().0 > rounds[0].0, "{rounds:?}");
+
+    // The counters of each sample agree with its dump.
+    let by_ts = |name: &str| -> BTreeMap<u64, i64> {
+        trace
+            .counters(name)
+            .map(|event| (event["ts"].as_u64().unwrap(), event["args"]["bytes"].as_i64().unwrap()))
+            .collect()
+    };
+    let (a, b) = (by_ts("subsystem:dumper-a"), by_ts("subsystem:dumper-b"));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "samples with one dumper only");
+    for (ts, a) in &a {
+        assert_whole_round((*a, b[ts]), &format!("counters at {ts} us"));
+    }
+    let subsystems = subsystems_of(outcome.process());
+    assert_whole_round((subsystems["dumper-a"], subsystems["dumper-b"]), "summary");
+    assert_eq!(subsystems["dumper-c"], calls["c"] * 100, "{subsystems:?}");
+    assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
+}
+
+/// Untraced, the dumper thread wakes at every interval but calls no dumper: nobody listens.
+#[test]
+fn dumpers_are_not_called_while_nobody_listens() {
+    // The build directory holds this test's turn: no system-wide run raises the semaphore meanwhile.
+    let dir = build_dir();
+    let program = build_c(dir.path(), "usdt_dumpers.c", "-O2");
+    let output = Command::new(&program).arg("untraced").stdin(std::process::Stdio::null()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}: {stdout}", output.status);
+    let calls = fields(stdout.lines().next().unwrap_or_default());
+    assert!(calls["ticks"] >= 10, "{stdout}");
+    assert_eq!((calls["a"], calls["b"], calls["c"]), (0, 0, 0), "{stdout}");
+    assert!(stdout.ends_with("deregistered\n"), "{stdout}");
 }
 
 /// Builds libusdtfixture.so and a program that needs it (RUNPATH $ORIGIN).
