@@ -60,6 +60,19 @@ fn cc(args: &[&str], output: &Path) -> PathBuf {
     output.to_owned()
 }
 
+/// Compiles the Rust fixture `source` with rustc -O.
+fn build_rust(dir: &Path, source: &str) -> PathBuf {
+    let program = dir.join(source.trim_end_matches(".rs"));
+    let result = Command::new("rustc")
+        .args(["-O", "--edition", "2021", "-o"])
+        .arg(&program)
+        .arg(fixture_source(source))
+        .output()
+        .expect("running rustc");
+    assert!(result.status.success(), "rustc failed:\n{}", String::from_utf8_lossy(&result.stderr));
+    program
+}
+
 fn build_c(dir: &Path, source: &str, optimisation: &str) -> PathBuf {
     let source_path = fixture_source(source);
     let output = dir.join(format!("{}{}", source.trim_end_matches(".c"), optimisation));
@@ -341,34 +354,72 @@ fn assert_whole_round((a, b): (i64, i64), what: &str) {
     assert_eq!(b, 2 * a, "{what}: dumper-b {b} is not from dumper-a's round ({} and {})", a / 4096, b / 8192);
 }
 
-/// Registered dumpers (include/memtrace.h): every memory dump, every sample's counters and the
-/// summary show both dumpers of one round, never one round's A with another's B; a deregistered
-/// dumper is never called again.
+/// The dumper fixtures: usdt_dumpers.c (include/memtrace.h) and usdt_rust_dumpers.rs
+/// (include/memtrace_usdt.rs), which behave alike.
+fn dumper_fixtures(dir: &Path) -> [PathBuf; 2] {
+    [build_c(dir, "usdt_dumpers.c", "-O2"), build_rust(dir, "usdt_rust_dumpers.rs")]
+}
+
+/// Registered dumpers: every memory dump, every sample's counters and the summary show both
+/// dumpers of one round, never one round's A with another's B; a deregistered dumper is never
+/// called again. From C, traced from its first instruction, and from Rust, attached by pid while
+/// its rounds wait for a listener.
 #[test]
 fn registered_dumpers_show_one_whole_round_in_every_dump() {
     let dir = build_dir();
-    let program = build_c(dir.path(), "usdt_dumpers.c", "-O2");
-    let mut memtrace = Memtrace::new().command(&program).arg("traced").spawn();
+    let [c, rust] = dumper_fixtures(dir.path());
+    let mut memtrace = Memtrace::new().command(&c).arg("traced").spawn();
     memtrace.wait_for_stdout("registered");
+    let calls = run_dumper_rounds(&mut memtrace, None);
+    assert_dumpers_traced(&c, calls, memtrace.finish());
+
+    // By pid. Launched by memtrace, this build's semaphore stayed 0 (not a dumper matter: its
+    // reports would be lost too). Its file page is also the last page of the RELRO segment before,
+    // which the ELF loader maps first, so the kernel's delayed increment lands there, we think, and
+    // the loader then zeroes that page's tail; attached once running, the RELRO copy is read-only
+    // and the increment finds .probes. Rounds begin when the semaphore rises.
+    let mut fixture = Spawned::spawn({
+        let mut command = Command::new(&rust);
+        command.arg("traced");
+        command
+    });
+    fixture.wait_for_stdout("registered");
+    let mut memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let calls = run_dumper_rounds(&mut memtrace, Some(&mut fixture));
+    assert!(fixture.wait().success());
+    assert_dumpers_traced(&rust, calls, memtrace.finish());
+}
+
+/// Waits for 20 dumps of the dumpers' rounds, then has the fixture (`fixture`, or the command
+/// memtrace runs) deregister dumper C; returns its `calls` line.
+fn run_dumper_rounds(memtrace: &mut Running, fixture: Option<&mut Spawned>) -> BTreeMap<String, i64> {
     // Enough dumps that a reader mixing rounds would be caught: one that took each subsystem's
     // latest value mixed 4 of 25 dumps here, with the fixture's B taking 500 us (now 1 ms).
     memtrace.wait_for_trace("20 dumps of the dumpers' rounds", |trace| dumper_rounds(trace).len() >= 20);
-    memtrace.send(b"go\n");
-    let calls = fields(&memtrace.wait_for_stdout("calls "));
-    let outcome = memtrace.finish();
+    let fixture = match fixture {
+        Some(fixture) => fixture,
+        None => &mut **memtrace,
+    };
+    fixture.send(b"go\n");
+    fields(&fixture.wait_for_stdout("calls "))
+}
+
+fn assert_dumpers_traced(program: &Path, calls: BTreeMap<String, i64>, outcome: Outcome) {
     outcome.assert_exit_code(0);
-    assert_eq!(calls["c"], calls["c_at_deregister"], "dumper-c was called after its deregistration");
-    assert!(calls["a"] - calls["b"] <= 1 && calls["a"] >= calls["b"], "{calls:?}");
+    let what = program.display();
+    assert_eq!(calls["c"], calls["c_at_deregister"], "{what}: dumper-c was called after its deregistration");
+    assert!(calls["a"] - calls["b"] <= 1 && calls["a"] >= calls["b"], "{what}: {calls:?}");
 
     let trace = outcome.trace();
     let rounds = dumper_rounds(trace);
-    assert!(rounds.len() >= 20, "{rounds:?}");
+    assert!(rounds.len() >= 20, "{what}: {rounds:?}");
     for (index, &round) in rounds.iter().enumerate() {
-        assert_whole_round(round, &format!("dump {index}"));
+        assert_whole_round(round, &format!("{what}: dump {index}"));
     }
     // Rounds went on from dump to dump.
-    assert!(rounds.windows(2).all(|pair| pair[0].0 <= pair[1].0), "{rounds:?}");
-    assert!(rounds.last().unwrap().0 > rounds[0].0, "{rounds:?}");
+    assert!(rounds.windows(2).all(|pair| pair[0].0 <= pair[1].0), "{what}: {rounds:?}");
+    assert!(rounds.last().unwrap().0 > rounds[0].0, "{what}: {rounds:?}");
 
     // The counters of each sample agree with its dump.
     let by_ts = |name: &str| -> BTreeMap<u64, i64> {
@@ -378,13 +429,13 @@ fn registered_dumpers_show_one_whole_round_in_every_dump() {
             .collect()
     };
     let (a, b) = (by_ts("subsystem:dumper-a"), by_ts("subsystem:dumper-b"));
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "samples with one dumper only");
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{what}: one dumper alone");
     for (ts, a) in &a {
-        assert_whole_round((*a, b[ts]), &format!("counters at {ts} us"));
+        assert_whole_round((*a, b[ts]), &format!("{what}: counters at {ts} us"));
     }
     let subsystems = subsystems_of(outcome.process());
-    assert_whole_round((subsystems["dumper-a"], subsystems["dumper-b"]), "summary");
-    assert_eq!(subsystems["dumper-c"], calls["c"] * 100, "{subsystems:?}");
+    assert_whole_round((subsystems["dumper-a"], subsystems["dumper-b"]), &format!("{what}: summary"));
+    assert_eq!(subsystems["dumper-c"], calls["c"] * 100, "{what}: {subsystems:?}");
     assert_eq!(outcome.summary()["lost_events"], 0, "{}", outcome.stderr);
 }
 
@@ -393,14 +444,17 @@ fn registered_dumpers_show_one_whole_round_in_every_dump() {
 fn dumpers_are_not_called_while_nobody_listens() {
     // The build directory holds this test's turn: no system-wide run raises the semaphore meanwhile.
     let dir = build_dir();
-    let program = build_c(dir.path(), "usdt_dumpers.c", "-O2");
-    let output = Command::new(&program).arg("untraced").stdin(std::process::Stdio::null()).output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{}: {stdout}", output.status);
-    let calls = fields(stdout.lines().next().unwrap_or_default());
-    assert!(calls["ticks"] >= 10, "{stdout}");
-    assert_eq!((calls["a"], calls["b"], calls["c"]), (0, 0, 0), "{stdout}");
-    assert!(stdout.ends_with("deregistered\n"), "{stdout}");
+    for program in dumper_fixtures(dir.path()) {
+        let output =
+            Command::new(&program).arg("untraced").stdin(std::process::Stdio::null()).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let what = program.display();
+        assert!(output.status.success(), "{what}: {}: {stdout}", output.status);
+        let calls = fields(stdout.lines().next().unwrap_or_default());
+        assert!(calls["ticks"] >= 10, "{what}: {stdout}");
+        assert_eq!((calls["a"], calls["b"], calls["c"]), (0, 0, 0), "{what}: {stdout}");
+        assert!(stdout.ends_with("deregistered\n"), "{what}: {stdout}");
+    }
 }
 
 /// Builds libusdtfixture.so and a program that needs it (RUNPATH $ORIGIN).
@@ -478,14 +532,7 @@ fn header_example_reports_what_it_prints() {
 #[test]
 fn rust_emitter_reports_subsystems() {
     let dir = build_dir();
-    let program = dir.path().join("usdt_rust");
-    let result = Command::new("rustc")
-        .args(["-O", "--edition", "2021", "-o"])
-        .arg(&program)
-        .arg(fixture_source("usdt_rust.rs"))
-        .output()
-        .expect("running rustc");
-    assert!(result.status.success(), "rustc failed:\n{}", String::from_utf8_lossy(&result.stderr));
+    let program = build_rust(dir.path(), "usdt_rust.rs");
     let listing = Command::new(memtrace_tests::memtrace_bin()).arg("usdt").arg(&program).output().unwrap();
     let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
     assert!(listing.contains("memtrace:report_total") && !listing.contains("semaphore=none"), "{listing}");
