@@ -360,32 +360,38 @@ fn dumper_fixtures(dir: &Path) -> [PathBuf; 2] {
     [build_c(dir, "usdt_dumpers.c", "-O2"), build_rust(dir, "usdt_rust_dumpers.rs")]
 }
 
-/// Registered dumpers: every memory dump, every sample's counters and the summary show both
-/// dumpers of one round, never one round's A with another's B; a deregistered dumper is never
-/// called again. From C, traced from its first instruction, and from Rust, attached by pid while
-/// its rounds wait for a listener.
+/// Registered dumpers, from C, traced from its first instruction: every memory dump, every
+/// sample's counters and the summary show both dumpers of one round, never one round's A with
+/// another's B; a deregistered dumper is never called again.
 #[test]
 fn registered_dumpers_show_one_whole_round_in_every_dump() {
     let dir = build_dir();
-    let [c, rust] = dumper_fixtures(dir.path());
+    let c = build_c(dir.path(), "usdt_dumpers.c", "-O2");
     let mut memtrace = Memtrace::new().command(&c).arg("traced").spawn();
+    memtrace.send(b"start\n");
     memtrace.wait_for_stdout("registered");
     let calls = run_dumper_rounds(&mut memtrace, None);
     assert_dumpers_traced(&c, calls, memtrace.finish());
+}
 
-    // By pid. Launched by memtrace, this build's semaphore stayed 0 (not a dumper matter: its
-    // reports would be lost too). Its file page is also the last page of the RELRO segment before,
-    // which the ELF loader maps first, so the kernel's delayed increment lands there, we think, and
-    // the loader then zeroes that page's tail; attached once running, the RELRO copy is read-only
-    // and the increment finds .probes. Rounds begin when the semaphore rises.
+/// The same from Rust (include/memtrace_usdt.rs), attached by pid. Launched by memtrace, this
+/// build's semaphore stayed 0 (not a dumper matter: its reports would be lost too). Its file page
+/// is also the last page of the RELRO segment before, which the ELF loader maps first, so the
+/// kernel's delayed increment lands there, we think, and the loader then zeroes that page's tail;
+/// attached once running, the RELRO copy is read-only and the increment finds .probes.
+#[test]
+fn registered_dumpers_from_rust_attached_by_pid() {
+    let dir = build_dir();
+    let rust = build_rust(dir.path(), "usdt_rust_dumpers.rs");
     let mut fixture = Spawned::spawn({
         let mut command = Command::new(&rust);
         command.arg("traced");
         command
     });
-    fixture.wait_for_stdout("registered");
     let mut memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
+    fixture.send(b"start\n");
+    fixture.wait_for_stdout("registered");
     let calls = run_dumper_rounds(&mut memtrace, Some(&mut fixture));
     assert!(fixture.wait().success());
     assert_dumpers_traced(&rust, calls, memtrace.finish());
