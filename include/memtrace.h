@@ -45,10 +45,11 @@
  *     memtrace_deregister_dumper(id);                          // never called again once it returns
  *
  * The first registration starts a thread (its signals blocked) that wakes once an interval and,
- * only while memtrace listens (MEMTRACE_ENABLED()), runs a round: it calls every registered dumper,
- * in registration slot order, between the probes `memtrace:dump_begin(uint64_t dump_no)` and
- * `memtrace:dump_end(uint64_t dump_no)` (dump_no counts rounds from 1). Nobody listening, it
- * checks the semaphore once an interval and calls nothing. memtrace reads one round as one dump:
+ * only while memtrace listens (MEMTRACE_ENABLED(); from the interval after it began to, so that
+ * every probe site is in place), runs a round: it calls every registered dumper, in slot order,
+ * between the probes `memtrace:dump_begin(uint64_t dump_no)` and `memtrace:dump_end(uint64_t
+ * dump_no)` (dump_no counts rounds from 1). Nobody listening, it checks the semaphore once an
+ * interval and calls nothing. memtrace reads one round as one dump:
  * every sample shows each subsystem a dumper reported as of the last round complete by then, in
  * the trace's memory dump and counters and in the summary, never half a round. A subsystem
  * reported outside the rounds too shows its latest value whenever that latest report was outside.
@@ -256,9 +257,12 @@ static inline void _memtrace_dump_round(struct _memtrace_dumpers *d) {
     pthread_mutex_unlock(&_memtrace_dumpers_lock);
 }
 
-/* The dumper thread: wakes once an interval, and runs a round only while memtrace listens. */
+/* The dumper thread: wakes once an interval, and runs a round only while memtrace listens, from
+ * the second tick it listens on: the semaphore rises with the first probe site attached, and the
+ * others may take a moment more (a round half probed would show half). */
 static inline void *_memtrace_dumper_thread(void *unused) {
     struct _memtrace_dumpers *d = &_memtrace_dumpers;
+    int listened = 0;
     (void)unused;
     for (;;) {
         uint32_t ms = __atomic_load_n(&d->interval_ms, __ATOMIC_RELAXED);
@@ -270,7 +274,9 @@ static inline void *_memtrace_dumper_thread(void *unused) {
         while (nanosleep(&pause, &pause) != 0)
             ; /* a signal cut the sleep short: sleep the rest */
         __atomic_add_fetch(&d->ticks, 1, __ATOMIC_RELAXED);
-        if (MEMTRACE_ENABLED())
+        if (!MEMTRACE_ENABLED())
+            listened = 0;
+        else if (listened++)
             _memtrace_dump_round(d);
     }
     return 0;

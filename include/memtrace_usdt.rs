@@ -35,10 +35,11 @@
 //! ```
 //!
 //! The first registration starts a thread (`memtrace-dumper`) that wakes once an interval and, only
-//! while a tracer listens ([`enabled`]), calls every registered dumper between the probes
-//! `memtrace:dump_begin(u64 dump_no)` and `memtrace:dump_end(u64 dump_no)`. A dumper that panics
-//! is called again next round. Unlike the C header's thread, this one keeps the signal mask of the
-//! thread that registered first (this file has no libc to block signals with).
+//! while a tracer listens ([`enabled`], from the interval after it began to), calls every
+//! registered dumper between the probes `memtrace:dump_begin(u64 dump_no)` and
+//! `memtrace:dump_end(u64 dump_no)`. A dumper that panics is called again next round. Unlike the C
+//! header's thread, this one keeps the signal mask of the thread that registered first (this file
+//! has no libc to block signals with).
 
 use core::{
     ffi::CStr,
@@ -273,15 +274,20 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Wakes once an interval and runs a round only while memtrace listens.
+/// Wakes once an interval and runs a round only while memtrace listens, from the second tick it
+/// listens on: the semaphore rises with the first probe site attached, and the others may take a
+/// moment more (a round half probed would show half).
 fn dumper_thread() {
+    let mut listened = false;
     loop {
         let ms = INTERVAL_MS.load(Ordering::Relaxed);
         thread::sleep(Duration::from_millis(u64::from(ms)));
         TICKS.fetch_add(1, Ordering::Relaxed);
-        if enabled() {
+        let listening = enabled();
+        if listening && listened {
             dump_round();
         }
+        listened = listening;
     }
 }
 
