@@ -375,10 +375,11 @@ fn registered_dumpers_show_one_whole_round_in_every_dump() {
 }
 
 /// The same from Rust (include/memtrace_usdt.rs), attached by pid. Launched by memtrace, this
-/// build's semaphore stayed 0 (not a dumper matter: its reports would be lost too). Its file page
-/// is also the last page of the RELRO segment before, which the ELF loader maps first, so the
-/// kernel's delayed increment lands there, we think, and the loader then zeroes that page's tail;
-/// attached once running, the RELRO copy is read-only and the increment finds .probes.
+/// build's semaphore stayed 0 (not a dumper matter: its reports would be lost too; linked with
+/// `-z norelro`, one RW segment, it rose). Its file page is also the last page of the RELRO
+/// segment before, which the ELF loader maps first, so the kernel's delayed increment lands there,
+/// we think, and the loader then zeroes that page's tail past the segment's file size; attached
+/// once running, the RELRO copy is read-only and the increment finds .probes.
 #[test]
 fn registered_dumpers_from_rust_attached_by_pid() {
     let dir = build_dir();
