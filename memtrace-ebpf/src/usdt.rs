@@ -1,7 +1,7 @@
 //! The USDT handler: one uprobe program attached at every probe site memtrace listens to.
 //!
 //! Userspace attaches each site with a BPF cookie that indexes `USDT_SPECS`; the spec says what the
-//! site means (a subsystem report, a dump round's end or a `--usdt` counter) and where its
+//! site means (a subsystem report, a dump round's begin or end, a `--usdt` counter) and where its
 //! arguments are, decoded from the note's x86-64 argument specs. Figures are keyed by the process
 //! the probe fires in; under system-wide tracing the process filter of the allocator probes
 //! applies. Arguments are read from the saved registers (`struct pt_regs`, the program's context)
@@ -159,19 +159,19 @@ fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
         count_loss();
         return;
     };
-    // SAFETY: a map value, valid while the program runs; other threads of the process may write it
-    // at once, each field a single aligned store or an atomic add.
-    let entry = unsafe { &mut *entry };
-    let now = if spec.action == usdt_action::REPORT_TOTAL {
-        // A single 8-byte store: readers see the old or the new value, never a mix.
-        // SAFETY: a field of the map value above.
-        unsafe { core::ptr::write_volatile(&raw mut entry.value, value) };
-        value
-    } else {
-        atomic_add(&raw const entry.value as *const u64, value as u64);
-        // SAFETY: as above; another thread's delta may land in between, which a total at any
-        // moment of the round would show as well.
-        unsafe { core::ptr::read_volatile(&raw const entry.value) }
+    // SAFETY: a map value, valid while the program runs. Other threads of the process may write it
+    // at once: each writes a field with a single aligned store or an atomic add, never through a
+    // reference.
+    let now = unsafe {
+        if spec.action == usdt_action::REPORT_TOTAL {
+            // A single 8-byte store: readers see the old or the new value, never a mix.
+            core::ptr::write_volatile(&raw mut (*entry).value, value);
+            value
+        } else {
+            atomic_add(&raw const (*entry).value as *const u64, value as u64);
+            // Another thread's delta may land in between, as it may at any moment of a round.
+            core::ptr::read_volatile(&raw const (*entry).value)
+        }
     };
     note_round(entry, bpf_get_current_pid_tgid(), now);
 }
@@ -207,23 +207,28 @@ fn open_round(pid_tgid: u64) -> u64 {
 
 /// Keeps `value` as the subsystem's value in the reporting thread's open round, if it has one; a
 /// report outside any round only marks the latest report as such.
-fn note_round(entry: &mut SubsystemValue, pid_tgid: u64, value: i64) {
+fn note_round(entry: *mut SubsystemValue, pid_tgid: u64, value: i64) {
     let round = open_round(pid_tgid);
-    if round == 0 {
-        entry.latest_round = 0;
-        return;
-    }
     let tid = pid_tgid as u32;
-    if entry.round_tid != tid {
-        // Another thread's rounds counted it so far: they say nothing about this thread's.
-        entry.rounds = [0; ROUND_SLOTS];
-        entry.round_tid = tid;
-    }
     // ROUND_SLOTS is a power of two: the mask bounds the index for the verifier.
     let slot = round as usize & (ROUND_SLOTS - 1);
-    entry.round_values[slot] = value;
-    entry.rounds[slot] = round;
-    entry.latest_round = round;
+    // SAFETY: `entry` is a map value, valid while the program runs. Its round fields are written by
+    // the thread running rounds (others only clear `latest_round`); userspace checks that a round's
+    // slot held still while it read it (attach/usdt/rounds.rs).
+    unsafe {
+        if round == 0 {
+            core::ptr::write_volatile(&raw mut (*entry).latest_round, 0);
+            return;
+        }
+        if (*entry).round_tid != tid {
+            // Another thread's rounds counted it so far: they say nothing about this thread's.
+            (*entry).rounds = [0; ROUND_SLOTS];
+            (*entry).round_tid = tid;
+        }
+        (*entry).round_values[slot] = value;
+        (*entry).rounds[slot] = round;
+        core::ptr::write_volatile(&raw mut (*entry).latest_round, round);
+    }
 }
 
 /// `memtrace:dump_begin(dump_no)` and `memtrace:dump_end(dump_no)`: opens and completes the calling

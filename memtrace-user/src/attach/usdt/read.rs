@@ -5,9 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use memtrace_common::USDT_LOST_SLOT;
-
-use memtrace_common::{SubsystemKey, SubsystemValue};
+use memtrace_common::{SubsystemKey, SubsystemValue, USDT_LOST_SLOT};
 
 use super::{request::UsdtRequest, rounds::Rounds};
 use crate::{
