@@ -59,8 +59,9 @@
  * before its turn). A dumper must not block on a thread that is deregistering one. At most
  * MEMTRACE_MAX_DUMPERS (64; define it before including for more) at once per object; the registry
  * allocates nothing. Like the semaphore, the registry and its thread are one per object
- * (executable or shared library) that uses them. A child made by fork() keeps the registrations
- * but has no thread until it registers a dumper itself.
+ * (executable or shared library) that uses them; the thread runs until the process ends, so a
+ * library that registers dumpers must stay loaded (no dlclose). A child made by fork() keeps the
+ * registrations but has no thread until it registers a dumper itself.
  *
  * The header works whether or not the including file uses <sys/sdt.h> for other probes, with or
  * without _SDT_HAS_SEMAPHORES: it writes its probe notes with sdt.h's own building blocks and names its
@@ -276,19 +277,22 @@ static inline void *_memtrace_dumper_thread(void *unused) {
         __atomic_add_fetch(&d->ticks, 1, __ATOMIC_RELAXED);
         if (!MEMTRACE_ENABLED())
             listened = 0;
-        else if (listened++)
+        else if (!listened)
+            listened = 1;
+        else
             _memtrace_dump_round(d);
     }
     return 0;
 }
 
 /* fork(): the registry is copied under its lock; the child has no dumper thread (and no round under
- * way) until it registers a dumper. */
+ * way) until it registers a dumper, and a condition variable no thread waits on. */
 static inline void _memtrace_dumpers_prefork(void) { pthread_mutex_lock(&_memtrace_dumpers_lock); }
 static inline void _memtrace_dumpers_postfork(void) { pthread_mutex_unlock(&_memtrace_dumpers_lock); }
 static inline void _memtrace_dumpers_child(void) {
     _memtrace_dumpers.started = 0;
     _memtrace_dumpers.running = 0;
+    pthread_cond_init(&_memtrace_round_done, 0);
     pthread_mutex_unlock(&_memtrace_dumpers_lock);
 }
 
