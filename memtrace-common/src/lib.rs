@@ -480,6 +480,8 @@ mod pod {
     // USDT: #[repr(C)] plain integers and byte arrays, padding spelled out as fields.
     unsafe impl aya::Pod for super::UsdtSpec {}
     unsafe impl aya::Pod for super::SubsystemKey {}
+    unsafe impl aya::Pod for super::SubsystemValue {}
+    unsafe impl aya::Pod for super::DumpRound {}
     unsafe impl aya::Pod for super::UsdtCounterKey {}
     unsafe impl aya::Pod for super::UsdtCounterValue {}
     unsafe impl aya::Pod for super::StackFrames {}
@@ -509,6 +511,15 @@ pub const SUBSYSTEM_NAME_LEN: usize = 64;
 pub const USDT_SPEC_ARGS: usize = 2;
 /// Index of the one slot of the `USDT_LOST_EVENTS` array.
 pub const USDT_LOST_SLOT: u32 = 0;
+/// Threads running dump rounds (include/memtrace.h's registered dumpers) at once, over all
+/// processes: one a process that registers dumpers, one more for each object of it that does.
+pub const MAX_DUMP_STREAMS: u32 = 4_096;
+/// Rounds a subsystem keeps its value of, at `round % ROUND_SLOTS`. Userspace reads the rounds
+/// complete, then the subsystems, then the rounds again: the value of the last complete round `C`
+/// is intact unless round `C + ROUND_SLOTS` began during that read, which it checks (three whole
+/// rounds while one map is read). Four: 2 would need the dumpers' interval to be longer than one
+/// read of the subsystem map by a safe margin; 4 leaves three rounds of margin.
+pub const ROUND_SLOTS: usize = 4;
 
 /// What the USDT handler does when a probe site fires (`UsdtSpec::action`).
 pub mod usdt_action {
@@ -520,6 +531,10 @@ pub mod usdt_action {
     pub const COUNT_HITS: u32 = 3;
     /// `--usdt PROVIDER:NAME=argN`: count hits and keep the last value of one argument.
     pub const TRACK_ARGUMENT: u32 = 4;
+    /// `memtrace:dump_begin(dump_no)`: the thread's reports until its `dump_end` are one round.
+    pub const DUMP_BEGIN: u32 = 5;
+    /// `memtrace:dump_end(dump_no)`: the thread's round `dump_no` is complete.
+    pub const DUMP_END: u32 = 6;
 }
 
 /// How an argument's value is found (`UsdtArg::location`).
@@ -582,6 +597,36 @@ pub struct SubsystemKey {
     pub _pad: u32,
     /// The name as the target passed it, NUL-terminated and NUL-padded.
     pub name: [u8; SUBSYSTEM_NAME_LEN],
+}
+
+/// A subsystem of one process: its latest value, and its value in each of the last rounds of
+/// registered dumpers that reported it (include/memtrace.h), so that userspace can show every
+/// subsystem of a process as of one round (`DumpRound::complete`), never half of one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubsystemValue {
+    /// The latest value, reported in a round or not.
+    pub value: i64,
+    /// The round of the latest report; 0 when that report came outside any round.
+    pub latest_round: u64,
+    /// The thread whose rounds `rounds` counts (its `DUMP_ROUNDS` key is tgid << 32 | this).
+    pub round_tid: u32,
+    pub _pad: u32,
+    /// At `r % ROUND_SLOTS`: the latest round r reported in (0: none) ...
+    pub rounds: [u64; ROUND_SLOTS],
+    /// ... and the value at the end of that round.
+    pub round_values: [i64; ROUND_SLOTS],
+}
+
+/// The dump rounds of one thread (include/memtrace.h's dumper thread), keyed by its pid_tgid
+/// (tgid << 32 | tid). A round is open while `begun > complete`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DumpRound {
+    /// The `dump_no` of the latest `dump_begin`.
+    pub begun: u64,
+    /// The `dump_no` of the latest round whose `dump_end` came after its `dump_begin`.
+    pub complete: u64,
 }
 
 /// Key of the `--usdt` counter map.

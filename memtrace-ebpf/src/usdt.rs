@@ -1,10 +1,16 @@
 //! The USDT handler: one uprobe program attached at every probe site memtrace listens to.
 //!
 //! Userspace attaches each site with a BPF cookie that indexes `USDT_SPECS`; the spec says what the
-//! site means (a subsystem report or a `--usdt` counter) and where its arguments are, decoded from
-//! the note's x86-64 argument specs. Figures are keyed by the process the probe fires in; under
-//! system-wide tracing the process filter of the allocator probes applies. Arguments are read from the saved registers (`struct pt_regs`,
-//! the program's context) or from the target's memory; nothing is ever written to the target.
+//! site means (a subsystem report, a dump round's begin or end, a `--usdt` counter) and where its
+//! arguments are, decoded from the note's x86-64 argument specs. Figures are keyed by the process
+//! the probe fires in; under system-wide tracing the process filter of the allocator probes
+//! applies. Arguments are read from the saved registers (`struct pt_regs`, the program's context)
+//! or from the target's memory; nothing is ever written to the target.
+//!
+//! Dump rounds (include/memtrace.h's registered dumpers): a thread's reports between its
+//! `memtrace:dump_begin(n)` and `memtrace:dump_end(n)` are kept as round n's too, beside the
+//! subsystem's latest value, and `DUMP_ROUNDS` says which round of the thread is complete, so that
+//! userspace shows a process's subsystems as of one complete round, never half of one.
 
 use core::arch::asm;
 
@@ -19,8 +25,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memtrace_common::{
-    reach, usdt_action, usdt_location, SubsystemKey, UsdtArg, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
-    MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS, MAX_USES_PER_SITE, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
+    reach, usdt_action, usdt_location, DumpRound, SubsystemKey, SubsystemValue, UsdtArg, UsdtCounterKey,
+    UsdtCounterValue, UsdtSpec, MAX_DUMP_STREAMS, MAX_SUBSYSTEMS, MAX_USDT_COUNTERS, MAX_USDT_SPECS,
+    MAX_USES_PER_SITE, ROUND_SLOTS, SUBSYSTEM_NAME_LEN, USDT_LOST_SLOT,
 };
 
 use crate::{
@@ -31,9 +38,14 @@ use crate::{
 #[map]
 static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
 
-/// The current value of every subsystem of every process, as last reported.
+/// The current value of every subsystem of every process, as last reported, and as of the last
+/// dump rounds that reported it.
 #[map]
-static SUBSYSTEMS: HashMap<SubsystemKey, i64> = HashMap::with_max_entries(MAX_SUBSYSTEMS, 0);
+static SUBSYSTEMS: HashMap<SubsystemKey, SubsystemValue> = HashMap::with_max_entries(MAX_SUBSYSTEMS, 0);
+
+/// The dump rounds of every thread that runs them (include/memtrace.h's dumper thread), by pid_tgid.
+#[map]
+static DUMP_ROUNDS: HashMap<u64, DumpRound> = HashMap::with_max_entries(MAX_DUMP_STREAMS, 0);
 
 #[map]
 static USDT_COUNTERS: HashMap<UsdtCounterKey, UsdtCounterValue> =
@@ -43,7 +55,8 @@ static USDT_COUNTERS: HashMap<UsdtCounterKey, UsdtCounterValue> =
 #[map]
 static USDT_LOST_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 
-const EEXIST: i32 = 17;
+// The round slot of a report is `round & (ROUND_SLOTS - 1)`.
+const _: () = assert!(ROUND_SLOTS.is_power_of_two());
 /// Size of x86-64 `struct pt_regs`; a register offset must lie inside it.
 const PT_REGS_SIZE: u16 = 168;
 
@@ -94,6 +107,7 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
         match spec.action {
             usdt_action::REPORT_TOTAL | usdt_action::REPORT_DELTA => report(&ctx, tgid, spec),
             usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT => count(&ctx, tgid, spec),
+            usdt_action::DUMP_BEGIN | usdt_action::DUMP_END => dump_round(&ctx, spec),
             _ => {}
         }
         if spec.last_of_site != 0 {
@@ -106,11 +120,13 @@ pub fn usdt_site(ctx: ProbeContext) -> u32 {
 /// A report's key, built in a slot the run claims (scratch.rs). This program is sleepable, so it
 /// cannot hold the tail call that keeps the others off a private stack (kernel_stack.rs); instead
 /// no function of it keeps 64 bytes of stack, the least the verifier gives a private stack to, and
-/// a 72-byte key would.
+/// a 72-byte key would, or an 88-byte value.
 #[repr(C)]
 struct KeySlot {
     owner: u64,
     key: SubsystemKey,
+    /// A new subsystem's first value; never written, so always zero.
+    zero: SubsystemValue,
 }
 
 // SAFETY: #[repr(C)] with the owner word first.
@@ -132,35 +148,118 @@ fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
         count_loss();
         return;
     };
-    let key = &mut claim.get().key;
-    key.tgid = tgid;
-    key._pad = 0;
-    if !read_name(name as u64, &mut key.name) {
+    let slot = claim.get();
+    slot.key.tgid = tgid;
+    slot.key._pad = 0;
+    if !read_name(name as u64, &mut slot.key.name) {
         count_loss();
         return;
     }
-    if spec.action == usdt_action::REPORT_TOTAL {
-        if SUBSYSTEMS.insert(&*key, value, 0).is_err() {
-            count_loss();
-        }
+    let Some(entry) = subsystem_entry(slot) else {
+        count_loss();
         return;
-    }
-    add_delta(key, value);
+    };
+    // SAFETY: a map value, valid while the program runs. Other threads of the process may write it
+    // at once: each writes a field with a single aligned store or an atomic add, never through a
+    // reference.
+    let now = unsafe {
+        if spec.action == usdt_action::REPORT_TOTAL {
+            // A single 8-byte store: readers see the old or the new value, never a mix.
+            core::ptr::write_volatile(&raw mut (*entry).value, value);
+            value
+        } else {
+            atomic_add(&raw const (*entry).value as *const u64, value as u64);
+            // Another thread's delta may land in between, as it may at any moment of a round.
+            core::ptr::read_volatile(&raw const (*entry).value)
+        }
+    };
+    note_round(entry, bpf_get_current_pid_tgid(), now);
 }
 
-fn add_delta(key: &SubsystemKey, delta: i64) {
-    if let Some(current) = SUBSYSTEMS.get_ptr_mut(key) {
-        atomic_add(current as *const u64, delta as u64);
-        return;
+/// The subsystem's entry, created (zero) on its first report; None when the map is full.
+fn subsystem_entry(slot: &KeySlot) -> Option<*mut SubsystemValue> {
+    if let Some(entry) = SUBSYSTEMS.get_ptr_mut(&slot.key) {
+        return Some(entry);
     }
-    match SUBSYSTEMS.insert(key, delta, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {}
-        // Another thread created it first: add to that.
-        Err(err) if err == -EEXIST => match SUBSYSTEMS.get_ptr_mut(key) {
-            Some(current) => atomic_add(current as *const u64, delta as u64),
-            None => count_loss(),
-        },
-        Err(_) => count_loss(),
+    // Another thread may create it first (EEXIST): the entry is there either way.
+    let _ = SUBSYSTEMS.insert(&slot.key, &slot.zero, u64::from(BPF_NOEXIST));
+    SUBSYSTEMS.get_ptr_mut(&slot.key)
+}
+
+/// The round the calling thread has open (between its `dump_begin` and `dump_end`), or 0.
+fn open_round(pid_tgid: u64) -> u64 {
+    let Some(round) = DUMP_ROUNDS.get_ptr(&pid_tgid) else {
+        return 0;
+    };
+    // SAFETY: a map value, valid while the program runs; only this thread writes it.
+    let (begun, complete) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*round).begun),
+            core::ptr::read_volatile(&raw const (*round).complete),
+        )
+    };
+    if begun > complete {
+        begun
+    } else {
+        0
+    }
+}
+
+/// Keeps `value` as the subsystem's value in the reporting thread's open round, if it has one; a
+/// report outside any round only marks the latest report as such.
+fn note_round(entry: *mut SubsystemValue, pid_tgid: u64, value: i64) {
+    let round = open_round(pid_tgid);
+    let tid = pid_tgid as u32;
+    // ROUND_SLOTS is a power of two: the mask bounds the index for the verifier.
+    let slot = round as usize & (ROUND_SLOTS - 1);
+    // SAFETY: `entry` is a map value, valid while the program runs. Its round fields are written by
+    // the thread running rounds (others only clear `latest_round`); userspace checks that a round's
+    // slot held still while it read it (attach/usdt/rounds.rs).
+    unsafe {
+        if round == 0 {
+            core::ptr::write_volatile(&raw mut (*entry).latest_round, 0);
+            return;
+        }
+        if (*entry).round_tid != tid {
+            // Another thread's rounds counted it so far: they say nothing about this thread's.
+            (*entry).rounds = [0; ROUND_SLOTS];
+            (*entry).round_tid = tid;
+        }
+        (*entry).round_values[slot] = value;
+        (*entry).rounds[slot] = round;
+        core::ptr::write_volatile(&raw mut (*entry).latest_round, round);
+    }
+}
+
+/// `memtrace:dump_begin(dump_no)` and `memtrace:dump_end(dump_no)`: opens and completes the calling
+/// thread's round. An end that does not match the round begun (a site attached mid-round) completes
+/// nothing, so a round is complete only when both ends were seen.
+#[inline(never)]
+fn dump_round(ctx: &ProbeContext, spec: &UsdtSpec) {
+    let Some(dump_no) = read_arg(ctx, &spec.args[0]) else {
+        count_loss();
+        return;
+    };
+    let dump_no = dump_no as u64;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mut round = DUMP_ROUNDS.get_ptr_mut(&pid_tgid);
+    if round.is_none() {
+        let _ = DUMP_ROUNDS.insert(&pid_tgid, &DumpRound::default(), u64::from(BPF_NOEXIST));
+        round = DUMP_ROUNDS.get_ptr_mut(&pid_tgid);
+    }
+    let Some(round) = round else {
+        count_loss();
+        return;
+    };
+    // SAFETY: a map value, valid while the program runs; only this thread writes it, userspace reads.
+    unsafe {
+        if spec.action == usdt_action::DUMP_BEGIN {
+            if dump_no > (*round).complete {
+                core::ptr::write_volatile(&raw mut (*round).begun, dump_no);
+            }
+        } else if (*round).begun == dump_no {
+            core::ptr::write_volatile(&raw mut (*round).complete, dump_no);
+        }
     }
 }
 

@@ -319,21 +319,73 @@ impl Drop for Spawned {
 pub struct Memtrace {
     dir: TempDir,
     wrapper: Vec<OsString>,
+    /// The binary to run, when not [`memtrace_bin`] (a copy another user can reach).
+    binary: Option<PathBuf>,
     default_outputs: bool,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
 }
+
+/// The user unprivileged runs take, as setpriv spells it: nobody.
+const NOBODY: [&str; 3] = ["--reuid=65534", "--regid=65534", "--clear-groups"];
 
 impl Memtrace {
     pub fn new() -> Self {
         assert_root();
         let parent = target_dir().join("memtrace-tests");
         fs::create_dir_all(&parent).unwrap_or_else(|err| panic!("creating {}: {err}", parent.display()));
+        Self::in_dir(&parent)
+    }
+
+    /// A run whose directory is made in `parent`.
+    fn in_dir(parent: &Path) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("run-")
-            .tempdir_in(&parent)
+            .tempdir_in(parent)
             .unwrap_or_else(|err| panic!("creating a directory in {}: {err}", parent.display()));
-        Self { dir, wrapper: Vec::new(), default_outputs: true, args: Vec::new(), env: Vec::new() }
+        Self {
+            dir,
+            wrapper: Vec::new(),
+            binary: None,
+            default_outputs: true,
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// memtrace as nobody through `setpriv` with `setpriv_args` (capabilities), able to reach its
+    /// binary and write its outputs in its directory whoever owns the clone: the directory is made
+    /// in the system's temporary directory, open to all, and the binary is copied into it when
+    /// nobody cannot run it where it is (a clone under root's 0700 home).
+    pub fn as_nobody<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(setpriv_args: I) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        assert_root();
+        let mut memtrace = Self::in_dir(&std::env::temp_dir());
+        fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777))
+            .expect("opening the run's directory");
+        memtrace.binary = Some(memtrace.reachable(&memtrace_bin()));
+        let setpriv = ["setpriv"].into_iter().chain(NOBODY).map(OsString::from);
+        memtrace.wrapped_in(setpriv.chain(setpriv_args.into_iter().map(|arg| arg.as_ref().to_owned())))
+    }
+
+    /// `program` where nobody can run it: where it is, or else a copy in the run's directory.
+    pub fn reachable(&self, program: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let runs = Command::new("setpriv")
+            .args(NOBODY)
+            .args(["test", "-x"])
+            .arg(program)
+            .status()
+            .expect("running setpriv")
+            .success();
+        if runs {
+            return program.to_owned();
+        }
+        let copy = self.dir().join(program.file_name().expect("a program has a file name"));
+        fs::copy(program, &copy)
+            .unwrap_or_else(|err| panic!("copying {} to {}: {err}", program.display(), copy.display()));
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("making the copy executable");
+        copy
     }
 
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -373,24 +425,14 @@ impl Memtrace {
         self.dir.path()
     }
 
-    /// memtrace as nobody, with no capabilities, able to write its outputs in its directory: only
-    /// privileges stand in its way.
+    /// memtrace as nobody, with no capabilities, able to reach its binary and write its outputs
+    /// (see [`Memtrace::as_nobody`]): only privileges stand in its way.
     pub fn unprivileged() -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let memtrace = Self::new().wrapped_in([
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ]);
-        fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777))
-            .expect("opening the run's directory");
-        memtrace
+        Self::as_nobody(["--inh-caps=-all"])
     }
 
     pub fn spawn(self) -> Running {
-        let binary = memtrace_bin();
+        let binary = self.binary.clone().unwrap_or_else(memtrace_bin);
         let mut command = match self.wrapper.split_first() {
             Some((program, wrapper_args)) => {
                 let mut command = Command::new(program);

@@ -2,7 +2,6 @@
 
 use std::{
     fs,
-    os::unix::fs::PermissionsExt,
     process::{Command, Stdio},
     sync::Mutex,
 };
@@ -84,22 +83,23 @@ fn documented_capabilities() -> String {
 
 /// memtrace as uid 65534 with exactly `capabilities` (setpriv's spelling), and nothing else.
 fn with_capabilities(capabilities: &str) -> Memtrace {
-    let memtrace = Memtrace::new().wrapped_in([
-        "setpriv".to_owned(),
-        "--reuid=65534".to_owned(),
-        "--regid=65534".to_owned(),
-        "--clear-groups".to_owned(),
+    Memtrace::as_nobody([
         format!("--inh-caps=-all,{capabilities}"),
         format!("--ambient-caps=-all,{capabilities}"),
-    ]);
-    fs::set_permissions(memtrace.dir(), fs::Permissions::from_mode(0o777)).unwrap();
-    memtrace
+    ])
+}
+
+/// The fixture `name` where memtrace as nobody can run it.
+fn fixture_for(memtrace: &Memtrace, name: &str) -> std::path::PathBuf {
+    memtrace.reachable(&fixture(name))
 }
 
 #[test]
 fn the_documented_capabilities_are_enough() {
     let capabilities = documented_capabilities();
-    let outcome = with_capabilities(&capabilities).command(&fixture("leaks")).run();
+    let memtrace = with_capabilities(&capabilities);
+    let leaks = fixture_for(&memtrace, "leaks");
+    let outcome = memtrace.command(&leaks).run();
     outcome.assert_exit_code(0);
     assert_figures(&outcome, LEAKS);
     // Holding execs needs CAP_SYS_ADMIN: without it, memtrace goes on and says what is missed.
@@ -110,8 +110,9 @@ fn the_documented_capabilities_are_enough() {
 fn a_missing_capability_is_named_with_what_needs_it() {
     // CAP_BPF and CAP_PERFMON load the programs and make uprobe_multi links; per-site links are
     // uprobe perf events, which the kernel refuses without CAP_SYS_ADMIN.
-    let outcome =
-        with_capabilities("+bpf,+perfmon").env("MEMTRACE_LINKS", "perf").command(&fixture("leaks")).run();
+    let memtrace = with_capabilities("+bpf,+perfmon").env("MEMTRACE_LINKS", "perf");
+    let leaks = fixture_for(&memtrace, "leaks");
+    let outcome = memtrace.command(&leaks).run();
     outcome.assert_exit_code(1);
     let error = outcome.error_line();
     assert!(error.contains("missing: CAP_SYS_ADMIN (perf_event_open"), "{}", outcome.stderr);

@@ -51,14 +51,15 @@ const PLAN: &[(&str, &[&str])] = &[
     ),
     // stacks without frame pointers: the .eh_frame unwinder
     ("unwind", &["chain_without_frame_pointers_is_whole_and_one_group"]),
-    // USDT: memtrace.h's semaphore and its reports (the claimed key slot), and --usdt arguments,
-    // launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
+    // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds
+    // (dump_begin/dump_end, a round's values per subsystem), and --usdt arguments, launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
     // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the
     // breakpoint of its site is written, so a program spinning on it can pass the site unprobed.)
     (
         "usdt",
         &[
             "subsystems_from_the_header_match_what_the_program_reported",
+            "registered_dumpers_show_one_whole_round_in_every_dump",
             "argument_forms_decode_to_the_values_passed_at_o0_and_o2",
         ],
     ),

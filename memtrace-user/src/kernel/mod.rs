@@ -131,7 +131,7 @@ pub struct MapOccupancy {
     pub processes: usize,
     pub live_allocations: usize,
     pub stack_totals: usize,
-    /// USDT subsystem and `--usdt` counter entries.
+    /// USDT subsystem, `--usdt` counter and dump round entries.
     pub usdt_entries: usize,
 }
 
@@ -449,6 +449,7 @@ impl Probes {
         if self.usdt_written() {
             tables::SUBSYSTEMS.release(&self.ebpf, tgids, |key| key.tgid)?;
             tables::USDT_COUNTERS.release(&self.ebpf, tgids, |key| key.tgid)?;
+            tables::DUMP_ROUNDS.release(&self.ebpf, tgids, |pid_tgid| (pid_tgid >> 32) as u32)?;
         }
         Ok(())
     }
@@ -459,7 +460,8 @@ impl Probes {
         self.usdt_sites > 0
     }
 
-    /// Every entry of a USDT map (`SUBSYSTEMS`, `USDT_COUNTERS`); none without a site attached.
+    /// Every entry of a USDT map (`SUBSYSTEMS`, `USDT_COUNTERS`, `DUMP_ROUNDS`); none without a site
+    /// attached.
     pub fn usdt_entries<K: aya::Pod, V: aya::Pod>(&self, table: &Table<K, V>) -> Result<Vec<(K, V)>> {
         if !self.usdt_written() {
             return Ok(Vec::new());
@@ -473,7 +475,8 @@ impl Probes {
             live_allocations: self.live.len(),
             stack_totals: tables::STACK_TOTALS.entries(&self.ebpf)?.len(),
             usdt_entries: self.usdt_entries(&tables::SUBSYSTEMS)?.len()
-                + self.usdt_entries(&tables::USDT_COUNTERS)?.len(),
+                + self.usdt_entries(&tables::USDT_COUNTERS)?.len()
+                + self.usdt_entries(&tables::DUMP_ROUNDS)?.len(),
         })
     }
 

@@ -12,8 +12,9 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, ThreadSlot,
-    UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    DumpRound, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey,
+    SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue,
+    UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -39,8 +40,11 @@ pub const STACKS: Table<u64, StackFrames> = Table::new("STACKS", "the stack map"
 pub const STACK_TOTALS: Table<StackKey, StackTotals> = Table::new("STACK_TOTALS", "the per-stack totals map");
 /// Anonymous mappings followed.
 pub const REGIONS: Table<RegionKey, Region> = Table::new("REGIONS", "the mapping map");
-/// USDT subsystem counters.
-pub const SUBSYSTEMS: Table<SubsystemKey, i64> = Table::new("SUBSYSTEMS", "the USDT subsystem map");
+/// USDT subsystem counters, with their values in the last dump rounds that reported them.
+pub const SUBSYSTEMS: Table<SubsystemKey, SubsystemValue> =
+    Table::new("SUBSYSTEMS", "the USDT subsystem map");
+/// The dump rounds of each thread that runs them (include/memtrace.h's dumpers), by pid_tgid.
+pub const DUMP_ROUNDS: Table<u64, DumpRound> = Table::new("DUMP_ROUNDS", "the USDT dump round map");
 /// `--usdt` counters.
 pub const USDT_COUNTERS: Table<UsdtCounterKey, UsdtCounterValue> =
     Table::new("USDT_COUNTERS", "the --usdt counter map");

@@ -233,7 +233,7 @@ pub struct KernelMaps {
     pub processes: usize,
     pub live_allocations: usize,
     pub stack_totals: usize,
-    /// USDT subsystem and `--usdt` counter entries at the end.
+    /// USDT subsystem, `--usdt` counter and dump round entries at the end.
     pub usdt_entries: usize,
     /// The most processes the kernel held figures for at any sample.
     pub peak_processes: usize,

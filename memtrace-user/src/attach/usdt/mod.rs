@@ -4,7 +4,9 @@
 //! a command not started yet, its executable and the libraries it needs), attaches its one USDT
 //! handler at each site it wants, with a BPF cookie that indexes the site's spec in `USDT_SPECS`, and
 //! reads the handler's maps at every sample:
-//! - every `memtrace:report_total` / `memtrace:report_delta` site, for subsystem counters;
+//! - every `memtrace:report_total` / `memtrace:report_delta` site, for subsystem counters, and every
+//!   `memtrace:dump_begin` / `memtrace:dump_end` site, which frame a round of registered dumpers
+//!   (a sample shows a process's subsystems as of its last complete round: `rounds`);
 //! - the sites of each `--usdt [PATH:]PROVIDER:NAME[=argN]`, for hit counts or an argument's value.
 //!
 //! System-wide (`--all`), each object file is attached once, for every process: at start every
@@ -14,7 +16,8 @@
 //! figures by the process a probe fires in and filters processes as it does allocator events.
 //!
 //! One job per file: `request` (what `--usdt` asks for), this module (which files to scan and
-//! attaching their sites), `plan` (each site's uses and their specs), `read` (the handler's maps);
+//! attaching their sites), `plan` (each site's uses and their specs), `read` (the handler's maps),
+//! `rounds` (which value of a subsystem a sample shows);
 //! `notes` and `args` parse what the files say. Attaching goes through `probes` (the kernel side,
 //! which never calls back): [`UsdtProbes`] is held beside the `Probes`, by what follows processes.
 
@@ -26,6 +29,7 @@ pub mod notes;
 mod plan;
 mod read;
 mod request;
+mod rounds;
 
 use std::{collections::HashSet, path::Path};
 
@@ -34,7 +38,7 @@ use memtrace_common::usdt_action;
 
 use self::{
     notes::ElfProbes,
-    plan::{is_report_site, spec_of, uses_of, write_specs},
+    plan::{is_memtrace_site, spec_of, uses_of, write_specs},
 };
 pub use self::{read::reporting_processes, request::UsdtRequest};
 use crate::{
@@ -239,7 +243,12 @@ impl UsdtProbes {
             if let Some(cookie) = write_specs(probes, &mut self.next_spec, &mut specs)? {
                 sites.push(Site { offset: site.offset, cookie, semaphore: site.semaphore_offset });
                 counters.extend(
-                    specs.iter().filter(|spec| spec.action >= usdt_action::COUNT_HITS).map(|s| s.counter),
+                    specs
+                        .iter()
+                        .filter(|spec| {
+                            matches!(spec.action, usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT)
+                        })
+                        .map(|s| s.counter),
                 );
             }
         }
@@ -278,7 +287,7 @@ impl UsdtProbes {
     }
 }
 
-/// The objects that may have a probe site memtrace would attach: a memtrace report site, or one a
+/// The objects that may have a probe site memtrace would attach: one of memtrace's own, or one a
 /// `--usdt` option asks for, or any in a file an option names by path. Only the notes are read
 /// (crate::process::SparseImage), so a 200 MB library whose notes are someone else's (libLLVM's
 /// libstdcxx:throw) is never read whole. A file whose notes cannot be read is kept, for the
@@ -289,7 +298,7 @@ fn with_wanted_sites(
     named: &[FileId],
 ) -> Vec<ObjectFile> {
     let wanted = |provider: &str, name: &str| {
-        is_report_site(provider, name)
+        is_memtrace_site(provider, name)
             || requests.iter().any(|request| request.provider == provider && request.name == name)
     };
     let has_wanted_site = |object: &ObjectFile| -> bool {

@@ -15,14 +15,32 @@ use crate::{
     process::{FileId, ObjectFile},
 };
 
-/// The provider include/memtrace.h emits, and its two report probes.
+/// The provider include/memtrace.h emits, its two report probes and the two that frame a round of
+/// its registered dumpers.
 const MEMTRACE_PROVIDER: &str = "memtrace";
 const REPORT_TOTAL: &str = "report_total";
 const REPORT_DELTA: &str = "report_delta";
+const DUMP_BEGIN: &str = "dump_begin";
+const DUMP_END: &str = "dump_end";
 
-/// Whether a probe is one of memtrace's subsystem reports, which every run attaches.
-pub(super) fn is_report_site(provider: &str, name: &str) -> bool {
-    provider == MEMTRACE_PROVIDER && (name == REPORT_TOTAL || name == REPORT_DELTA)
+/// Whether a probe is one of memtrace's own (subsystem reports, dump rounds), which every run
+/// attaches.
+pub(super) fn is_memtrace_site(provider: &str, name: &str) -> bool {
+    memtrace_action(provider, name).is_some()
+}
+
+/// What the handler does at one of memtrace's own probes.
+fn memtrace_action(provider: &str, name: &str) -> Option<u32> {
+    if provider != MEMTRACE_PROVIDER {
+        return None;
+    }
+    match name {
+        REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
+        REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
+        DUMP_BEGIN => Some(usdt_action::DUMP_BEGIN),
+        DUMP_END => Some(usdt_action::DUMP_END),
+        _ => None,
+    }
 }
 
 /// What one site is attached for.
@@ -65,15 +83,8 @@ pub(super) fn uses_of(
     explicit: &[FileId],
 ) -> Vec<Use> {
     let mut uses = Vec::new();
-    if site.provider == MEMTRACE_PROVIDER {
-        let action = match site.name.as_str() {
-            REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
-            REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
-            _ => None,
-        };
-        if let Some(action) = action {
-            uses.push(Use { action, counter: 0, argument: None });
-        }
+    if let Some(action) = memtrace_action(&site.provider, &site.name) {
+        uses.push(Use { action, counter: 0, argument: None });
     }
     for (index, request) in requests.iter().enumerate() {
         if request.matches(site) && request.wants_object(object, explicit) {
@@ -126,6 +137,17 @@ pub(super) fn spec_of(
             for (slot, arg) in spec.args.iter_mut().zip(&specs) {
                 *slot = arg.to_bpf(&context).with_context(where_)?;
             }
+        }
+        usdt_action::DUMP_BEGIN | usdt_action::DUMP_END => {
+            let [dump_no] = specs.as_slice() else {
+                eprintln!(
+                    "memtrace: warning: skipping {}: it has {} arguments, not (dump_no)",
+                    where_(),
+                    specs.len()
+                );
+                return Ok(None);
+            };
+            spec.args[0] = dump_no.to_bpf(&context).with_context(where_)?;
         }
         usdt_action::TRACK_ARGUMENT => {
             let index = site_use.argument.unwrap_or(0);

@@ -1,19 +1,24 @@
-//! Reading the USDT handler's maps at every sample: subsystem totals and `--usdt` counters into the
-//! model (releasing what exited processes left there is the kernel side's, `Probes::release`).
+//! Reading the USDT handler's maps at every sample: subsystem totals (as of each process's last
+//! complete dump round, `rounds`) and `--usdt` counters into the model (releasing what exited
+//! processes left there is the kernel side's, `Probes::release`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use memtrace_common::USDT_LOST_SLOT;
+use memtrace_common::{SubsystemKey, SubsystemValue, USDT_LOST_SLOT};
 
-use super::request::UsdtRequest;
+use super::{request::UsdtRequest, rounds::Rounds};
 use crate::{
     kernel::{
-        tables::{SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS},
+        tables::{DUMP_ROUNDS, SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS},
         Probes,
     },
     model::{Model, UsdtProbeCounter},
 };
+
+/// Reads of the subsystems a sample makes at most while dump rounds overtake them (see `rounds`);
+/// the last is taken as it is.
+const SUBSYSTEM_READS: usize = 3;
 
 /// Reads every subsystem and `--usdt` counter (of `requests`, by index) of every process, in one
 /// pass over each map. Every requested counter shows in every process, unless `system_wide`.
@@ -24,8 +29,11 @@ pub(super) fn collect(
     model: &mut Model,
 ) -> Result<()> {
     let mut subsystems: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    for (key, value) in probes.usdt_entries(&SUBSYSTEMS)? {
-        subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), value);
+    let (entries, rounds) = read_subsystems(probes)?;
+    for (key, value) in entries {
+        if let Some(bytes) = rounds.value_of(key.tgid, &value) {
+            subsystems.entry(key.tgid).or_default().insert(subsystem_name(&key.name), bytes);
+        }
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
     for (key, value) in probes.usdt_entries(&USDT_COUNTERS)? {
@@ -56,6 +64,25 @@ pub(super) fn collect(
     }
     model.usdt_lost_events = probes.array_get(&USDT_LOST_EVENTS, USDT_LOST_SLOT)?;
     Ok(())
+}
+
+/// Every subsystem entry, with the dump rounds read around it: read again while rounds overtake
+/// the read (`Rounds::steady`). Without rounds there is nothing to check.
+fn read_subsystems(probes: &Probes) -> Result<(Vec<(SubsystemKey, SubsystemValue)>, Rounds)> {
+    let mut reads = 0;
+    loop {
+        let before = probes.usdt_entries(&DUMP_ROUNDS)?;
+        let entries = probes.usdt_entries(&SUBSYSTEMS)?;
+        if before.is_empty() {
+            // A round that began meanwhile is not complete: none of its values shows.
+            return Ok((entries, Rounds::default()));
+        }
+        let rounds = Rounds::new(before, probes.usdt_entries(&DUMP_ROUNDS)?);
+        reads += 1;
+        if rounds.steady() || reads == SUBSYSTEM_READS {
+            return Ok((entries, rounds));
+        }
+    }
 }
 
 /// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
