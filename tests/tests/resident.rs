@@ -128,7 +128,11 @@ fn the_free_pool_by_size_class_and_in_words() {
     let big = classes.iter().find(|class| level(class, "min_bytes") == 8192).expect("an 8 KiB class");
     assert!(gaps(big) >= 8 * 1024 - 8, "a gap per 4 blocks of every thread: {memory}");
     assert!(level(memory, "allocator_arenas") >= 8, "{memory}");
-    outcome.assert_stderr_mentions(&["of resident free pages (malloc_trim(0) would return them);", "arenas"]);
+    outcome.assert_stderr_mentions(&[
+        "of resident free pages (malloc_trim(0) would return them);",
+        "arenas",
+        "free pool by gap size (resident / all): 8192 B+ ",
+    ]);
 }
 
 /// jemalloc's extents are mapped inside allocator calls: its resident memory is what its own

@@ -12,7 +12,7 @@ use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -27,7 +27,9 @@ use crate::{
     collect::symbolize::StackSymbolizer,
     kernel::Probes,
     model::{
-        frame::Frame, levels::MemoryLevels, HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
+        frame::Frame,
+        levels::{MemoryLevels, OsMemory},
+        HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
     },
     process::procfs::{self, Mapping},
     process::{open_mapping, ObjectFile, Root},
@@ -49,7 +51,18 @@ pub struct Collector {
     owners: OwnersReader,
     /// The run's last sample: the free pool is measured whatever its budget says.
     last_sample: bool,
+    /// Each process's VmSize when its /proc/PID/maps was last read at a sample, when, and its brk
+    /// heap then (`maps_unchanged`).
+    maps_read: HashMap<u32, (u64, Instant, u64)>,
+    /// When each process's mappings were first read between samples (`read_mappings`).
+    maps_first_read: HashMap<u32, Instant>,
 }
+
+/// How long after its mappings were first read a process's are read between samples too.
+const YOUNG: Duration = Duration::from_secs(2);
+
+/// How long a process's mappings are taken as they were while its address space keeps its size.
+const MAPS_REREAD: Duration = Duration::from_secs(10);
 
 impl Collector {
     /// Reads every traced process as of now, `ts_us` into the run.
@@ -112,7 +125,10 @@ impl Collector {
         }
         // The process may exit between the reads; keep what was last seen.
         let os = procfs::os_memory(process.pid);
-        let brk_heap_bytes = self.read_mappings_of(process);
+        let brk_heap_bytes = match os.and_then(|os| self.maps_unchanged(process.pid, os)) {
+            Some(brk_heap_bytes) => Some(brk_heap_bytes),
+            None => self.read_mappings_of(process, os),
+        };
         if let (Some(os), Some(brk_heap_bytes)) = (os, brk_heap_bytes) {
             let owners = self.owners.read(process.pid, os, whole, || seen.of(probes, process.pid));
             process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes, owners);
@@ -170,17 +186,38 @@ impl Collector {
         Ok(())
     }
 
-    /// Reads the mappings of every live process again, between samples (for unwind tables).
-    pub fn read_mappings(&mut self, model: &mut Model) {
+    /// Reads the mappings of every young live process again, between samples (for unwind
+    /// tables: a program starting up maps its libraries); returns whether any was young. A
+    /// process is young for YOUNG after its mappings were first read; older ones are read at the
+    /// samples, when their address space moved.
+    pub fn read_mappings(&mut self, model: &mut Model) -> bool {
+        let mut young = false;
         for process in model.processes.values_mut().filter(|p| !p.exited && !p.released) {
-            self.read_mappings_of(process);
+            let first_read = self.maps_first_read.entry(process.pid).or_insert_with(Instant::now);
+            if first_read.elapsed() < YOUNG {
+                young = true;
+                self.read_mappings_of(process, None);
+            }
         }
+        young
+    }
+
+    /// The brk heap as last read, if /proc/PID/maps need not be read again: the address space
+    /// (VmSize) is what it was then, and that was less than MAPS_REREAD ago. A mapping made or
+    /// unmapped, a library loaded, the brk heap moved, all change VmSize; what does not (an
+    /// mprotect, a mapping replaced by one of the same size) is seen within MAPS_REREAD.
+    fn maps_unchanged(&self, pid: u32, os: OsMemory) -> Option<u64> {
+        let (address_space, read_at, brk_heap_bytes) = *self.maps_read.get(&pid)?;
+        (address_space == os.address_space_bytes && read_at.elapsed() < MAPS_REREAD).then_some(brk_heap_bytes)
     }
 
     /// A process's mappings as /proc shows them now, their new files indexed for symbols; the
     /// last ones seen stay when the process has gone. Returns the size of its brk heap.
-    fn read_mappings_of(&mut self, process: &mut Process) -> Option<u64> {
+    fn read_mappings_of(&mut self, process: &mut Process, os: Option<OsMemory>) -> Option<u64> {
         let maps = procfs::maps(process.pid).ok()?;
+        if let Some(os) = os {
+            self.maps_read.insert(process.pid, (os.address_space_bytes, Instant::now(), maps.brk_heap_bytes));
+        }
         self.index_mappings(process.pid, &maps.files);
         process.mappings = maps.files;
         Some(maps.brk_heap_bytes)
@@ -216,6 +253,8 @@ impl Collector {
             self.peaks.forget(tgid);
             self.indexed.remove(&tgid);
             self.owners.forget(tgid);
+            self.maps_read.remove(&tgid);
+            self.maps_first_read.remove(&tgid);
         }
         self.stacks.forget(probes, tgids)
     }

@@ -138,6 +138,31 @@ pub fn free_pool_words(process: &Process) -> Option<String> {
     Some(format!("the allocator keeps {} of resident free pages ({giver}){arenas}", bytes(free)))
 }
 
+/// The free pool's size classes that hold resident pages, most resident first, at most 6.
+fn free_pool_classes(process: &Process) -> Option<String> {
+    let mut classes: Vec<_> =
+        process.free_pool.as_ref()?.classes.iter().filter(|class| class.resident_bytes > 0).collect();
+    if classes.is_empty() {
+        return None;
+    }
+    classes.sort_by_key(|class| std::cmp::Reverse(class.resident_bytes));
+    let shown: Vec<String> = classes
+        .iter()
+        .take(6)
+        .map(|class| {
+            let gaps = if class.gaps == 1 { "gap" } else { "gaps" };
+            format!(
+                "{}+ {} / {} in {} {gaps}",
+                bytes(class.min_bytes),
+                bytes(class.resident_bytes),
+                bytes(class.bytes),
+                class.gaps
+            )
+        })
+        .collect();
+    Some(shown.join(", "))
+}
+
 /// The levels, from the OS's view down: what holds the resident anonymous memory.
 fn write_memory(text: &mut String, process: &Process) {
     let memory = &process.memory;
@@ -169,6 +194,9 @@ fn write_memory(text: &mut String, process: &Process) {
     );
     if let Some(words) = free_pool_words(process) {
         let _ = writeln!(text, "    {words}");
+    }
+    if let Some(classes) = free_pool_classes(process) {
+        let _ = writeln!(text, "    free pool by gap size (resident / all): {classes}");
     }
     if let Some(peak) = &process.peak {
         let _ = writeln!(

@@ -74,6 +74,8 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
         forwarded_signal: false,
         failed_outputs: 0,
         early_refresh,
+        refreshes: early_refresh.is_some(),
+        refresh_after_exec: false,
         timing,
         retention,
         tables: probe_plan.tables,

@@ -58,6 +58,10 @@ pub struct Run {
     /// REFRESH_CEILING, so that its stacks are unwound long before its first sample and a library
     /// it dlopens is unwound soon after (reading /proc/PID/maps takes about 0.1 ms).
     pub early_refresh: Option<Duration>,
+    /// The run refreshes mapping tables between samples (a launched command's): an exec starts
+    /// the refreshes again (`refresh_after_exec`) once they have come to rest.
+    pub refreshes: bool,
+    pub refresh_after_exec: bool,
     pub timing: Timing,
     pub retention: Retention,
     /// What the loss warning names.
@@ -98,6 +102,10 @@ impl Run {
                 }
             }
             let now = Instant::now();
+            if std::mem::take(&mut self.refresh_after_exec) && self.early_refresh.is_none() {
+                self.early_refresh = Some(FIRST_REFRESH);
+                next_refresh = Some(now + FIRST_REFRESH);
+            }
             if next_refresh.is_some_and(|refresh| now >= refresh) {
                 next_refresh = self.refresh_unwind_tables()?.map(|delay| now + delay);
             }
@@ -145,6 +153,7 @@ impl Run {
             for object in self.following.handle_execs(&mut self.probes)? {
                 self.collector.index_object(&object);
             }
+            self.refresh_after_exec |= self.refreshes;
         }
         for &i in &exited {
             self.targets[i].exited = true;
@@ -165,8 +174,13 @@ impl Run {
     fn refresh_unwind_tables(&mut self) -> Result<Option<Duration>> {
         // A process the command just started gets its table too.
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
-        self.collector.read_mappings(&mut self.model);
+        let young = self.collector.read_mappings(&mut self.model);
         self.unwind.update(&mut self.probes, &self.model)?;
+        // Nothing is starting up: the refreshes rest until an exec brings a new program.
+        if !young {
+            self.early_refresh = None;
+            return Ok(None);
+        }
         let next = self
             .early_refresh
             .map(|delay| (delay * 2).min(REFRESH_CEILING))

@@ -4,9 +4,9 @@
 //! - /proc/PID/smaps is read again only when the process's RssAnon, VmSwap or VmSize moved since
 //!   the last read (a quiet process costs one read of /proc/PID/status a sample, as before);
 //! - the free pool takes every live block of the kernel's table and the pagemap of the
-//!   allocator's mappings: it is measured again only after memtrace has spent 99 times as long
-//!   elsewhere as the last measurement took (at most 1% of a core on average), and always at the
-//!   end of a run. Between measurements a process keeps the last figure.
+//!   allocator's mappings: it is measured again only after memtrace has spent 199 times as long
+//!   elsewhere as the last measurement took (at most 0.5% of a core on average), and always at
+//!   the end of a run. Between measurements a process keeps the last figure.
 
 pub mod classify;
 pub mod free_pool;
@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// The free pool may take this share of memtrace's time: 1 / BUDGET_DIVISOR of a core.
-const BUDGET_DIVISOR: u32 = 100;
+const BUDGET_DIVISOR: u32 = 200;
 
 #[derive(Default)]
 pub struct OwnersReader {
@@ -91,7 +91,7 @@ impl OwnersReader {
 
     /// Measures the free pools of `processes` (pid, its live blocks sorted by address, the
     /// header each block takes before it), then waits out the budget: the CPU time spent since
-    /// `started` (which took the blocks from the kernel's table), 99 times over.
+    /// `started` (which took the blocks from the kernel's table), 199 times over.
     pub fn measure_free_pools(&mut self, processes: Vec<(u32, Vec<LiveBlock>, u64)>, started: CpuTime) {
         let page_size = crate::process::procfs::page_size();
         for (pid, blocks, header) in processes {
