@@ -457,6 +457,19 @@ pub mod region_kind {
 /// The most anonymous mappings followed at once, over every traced process.
 pub const MAX_REGIONS: u32 = 262_144;
 
+/// Where an allocator's code lies around its free probe, by the allocator's index
+/// (`ProbeCookie::allocator`): a return address in [probe - before, probe + after) is a call from
+/// the allocator's own executable segment. Zero where unknown.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorCode {
+    pub before: u64,
+    pub after: u64,
+}
+
+/// Allocators whose code range is kept (indices past it fall back to the mapping table).
+pub const MAX_ALLOCATOR_CODES: u32 = 1024;
+
 /// Arguments of an allocator call in flight, as far as the return probe needs them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -491,6 +504,7 @@ mod pod {
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::RegionKey {}
     unsafe impl aya::Pod for super::Region {}
+    unsafe impl aya::Pod for super::AllocatorCode {}
 }
 
 // ---- USDT -------------------------------------------------------------------------------------

@@ -329,7 +329,8 @@ fn on_free(ctx: &ProbeContext) -> u32 {
     };
     note_allocator(ctx, stats);
     if !record_free(tgid, stats, address, temporary) {
-        let untracked = match stacks::called_from_within(ctx, tgid) {
+        let allocator = ProbeCookie(attach_cookie(ctx)).allocator();
+        let untracked = match stacks::called_from_within(ctx, tgid, allocator) {
             true => &stats.allocator_internal_frees,
             false => &stats.untracked_frees,
         };

@@ -31,11 +31,11 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    unwind_file_state, unwind_kind, unwind_stop, ProcessStats, StackFrame, StackFrames, StackKey,
-    StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID,
-    FRAME_IP, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, STACK_DEPTH, UNWIND_MAPPING_STEPS,
-    UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS,
-    UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
+    unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, ProcessStats, StackFrame, StackFrames,
+    StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo,
+    FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK,
+    STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES,
+    UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::{
@@ -287,17 +287,27 @@ fn unwind_frame(
     }
 }
 
+/// Each probed allocator's code around its free probe (`AllocatorCode`), written by the loader.
+#[map]
+pub(crate) static ALLOCATOR_CODES: Array<AllocatorCode> = Array::with_max_entries(MAX_ALLOCATOR_CODES, 0);
+
 /// Whether the function a probe stopped at (free, at its entry: the return address is on top of
 /// the stack) was called from its own file: the allocator's library calling itself, as glibc does
 /// when it flushes an exiting thread's tcache. False where the process has no mapping table (no
 /// stacks are taken) or either address lies outside its executable mappings.
-pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32) -> bool {
+pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32, allocator: u64) -> bool {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
     // SAFETY: reading the traced thread's stack; the helper fails rather than faults.
     let Ok(return_address) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
         return false;
     };
+    // The allocator's executable segment around the probe, as the loader found it in the file: no
+    // need of the process's mapping table, which a process in its first moments has not yet.
+    if let Some(code) = ALLOCATOR_CODES.get(allocator as u32).filter(|code| code.after != 0) {
+        return rip.wrapping_sub(code.before) <= return_address
+            && return_address < rip.wrapping_add(code.after);
+    }
     let Some(mappings) = UNWIND_MAPPINGS.get_ptr(&tgid) else {
         return false;
     };

@@ -27,9 +27,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, KernelLayout, ProbeCookie, ProcessStats, Region, RegionKey,
-    StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_COMMS,
-    MAX_PROCESSES,
+    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, KernelLayout, ProbeCookie,
+    ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS,
+    GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_COMMS, MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -335,6 +335,7 @@ impl Probes {
             .filter(|point| point.entry.function.has_return())
             .map(|point| site(point.offset, point.entry.function))
             .collect();
+        self.note_allocator_code(index, allocator)?;
         let calls = Calls { programs: self.allocator_programs, path: &allocator.host_path, entries, returns };
         self.attach_calls(calls, scope)
             .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))
@@ -392,6 +393,18 @@ impl Probes {
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
         tables::EXEC_EVENTS.take(&mut self.ebpf)
+    }
+
+    /// Tells the free probe where allocator `index`'s code lies around it, so that a free its own
+    /// library makes (glibc's tcache flush at thread exit) is told from the program's.
+    fn note_allocator_code(&mut self, index: u32, allocator: &Allocator) -> Result<()> {
+        let free =
+            allocator.entry_points.iter().find(|point| point.entry.function == AllocatorFunction::Free);
+        let Some((before, after)) = free.map(|point| point.code_around_probe) else { return Ok(()) };
+        if index >= MAX_ALLOCATOR_CODES {
+            return Ok(());
+        }
+        tables::ALLOCATOR_CODES.set(&mut self.ebpf, index, &AllocatorCode { before, after })
     }
 
     /// The exit levels' reader at do_exit's entry (fentry), for kernels whose sched_process_exit

@@ -12,9 +12,9 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    DumpRound, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey,
-    SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue,
-    UsdtSpec,
+    AllocatorCode, DumpRound, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals,
+    SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey,
+    UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -61,6 +61,9 @@ pub struct ArrayTable<V> {
 
 /// Events that could not be charged to any process, at `GLOBAL_LOST_SLOT`.
 pub const LOST_EVENTS: ArrayTable<u64> = ArrayTable::new("LOST_EVENTS", "the lost-event counter");
+/// Each allocator's code around its free probe (memtrace-ebpf/src/stacks.rs).
+pub const ALLOCATOR_CODES: ArrayTable<AllocatorCode> =
+    ArrayTable::new("ALLOCATOR_CODES", "the allocators' code ranges");
 /// USDT reports that found no room, at `USDT_LOST_SLOT`.
 pub const USDT_LOST_EVENTS: ArrayTable<u64> =
     ArrayTable::new("USDT_LOST_EVENTS", "the USDT lost-event counter");

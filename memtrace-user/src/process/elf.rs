@@ -92,14 +92,25 @@ impl<'data> ElfObject<'data> {
 
     /// The file offset of a virtual address in an executable PT_LOAD segment.
     pub fn code_file_offset(&self, address: u64) -> Option<u64> {
+        self.code_segment(address).map(|(start, _)| address - start.0 + start.1)
+    }
+
+    /// The executable PT_LOAD segment holding a virtual address: ((vaddr, file offset) of its
+    /// start, its length).
+    fn code_segment(&self, address: u64) -> Option<((u64, u64), u64)> {
         let endian = self.file.endian();
         self.file
             .elf_program_headers()
             .iter()
             .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian) & elf::PF_X != 0)
-            .map(|ph| (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian)))
-            .find(|&(vaddr, size, _)| (vaddr..vaddr.saturating_add(size)).contains(&address))
-            .map(|(vaddr, _, offset)| address - vaddr + offset)
+            .map(|ph| ((ph.p_vaddr(endian), ph.p_offset(endian)), ph.p_memsz(endian)))
+            .find(|&((vaddr, _), size)| (vaddr..vaddr.saturating_add(size)).contains(&address))
+    }
+
+    /// How far the executable segment holding `address` reaches before it and after it (bytes).
+    pub fn code_around(&self, address: u64) -> Option<(u64, u64)> {
+        let ((start, _), size) = self.code_segment(address)?;
+        Some((address - start, start + size - address))
     }
 
     pub fn dynamic_info(&self) -> Result<DynamicInfo> {

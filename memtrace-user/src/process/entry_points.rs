@@ -51,6 +51,9 @@ pub struct ResolvedEntryPoint {
     pub offset: u64,
     /// File offset for the entry probe: past a leading instruction the kernel would single-step.
     pub probe_offset: u64,
+    /// How far the executable segment reaches before and after the entry probe (bytes): a return
+    /// address in that stretch is a call from the allocator's own code.
+    pub code_around_probe: (u64, u64),
 }
 
 /// Locates every entry point `prefix` + symbol that an ELF file defines, once per address.
@@ -75,8 +78,14 @@ pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<Res
         };
         // The longest x86 instruction is 15 bytes.
         let code = elf.code_bytes(offset, 15);
-        let probe_offset = offset + single_stepped_prologue_len(&code, address);
-        resolved.push(ResolvedEntryPoint { entry, offset, probe_offset });
+        let skipped = single_stepped_prologue_len(&code, address);
+        let code_around_probe = elf.code_around(address + skipped).unwrap_or_default();
+        resolved.push(ResolvedEntryPoint {
+            entry,
+            offset,
+            probe_offset: offset + skipped,
+            code_around_probe,
+        });
     }
     Ok(resolved)
 }
