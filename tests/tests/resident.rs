@@ -128,10 +128,12 @@ fn the_free_pool_by_size_class_and_in_words() {
     let big = classes.iter().find(|class| level(class, "min_bytes") == 8192).expect("an 8 KiB class");
     assert!(gaps(big) >= 8 * 1024 - 8, "a gap per 4 blocks of every thread: {memory}");
     assert!(level(memory, "allocator_arenas") >= 8, "{memory}");
+    assert!(memory["allocator_free_measured_at_s"].as_f64().is_some_and(|at| at > 0.0), "{memory}");
     outcome.assert_stderr_mentions(&[
         "of resident free pages (malloc_trim(0) would return them);",
         "arenas",
-        "free pool by gap size (resident / all): 8192 B+ ",
+        "free pool by gap size (resident / all), measured at ",
+        " s: 8192 B+ ",
     ]);
 }
 

@@ -97,7 +97,7 @@ impl Collector {
             }
             self.read_levels(process, estimates.is_none(), &mut seen, probes);
         }
-        self.measure_free_pools(probes, model)?;
+        self.measure_free_pools(probes, model, ts_us)?;
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
@@ -146,7 +146,7 @@ impl Collector {
 
     /// Measures the allocator's free pool of every running process whose every live block is in
     /// the kernel's table, when the budget allows (collect/owners/mod.rs).
-    fn measure_free_pools(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
+    fn measure_free_pools(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
         if model.sampling.is_some() || !self.owners.free_pool_due(self.last_sample) {
             return Ok(());
         }
@@ -176,7 +176,7 @@ impl Collector {
                 (pid, blocks, chunk_header(&model.processes[&pid].allocator_kind))
             })
             .collect();
-        self.owners.measure_free_pools(measured, started);
+        self.owners.measure_free_pools(measured, started, ts_us);
         for (&pid, process) in model.processes.iter_mut().filter(|(pid, _)| wanted.contains_key(pid)) {
             process.memory.allocator_free_resident_bytes =
                 self.owners.last(pid, true).and_then(|o| o.allocator_free);

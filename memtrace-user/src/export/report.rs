@@ -196,7 +196,9 @@ fn write_memory(text: &mut String, process: &Process) {
         let _ = writeln!(text, "    {words}");
     }
     if let Some(classes) = free_pool_classes(process) {
-        let _ = writeln!(text, "    free pool by gap size (resident / all): {classes}");
+        let at = process.free_pool.as_ref().map_or(0.0, |pool| pool.measured_at_us as f64 / 1e6);
+        let _ =
+            writeln!(text, "    free pool by gap size (resident / all), measured at {at:.2} s: {classes}");
     }
     if let Some(peak) = &process.peak {
         let _ = writeln!(

@@ -108,6 +108,10 @@ pub struct MemorySummary {
     /// their resident whole pages (which add up to allocator_free_resident_bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator_free_by_size: Option<Vec<FreeClass>>,
+    /// When the free pool was measured, in seconds since tracing began (within a budget: it may
+    /// be older than the other levels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_free_measured_at_s: Option<f64>,
 }
 
 impl MemorySummary {
@@ -117,13 +121,15 @@ impl MemorySummary {
             levels: process.memory,
             allocator_arenas: pool.map(|pool| pool.arenas),
             allocator_free_by_size: pool.map(|pool| pool.classes.clone()),
+            allocator_free_measured_at_s: pool.map(|pool| pool.measured_at_us as f64 / 1e6),
         }
     }
 
     /// The free pool again, as a saved summary holds it.
     pub fn free_pool(&self) -> Option<FreePool> {
         let classes = self.allocator_free_by_size.clone()?;
-        Some(FreePool { arenas: self.allocator_arenas.unwrap_or_default(), classes })
+        let measured_at_us = (self.allocator_free_measured_at_s.unwrap_or_default() * 1e6).round() as u64;
+        Some(FreePool { arenas: self.allocator_arenas.unwrap_or_default(), classes, measured_at_us })
     }
 }
 

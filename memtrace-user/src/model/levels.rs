@@ -250,6 +250,9 @@ impl MemoryLevels {
 pub struct FreePool {
     /// glibc arenas seen (the main one and each thread arena's heaps' arena); 0 for other allocators.
     pub arenas: u32,
+    /// When it was measured, in microseconds since tracing began: it is measured within a budget,
+    /// so it may be older than the other levels (a process that exited keeps its last).
+    pub measured_at_us: u64,
     /// Classes with any gap, smallest first.
     pub classes: Vec<FreeClass>,
 }

@@ -112,8 +112,8 @@ impl ResidentRange {
 }
 
 impl FreePool {
-    pub fn new(arenas: u32, classes: Vec<FreeClass>) -> Self {
-        Self { arenas, classes }
+    pub fn new(arenas: u32, classes: Vec<FreeClass>, measured_at_us: u64) -> Self {
+        Self { arenas, classes, measured_at_us }
     }
 }
 

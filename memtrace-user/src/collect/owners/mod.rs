@@ -92,14 +92,19 @@ impl OwnersReader {
     /// Measures the free pools of `processes` (pid, its live blocks sorted by address, the
     /// header each block takes before it), then waits out the budget: the CPU time spent since
     /// `started` (which took the blocks from the kernel's table), 199 times over.
-    pub fn measure_free_pools(&mut self, processes: Vec<(u32, Vec<LiveBlock>, u64)>, started: CpuTime) {
+    pub fn measure_free_pools(
+        &mut self,
+        processes: Vec<(u32, Vec<LiveBlock>, u64)>,
+        started: CpuTime,
+        ts_us: u64,
+    ) {
         let page_size = crate::process::procfs::page_size();
         for (pid, blocks, header) in processes {
             let Some(known) = self.processes.get_mut(&pid) else { continue };
             let Some(pagemap) = Pagemap::open(pid, page_size) else { continue };
             let (resident, classes) =
                 free_pool::measure(&known.classified.allocator_ranges, &blocks, header, &pagemap);
-            known.free = Some((resident, FreePool::new(known.classified.arenas, classes)));
+            known.free = Some((resident, FreePool::new(known.classified.arenas, classes, ts_us)));
         }
         let spent = started.elapsed().max(Duration::from_micros(100));
         self.free_pool_due = Some(Instant::now() + spent * (BUDGET_DIVISOR - 1));
