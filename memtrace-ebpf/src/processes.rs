@@ -178,17 +178,23 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
         // Where the task still has its memory here (6.18 and later); else exit_begins read it.
-        let exit_memory = crate::kernel::exit_memory();
+        keep_exit_memory(stats);
         // SAFETY: a map value, valid while the program runs.
         unsafe {
             (*stats).comm = bpf_get_current_comm().unwrap_or((*stats).comm);
-            if let Some(exit_memory) = exit_memory {
-                (*stats).exit_memory = exit_memory;
-            }
             (*stats).exited = 1;
         }
     }
     0
+}
+
+/// Keeps the exiting task's memory counters in its process's figures, where it still has its
+/// memory (an earlier reading stays otherwise).
+fn keep_exit_memory(stats: *mut ProcessStats) {
+    if let Some(exit_memory) = crate::kernel::exit_memory() {
+        // SAFETY: a map value, valid while the program runs.
+        unsafe { (*stats).exit_memory = exit_memory };
+    }
 }
 
 /// A task begins to exit (fentry on do_exit), its memory still whole: where sched_process_exit
@@ -201,12 +207,8 @@ pub fn exit_begins(_ctx: FEntryContext) -> u32 {
     if tgid != tid {
         return 0;
     }
-    let Some(stats) = STATS.get_ptr_mut(tgid) else {
-        return 0;
-    };
-    if let Some(exit_memory) = crate::kernel::exit_memory() {
-        // SAFETY: a map value, valid while the program runs.
-        unsafe { (*stats).exit_memory = exit_memory };
+    if let Some(stats) = STATS.get_ptr_mut(tgid) {
+        keep_exit_memory(stats);
     }
     0
 }

@@ -292,9 +292,10 @@ fn unwind_frame(
 pub(crate) static ALLOCATOR_CODES: Array<AllocatorCode> = Array::with_max_entries(MAX_ALLOCATOR_CODES, 0);
 
 /// Whether the function a probe stopped at (free, at its entry: the return address is on top of
-/// the stack) was called from its own file: the allocator's library calling itself, as glibc does
-/// when it flushes an exiting thread's tcache. False where the process has no mapping table (no
-/// stacks are taken) or either address lies outside its executable mappings.
+/// the stack) was called from its own code: the allocator's library calling itself, as glibc does
+/// when it flushes an exiting thread's tcache. By allocator `allocator`'s executable segment
+/// around the probe (ALLOCATOR_CODES), else by the process's mapping table (same file); false
+/// where neither is known.
 pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32, allocator: u64) -> bool {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };

@@ -113,8 +113,7 @@ impl Collector {
     /// A process's memory levels: read from /proc and its pages' owners while it runs; at its
     /// exit, what the kernel counted then, with the owners last read.
     fn read_levels(&mut self, process: &mut Process, exact: bool, seen: &mut SeenMappings, probes: &Probes) {
-        let whole = exact && process.seen_from_start && process.stats.lost_events == 0;
-        process.free_measured = false;
+        let whole = exact && every_block_seen(process);
         if process.exited {
             let owners = self.owners.last(process.pid, whole);
             // What the kernel counted as it exited, else what was last seen.
@@ -153,7 +152,7 @@ impl Collector {
         let wanted: HashMap<u32, u64> = model
             .processes
             .values()
-            .filter(|p| !p.exited && !p.released && p.seen_from_start && p.stats.lost_events == 0)
+            .filter(|p| !p.exited && !p.released && every_block_seen(p))
             .map(|p| (p.pid, p.stats.started_ns))
             .collect();
         if wanted.is_empty() {
@@ -181,7 +180,6 @@ impl Collector {
             process.memory.allocator_free_resident_bytes =
                 self.owners.last(pid, true).and_then(|o| o.allocator_free);
             process.free_pool = self.owners.free_pool(pid).cloned();
-            process.free_measured = true;
         }
         Ok(())
     }
@@ -347,6 +345,12 @@ impl Collector {
         }
         Ok(())
     }
+}
+
+/// Whether every live block of the process went through the probes (traced from its image's
+/// start, nothing lost), so that its allocator's free pool can be measured; sampling aside.
+fn every_block_seen(process: &Process) -> bool {
+    process.seen_from_start && process.stats.lost_events == 0
 }
 
 /// The bytes an allocator keeps before each block it hands out: glibc's chunk header (its size

@@ -161,7 +161,6 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         peak,
         exited: saved.exited,
         seen_from_start: false,
-        free_measured: false,
         released: true,
         mappings: Vec::new(),
         stacks,

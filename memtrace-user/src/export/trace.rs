@@ -165,9 +165,9 @@ fn counter(process: &Process, ts_us: u64, name: &str, args: Value) -> Value {
 
 /// The known levels; the allocator's free pool only at a sample that measured it (it is measured
 /// within a budget, collect/owners): a counter holds its value until the next one.
-fn memory_args(process: &Process) -> Value {
+fn memory_args(process: &Process, ts_us: u64) -> Value {
     let mut args = process.memory.known();
-    if !process.free_measured {
+    if process.free_pool.as_ref().is_none_or(|pool| pool.measured_at_us != ts_us) {
         args.remove("allocator_free_resident_bytes");
     }
     args.into()
@@ -184,7 +184,7 @@ fn process_events(process: &Process, sample: Sample, heap_subsystems: &BTreeSet<
         counter(process, sample.ts_us, "rss", json!({"rss_bytes": process.memory.rss_bytes()})),
         // Losses show on the timeline when they happen.
         counter(process, sample.ts_us, "lost_events", json!({"lost_events": stats.lost_events})),
-        counter(process, sample.ts_us, "memory", memory_args(process)),
+        counter(process, sample.ts_us, "memory", memory_args(process, sample.ts_us)),
     ];
     events.extend(usdt_counters(process, sample));
     events.push(memory_dump(process, sample, live_bytes, live_allocations, heap_subsystems));

@@ -37,8 +37,6 @@ pub struct Process {
     pub seen_from_start: bool,
     /// Its allocator's free pool by size class, as last measured (collect/owners), where known.
     pub free_pool: Option<FreePool>,
-    /// The free pool was measured at the latest sample (it is measured within a budget).
-    pub free_measured: bool,
     /// Its kernel state is gone (system-wide tracing releases exited processes): the figures are
     /// final and no longer read.
     pub released: bool,
@@ -260,7 +258,6 @@ impl Model {
                 exited: false,
                 seen_from_start: false,
                 free_pool: None,
-                free_measured: false,
                 released: false,
                 mappings: Vec::new(),
                 stacks: Vec::new(),

@@ -185,7 +185,6 @@ fn copy(process: &Process, stacks: Stacks) -> Process {
         exited: process.exited,
         seen_from_start: process.seen_from_start,
         free_pool: process.free_pool.clone(),
-        free_measured: process.free_measured,
         released: process.released,
         mappings: Vec::new(),
         stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },

@@ -94,7 +94,7 @@ fn stderr_lines(run: &mut Child) -> Result<impl Iterator<Item = String>> {
 }
 
 /// utime + stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15).
-pub fn cpu_ticks(pid: u32) -> Result<u64> {
+fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name, in parentheses, may hold spaces: count fields after its closing one.
     let fields: Vec<&str> =

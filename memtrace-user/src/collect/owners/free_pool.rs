@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::levels::{FreeClass, FreePool};
+use crate::model::levels::FreeClass;
 
 /// A gap smaller than this is padding between blocks, not free memory: glibc's smallest free
 /// chunk (MINSIZE) is 32 bytes on 64-bit.
@@ -108,12 +108,6 @@ impl ResidentRange {
             return 0;
         }
         (self.before[last] - self.before[first]) * self.page
-    }
-}
-
-impl FreePool {
-    pub fn new(arenas: u32, classes: Vec<FreeClass>, measured_at_us: u64) -> Self {
-        Self { arenas, classes, measured_at_us }
     }
 }
 

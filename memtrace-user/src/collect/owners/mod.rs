@@ -36,6 +36,7 @@ pub struct OwnersReader {
 }
 
 /// What was last read of one process.
+#[derive(Default)]
 struct Known {
     /// RssAnon, VmSwap and VmSize when smaps was last read.
     read_at: (u64, u64, u64),
@@ -61,11 +62,7 @@ impl OwnersReader {
             let vmas = smaps::read(pid)?;
             let pagemap = Pagemap::open(pid, crate::process::procfs::page_size());
             let classified = classify(&vmas, &seen(), &RemoteMemory::of(pid), pagemap.as_ref());
-            let known = self.processes.entry(pid).or_insert_with(|| Known {
-                read_at: key,
-                classified: Classified::default(),
-                free: None,
-            });
+            let known = self.processes.entry(pid).or_default();
             known.read_at = key;
             known.classified = classified;
         }
@@ -104,7 +101,8 @@ impl OwnersReader {
             let Some(pagemap) = Pagemap::open(pid, page_size) else { continue };
             let (resident, classes) =
                 free_pool::measure(&known.classified.allocator_ranges, &blocks, header, &pagemap);
-            known.free = Some((resident, FreePool::new(known.classified.arenas, classes, ts_us)));
+            let pool = FreePool { arenas: known.classified.arenas, measured_at_us: ts_us, classes };
+            known.free = Some((resident, pool));
         }
         let spent = started.elapsed().max(Duration::from_micros(100));
         self.free_pool_due = Some(Instant::now() + spent * (BUDGET_DIVISOR - 1));
