@@ -186,14 +186,7 @@ fn argument_forms_decode_in_a_running_process() {
     Command::new(&program).arg(&probe_list).stdin(std::process::Stdio::null()).status().unwrap();
     let expected = expectations(&std::fs::read_to_string(&probe_list).unwrap());
     let written = dir.path().join("written.txt");
-    let mut fixture = Spawned::spawn({
-        let mut command = Command::new(&program);
-        command.arg(&written);
-        command
-    });
-    let mut memtrace =
-        Memtrace::new().args(usdt_options(&expected)).arg("--pid").arg(fixture.pid().to_string()).spawn();
-    memtrace.wait_for_stderr("memtrace: tracing");
+    let (mut fixture, memtrace) = attached(&program, &written, Memtrace::new().args(usdt_options(&expected)));
     fixture.send(b"go\n");
     assert!(fixture.wait().success());
     let outcome = memtrace.finish();
@@ -303,13 +296,7 @@ fn subsystems_from_the_header_match_what_the_program_reported() {
 fn subsystems_reach_memtrace_from_a_running_process() {
     let dir = build_dir();
     let program = build_c(dir.path(), "usdt_subsystems.c", "-O2");
-    let mut fixture = Spawned::spawn({
-        let mut command = Command::new(&program);
-        command.arg("hold");
-        command
-    });
-    let mut memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
-    memtrace.wait_for_stderr("memtrace: tracing");
+    let (mut fixture, memtrace) = attached(&program, "hold", Memtrace::new());
     fixture.send(b"g");
     let expected = reported_subsystems(&mut fixture, &subsystem_fixture_names());
     assert!(fixture.wait().success());
@@ -384,13 +371,7 @@ fn registered_dumpers_show_one_whole_round_in_every_dump() {
 fn registered_dumpers_from_rust_attached_by_pid() {
     let dir = build_dir();
     let rust = build_rust(dir.path(), "usdt_rust_dumpers.rs");
-    let mut fixture = Spawned::spawn({
-        let mut command = Command::new(&rust);
-        command.arg("traced");
-        command
-    });
-    let mut memtrace = Memtrace::new().arg("--pid").arg(fixture.pid().to_string()).spawn();
-    memtrace.wait_for_stderr("memtrace: tracing");
+    let (mut fixture, mut memtrace) = attached(&rust, "traced", Memtrace::new());
     fixture.send(b"start\n");
     fixture.wait_for_stdout("registered");
     let calls = run_dumper_rounds(&mut memtrace, Some(&mut fixture));
@@ -856,4 +837,16 @@ fn usdt_of(outcome: &Outcome, pid: u32) -> Value {
     summary_of(outcome, pid).unwrap_or_else(|| panic!("pid {pid} is not in the summary\n{}", outcome.stderr))
         ["usdt"]
         .clone()
+}
+
+/// `program arg` started, and `memtrace` attached to it with --pid, once it says it traces.
+fn attached(program: &Path, arg: impl AsRef<std::ffi::OsStr>, memtrace: Memtrace) -> (Spawned, Running) {
+    let fixture = Spawned::spawn({
+        let mut command = Command::new(program);
+        command.arg(arg);
+        command
+    });
+    let mut memtrace = memtrace.arg("--pid").arg(fixture.pid().to_string()).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    (fixture, memtrace)
 }
