@@ -65,6 +65,12 @@ const YOUNG: Duration = Duration::from_secs(2);
 const MAPS_REREAD: Duration = Duration::from_secs(10);
 
 impl Collector {
+    /// `rss_is_exact`: the kernel's RSS counters move with every page (kernel::features's
+    /// ExactRssCounters), so a process's pages are read again only when they moved.
+    pub fn new(rss_is_exact: bool) -> Self {
+        Self { owners: OwnersReader::new(rss_is_exact), ..Self::default() }
+    }
+
     /// Reads every traced process as of now, `ts_us` into the run.
     pub fn sample(
         &mut self,

@@ -44,6 +44,7 @@ pub enum Feature {
     FanotifyExecPerm,
     RecursionMisses,
     BpfStats,
+    ExactRssCounters,
 }
 
 /// What memtrace does on a kernel without a feature.
@@ -71,7 +72,7 @@ pub struct FeatureInfo {
 
 /// Every feature, in the order `memtrace doctor` lists them: the table said once.
 #[rustfmt::skip]
-pub const FEATURES: [FeatureInfo; 13] = [
+pub const FEATURES: [FeatureInfo; 14] = [
     row(Feature::Btf, "BTF (/sys/kernel/btf/vmlinux)", (5, 4), Without::RefuseForTrees(
         "following a process tree needs (where the kernel keeps a task's parent and memory)")),
     row(Feature::UprobeMulti, "uprobe_multi links", (6, 6), Without::Fallback(
@@ -98,6 +99,8 @@ pub const FEATURES: [FeatureInfo; 13] = [
         "runs the kernel skips cannot be counted in lost_events")),
     row(Feature::BpfStats, "BPF run-time stats (kernel.bpf_stats_enabled)", (5, 1), Without::Fallback(
         "nothing to do: memtrace does not read them (they time its programs in `bpftool prog`)")),
+    row(Feature::ExactRssCounters, "exact RSS counters (no per-thread cache)", (6, 2), Without::Fallback(
+        "/proc's RssAnon lags up to 64 page faults a thread: mappings are read every sample")),
 ];
 
 const fn row(feature: Feature, name: &'static str, since: (u32, u32), without: Without) -> FeatureInfo {
@@ -283,6 +286,7 @@ fn probe(feature: Feature) -> Presence {
         Feature::FanotifyExecPerm => fanotify_exec_perm(),
         Feature::RecursionMisses => recursion_misses(),
         Feature::BpfStats => bpf_stats(),
+        Feature::ExactRssCounters => exact_rss_counters(),
     }
 }
 
@@ -470,6 +474,17 @@ fn bpf_stats() -> Presence {
     match sysctl.exists() {
         true => Presence::Found,
         false => Presence::Missing(format!("no {}", sysctl.display())),
+    }
+}
+
+/// Before 6.2 each thread caches its changes to the process's RSS counters (struct task_rss_stat,
+/// SPLIT_RSS_COUNTING) and adds them in every 64 page faults: /proc/PID/status's RssAnon can stay
+/// put while the process's pages change, so it cannot say when to read its mappings again.
+fn exact_rss_counters() -> Presence {
+    match crate::kernel::kernel_btf::has_struct(Path::new(VMLINUX_BTF), "task_rss_stat") {
+        Ok(false) => Presence::Found,
+        Ok(true) => Presence::Missing("threads cache their RSS counts (struct task_rss_stat)".into()),
+        Err(err) => Presence::Unknown(format!("{err:#}")),
     }
 }
 

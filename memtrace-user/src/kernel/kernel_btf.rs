@@ -43,6 +43,13 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
     layout().with_context(|| format!("reading {}", path.display()))
 }
 
+/// Whether the kernel's BTF at `path` has a struct `name`.
+pub fn has_struct(path: &Path, name: &str) -> Result<bool> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let btf = Btf::parse(&data).with_context(|| format!("reading {}", path.display()))?;
+    Ok(btf.find_struct(name).is_ok())
+}
+
 /// Where each of mm_struct's rss_stat counters keeps its count: (offset in the counter, the
 /// counter's size). Since 6.2 rss_stat is an array of struct percpu_counter; before, it is a
 /// struct mm_rss_stat holding an array of atomic_long_t (Debian 12's 6.1), each its own count.
@@ -200,6 +207,13 @@ mod tests {
         assert_eq!(tgid, pid + 4);
         // task_struct starts with thread_info and state, scheduling fields and more: far from 0.
         assert!(pid > 256, "{pid}");
+    }
+
+    /// This machine's kernel (6.18) counts RSS per process: no per-thread cache.
+    #[test]
+    fn a_struct_is_found_by_name() {
+        assert!(has_struct(Path::new(VMLINUX_BTF), "task_struct").unwrap());
+        assert!(!has_struct(Path::new(VMLINUX_BTF), "task_rss_stat").unwrap());
     }
 
     /// mm_struct keeps its fields in an anonymous struct; brk follows start_brk, and the counters

@@ -23,7 +23,7 @@ use crate::{
     collect::unwind::KernelTables,
     collect::Collector,
     follow::Following,
-    kernel::features::Needs,
+    kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
     model::{KernelMaps, Model, Sampling},
     plan::{self, Kernel, Mode, Plan, ProbePlan},
@@ -40,7 +40,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     // Outputs are opened first: an unwritable path is reported before anything is traced.
     let exporters = outputs::open(&outputs, &mode, probe_plan.stacks)?;
     let mut probes = load_probes(&probe_plan, &reach, &kernel)?;
-    let mut collector = Collector::default();
+    let mut collector = Collector::new(kernel.features.has(Feature::ExactRssCounters));
     let mut model = empty_model(&mode, probe_plan.sample);
     let usdt = UsdtProbes::new(probe_plan.usdt.clone());
     let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt)?;

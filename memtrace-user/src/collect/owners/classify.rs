@@ -85,6 +85,7 @@ pub fn classify(
     for (index, vma) in vmas.iter().enumerate() {
         let previous = index.checked_sub(1).map(|before| &vmas[before]).filter(|p| p.end == vma.start);
         let claim = claim_of(vma, previous, seen, memory, &mut classified.arenas);
+        classified.owners.anonymous += vma.anonymous_and_swap();
         classified.add(vma, claim, pagemap);
     }
     classified
@@ -351,6 +352,7 @@ mod tests {
         assert_eq!(owners.stacks, 64 * KIB + 132 * KIB);
         assert_eq!(owners.statics, 4 * KIB + 6 * MIB);
         let total: u64 = vmas.iter().map(Vma::anonymous_and_swap).sum();
+        assert_eq!(owners.anonymous, total);
         assert_eq!(total - owners.owned(), 64 * KIB, "the JIT code alone is dark");
         assert_eq!(classified.arenas, 2, "the main arena and one thread arena");
         assert_eq!(

@@ -2,7 +2,9 @@
 //! pool (free_pool.rs), read so that their cost stays bounded:
 //!
 //! - /proc/PID/smaps is read again only when the process's RssAnon, VmSwap or VmSize moved since
-//!   the last read (a quiet process costs one read of /proc/PID/status a sample, as before);
+//!   the last read (a quiet process costs one read of /proc/PID/status a sample, as before); on
+//!   kernels before 6.2, whose threads cache their RSS counts, RssAnon can stay put while pages
+//!   change, and smaps is read every sample;
 //! - the free pool takes every live block of the kernel's table and the pagemap of the
 //!   allocator's mappings: it is measured again only after memtrace has spent 199 times as long
 //!   elsewhere as the last measurement took (at most 0.5% of a core on average), and always at
@@ -30,6 +32,8 @@ const BUDGET_DIVISOR: u32 = 200;
 
 #[derive(Default)]
 pub struct OwnersReader {
+    /// Whether /proc/PID/status's RssAnon moves with every page (kernel 6.2 and later).
+    rss_is_exact: bool,
     processes: HashMap<u32, Known>,
     /// When the free pool may be measured again.
     free_pool_due: Option<Instant>,
@@ -46,6 +50,12 @@ struct Known {
 }
 
 impl OwnersReader {
+    /// `rss_is_exact`: the kernel counts a process's pages as they change (not a per-thread cache
+    /// added in every 64 page faults), so smaps need not be read while RssAnon stays put.
+    pub fn new(rss_is_exact: bool) -> Self {
+        Self { rss_is_exact, ..Self::default() }
+    }
+
     /// The owners of `pid`'s pages, read again if its memory moved since the last read (`os` is
     /// what /proc/PID/status says now; `seen` the mappings the probes saw it make). None when the
     /// process has gone. The free figure is the last measured, if `whole` (every live block of
@@ -58,7 +68,8 @@ impl OwnersReader {
         seen: impl FnOnce() -> Vec<SeenMapping>,
     ) -> Option<ResidentOwners> {
         let key = (os.rss_anon_bytes, os.swap_bytes, os.address_space_bytes);
-        if self.processes.get(&pid).is_none_or(|known| known.read_at != key) {
+        let moved = |known: &Known| !self.rss_is_exact || known.read_at != key;
+        if self.processes.get(&pid).is_none_or(moved) {
             let vmas = smaps::read(pid)?;
             let pagemap = Pagemap::open(pid, crate::process::procfs::page_size());
             let classified = classify(&vmas, &seen(), &RemoteMemory::of(pid), pagemap.as_ref());
