@@ -12,8 +12,7 @@ use aya_obj::generated::{bpf_attach_type::BPF_TRACE_UPROBE_MULTI, bpf_prog_type:
 
 use crate::kernel::sys::{bpf, load_raw_program, prog_info, uprobe_multi_link, UprobeMulti};
 
-/// The kernel's own type information (BTF).
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub use crate::kernel::kernel_btf::VMLINUX_BTF;
 /// The uprobe PMU's perf event type: per-site uprobe perf events exist where this file does.
 pub const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
 /// Where the uprobe PMU says it takes a semaphore's offset (ref_ctr_offset) in attr.config.

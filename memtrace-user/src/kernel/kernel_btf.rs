@@ -7,6 +7,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use memtrace_common::KernelLayout;
 
+/// The kernel's own type information (BTF).
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
 /// Every BTF type starts with name_off, info and size_or_type.
@@ -190,7 +193,6 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::features::VMLINUX_BTF;
 
     fn offset(name: &str, member: &str) -> Result<u32> {
         let data = std::fs::read(VMLINUX_BTF).unwrap();
