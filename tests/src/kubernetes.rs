@@ -39,19 +39,25 @@ pub fn container(pod: &Value) -> &Value {
 pub fn oci_config(pod: &Value, node: &str, cgroup: &str) -> Value {
     let container = container(pod);
     let security = &container["securityContext"];
-    known_keys(security, &[
-        "privileged",
-        "allowPrivilegeEscalation",
-        "readOnlyRootFilesystem",
-        "runAsUser",
-        "runAsGroup",
-        "runAsNonRoot",
-        "capabilities",
-        "seccompProfile",
-        "appArmorProfile",
-    ]);
+    known_keys(
+        security,
+        &[
+            "privileged",
+            "allowPrivilegeEscalation",
+            "readOnlyRootFilesystem",
+            "runAsUser",
+            "runAsGroup",
+            "runAsNonRoot",
+            "capabilities",
+            "seccompProfile",
+            "appArmorProfile",
+        ],
+    );
     assert_eq!(security["privileged"], json!(false), "the agent is not privileged");
-    assert_eq!(security["seccompProfile"]["type"], "Unconfined", "only an unconfined seccomp profile is translated");
+    assert_eq!(
+        security["seccompProfile"]["type"], "Unconfined",
+        "only an unconfined seccomp profile is translated"
+    );
     let caps = capabilities(&security["capabilities"]);
     json!({
         "ociVersion": "1.0.2",
@@ -84,7 +90,10 @@ pub fn oci_config(pod: &Value, node: &str, cgroup: &str) -> Value {
 /// Fails on a key of `object` that the translation does not know.
 fn known_keys(object: &Value, known: &[&str]) {
     for key in object.as_object().expect("an object").keys() {
-        assert!(known.contains(&key.as_str()), "the manifest says {key:?}, which the test does not translate");
+        assert!(
+            known.contains(&key.as_str()),
+            "the manifest says {key:?}, which the test does not translate"
+        );
     }
 }
 
@@ -148,7 +157,8 @@ fn mounts(pod: &Value, container: &Value) -> Value {
     ];
     let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
     for mount in container["volumeMounts"].as_array().into_iter().flatten() {
-        let volume = volumes.iter().find(|volume| volume["name"] == mount["name"]).expect("a volume of the pod");
+        let volume =
+            volumes.iter().find(|volume| volume["name"] == mount["name"]).expect("a volume of the pod");
         let host = volume["hostPath"]["path"].as_str().expect("only hostPath volumes are translated");
         let access = if mount["readOnly"] == json!(true) { "ro" } else { "rw" };
         mounts.push(json!({"destination": mount["mountPath"], "type": "bind", "source": host,
@@ -213,7 +223,8 @@ pub fn image_rootfs() -> PathBuf {
         .status()
         .unwrap_or_else(|err| panic!("running mmdebstrap ({err}): install it with `cargo xtask setup`"));
     assert!(status.success(), "mmdebstrap could not build the image's root ({status})");
-    fs::rename(&partial, &rootfs).unwrap_or_else(|err| panic!("moving the root to {}: {err}", rootfs.display()));
+    fs::rename(&partial, &rootfs)
+        .unwrap_or_else(|err| panic!("moving the root to {}: {err}", rootfs.display()));
     rootfs
 }
 

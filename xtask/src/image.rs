@@ -37,7 +37,9 @@ pub fn build(memtrace: &Path) -> Result<()> {
         .args(["-t", IMAGE])
         .arg(&context))?;
     let _ = fs::remove_file(&archive);
-    run(Command::new("buildah").args(["push", IMAGE]).arg(format!("oci-archive:{}:{IMAGE}", archive.display())))?;
+    run(Command::new("buildah")
+        .args(["push", IMAGE])
+        .arg(format!("oci-archive:{}:{IMAGE}", archive.display())))?;
     eprintln!("xtask: image {IMAGE} built; OCI archive {} (import it on each node)", archive.display());
     Ok(())
 }
