@@ -38,6 +38,24 @@ pub fn container(pod: &Value) -> &Value {
 /// `cgroup`.
 pub fn oci_config(pod: &Value, node: &str, cgroup: &str) -> Value {
     let container = container(pod);
+    assert!(pod.get("securityContext").is_none(), "a pod-level securityContext is not translated");
+    known_keys(
+        container,
+        &[
+            "name",
+            "image",
+            "imagePullPolicy",
+            "command",
+            "args",
+            "env",
+            "ports",
+            "readinessProbe",
+            "livenessProbe",
+            "resources",
+            "securityContext",
+            "volumeMounts",
+        ],
+    );
     let security = &container["securityContext"];
     known_keys(
         security,
