@@ -4,13 +4,14 @@
 //! from the downward API), securityContext, namespaces (hostPID, the pod's own network) and
 //! limits, translated from the YAML by tests/src/kubernetes.rs; it traces a fixture started on the
 //! host, outside its container, and its /metrics, read from inside the pod's network namespace,
-//! shows that process's exact figures. The manifests pass the Kubernetes API schema
+//! shows that process's exact figures. The node's name the manifest passes is the host of pushed
+//! profiles. The manifests pass the Kubernetes API schema
 //! (kubernetes-validate from PyPI, strict, in a venv under target/).
 
 use std::{
     fs::{self, File},
     io::{Read, Write},
-    net::TcpStream,
+    net::{TcpListener, TcpStream},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::Command,
@@ -18,7 +19,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{assert_root, fixture, kubernetes, memtrace_bin, workspace_root, Spawned, DEADLINE};
+use memtrace_tests::{
+    assert_root, fixture, kubernetes, memtrace_bin, workspace_root, Memtrace, Spawned, DEADLINE,
+};
 use serde_json::Value;
 
 /// fixtures/held_heap.c once ready: 8 blocks of 8 MiB live, of 9 allocations (67112960 bytes), 1 freed.
@@ -301,4 +304,40 @@ fn the_runtime_gets_the_manifests_limits_and_the_node_name() {
     assert_eq!(Path::new(args[0]), kubernetes::binary_in_image());
     assert_eq!(kubernetes::bytes("384Mi"), 402_653_184);
     assert_eq!(kubernetes::millicores("250m"), 250);
+}
+
+/// The node's name the manifest hands memtrace (`--host-name $(NODE_NAME)`, from the downward API)
+/// is the `host` of what it pushes, not the pod's host name.
+#[test]
+fn the_node_name_from_the_downward_api_is_the_host_of_pushed_profiles() {
+    let daemonset = kubernetes::manifest("daemonset.yaml");
+    let config = kubernetes::oci_config(kubernetes::pod_spec(&daemonset), NODE, "/x");
+    let args: Vec<&str> =
+        config["process"]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let host =
+        args.windows(2).find(|pair| pair[0] == "--host-name").map(|pair| pair[1]).expect("--host-name");
+    let mut target = Spawned::spawn(Command::new(fixture("held_heap")));
+    target.wait_for_stdout("ready");
+    let receiver = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", receiver.local_addr().unwrap());
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new()
+        .without_default_outputs()
+        .args(["serve", "--listen", "127.0.0.1:0", "--pid", &pid, "--no-stacks"])
+        .args(["--push", &url, "--push-interval", "1s", "--host-name", host])
+        .spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let (mut stream, _) = receiver.accept().expect("a push");
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n") && stream.read(&mut byte).expect("reading the push") == 1 {
+        head.push(byte[0]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    // memtrace.heap{host=test-node-1,pid=...}, percent-encoded.
+    assert!(line.contains(&format!("name=memtrace.heap%7Bhost%3D{NODE}%2Cpid%3D{pid}%2C")), "{line}");
+    stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    memtrace.interrupt();
+    assert!(memtrace.wait().success());
 }
