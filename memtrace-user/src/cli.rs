@@ -300,6 +300,11 @@ pub struct ServeArgs {
     /// How often to push with --push
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
     pub push_interval: Duration,
+
+    /// The host's name in what is pushed (default: this system's host name); in a Kubernetes pod,
+    /// the node's name from the downward API, e.g. --host-name $(NODE_NAME)
+    #[arg(long, value_name = "NAME", value_parser = parse_host_name)]
+    pub host_name: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -312,6 +317,17 @@ pub struct UsdtListArgs {
     /// An executable or a shared library
     #[arg(value_name = "PATH")]
     pub path: Option<PathBuf>,
+}
+
+/// A host name as `--host-name` takes it: not empty, no spaces or control characters.
+fn parse_host_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "`{text}` is not a host name; give the node's name, e.g. --host-name $(NODE_NAME) with NODE_NAME \
+             from the downward API (spec.nodeName)"
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 /// Parses a human duration such as `250ms`, `2s`, `1m30s`.
@@ -445,6 +461,21 @@ mod tests {
         let long = Cli::try_parse_from(["memtrace", "--comm", "a-very-long-program"]).unwrap_err();
         assert!(long.to_string().contains("`a-very-long-pro`"), "{long}");
         assert!(Cli::try_parse_from(["memtrace", "--comm", ""]).is_err());
+    }
+
+    #[test]
+    fn serve_takes_the_node_name_as_host_name() {
+        let cli = Cli::try_parse_from(["memtrace", "serve", "--all", "--host-name", "node-7"]).unwrap();
+        let Some(Subcommand::Serve(args)) = &cli.subcommand else {
+            panic!("no serve subcommand");
+        };
+        assert_eq!(args.host_name.as_deref(), Some("node-7"));
+        // What a pod gets when NODE_NAME is not in its environment: the kubelet leaves $(NODE_NAME)
+        // as it is, which is a name; an empty one or one with spaces is refused.
+        for bad in ["", "node 7"] {
+            let err = Cli::try_parse_from(["memtrace", "serve", "--all", "--host-name", bad]).unwrap_err();
+            assert!(err.to_string().contains("spec.nodeName"), "{err}");
+        }
     }
 
     #[test]

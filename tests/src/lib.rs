@@ -22,6 +22,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod chromium;
+pub mod kubernetes;
 
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);

@@ -2,6 +2,7 @@
 
 mod bench;
 mod circles;
+mod image;
 mod matrix;
 mod soak;
 mod toolchain;
@@ -56,6 +57,9 @@ enum Task {
     },
     /// Measure what tracing costs a malloc/free loop, as a ratio from one run
     Bench,
+    /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
+    /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
+    Image,
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
     Soak {
         minutes: Option<u64>,
@@ -75,6 +79,7 @@ fn main() -> Result<()> {
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Bench => bench::run(&build()?),
+        Task::Image => image::build(&build()?),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
 }

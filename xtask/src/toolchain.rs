@@ -24,7 +24,9 @@ const BPF_PACKAGES: &[&str] =
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
-/// `memtrace top` drive it in.
+/// `memtrace top` drive it in; runc and mmdebstrap, which run the Kubernetes agent's image with its
+/// manifest's securityContext (tests/tests/deploy.rs), and python3-venv, for the schema validator
+/// of its manifests (PyPI's kubernetes-validate).
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
     "prometheus",
@@ -38,6 +40,9 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "systemtap-sdt-dev",
     "protobuf-compiler",
     "tmux",
+    "runc",
+    "mmdebstrap",
+    "python3-venv",
 ];
 
 pub fn setup() -> Result<()> {

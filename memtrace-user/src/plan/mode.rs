@@ -28,6 +28,8 @@ pub struct ServeOptions {
     pub max_allocations: u32,
     /// `--push`: where heap profiles go, and how often.
     pub push: Option<PushTarget>,
+    /// The host's name in what is pushed: `--host-name`, or the system's host name.
+    pub host_name: String,
 }
 
 /// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server.

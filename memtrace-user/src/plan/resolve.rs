@@ -65,6 +65,9 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         interval: args.run.interval,
         max_allocations: args.run.max_allocations,
         push: args.push.map(|base| PushTarget { base, interval: args.push_interval }),
+        host_name: args.host_name.unwrap_or_else(|| {
+            nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+        }),
     };
     (args.run, Mode::Serve(options))
 }

@@ -71,6 +71,7 @@ impl Agent {
             max_allocations: options.max_allocations,
             profile_wait: options.interval * 2 + Duration::from_secs(20),
             push_failures: options.push.as_ref().map(|_| AtomicU64::new(0)),
+            host_name: options.host_name.clone(),
         });
         let server = http::Server::start(options.listen, Arc::clone(&shared), options.push.clone())?;
         let address = server.address();

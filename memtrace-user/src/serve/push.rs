@@ -29,7 +29,7 @@ const BOUNDARY: &str = "memtrace-profile-boundary-7d1f0c";
 
 /// Pushes at every interval until the server thread stops.
 pub async fn run(shared: Arc<Shared>, target: PushTarget) {
-    let host = nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let host = shared.host_name.clone();
     let mut ticks = tokio::time::interval(target.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;

@@ -47,6 +47,8 @@ pub struct Shared {
     pub(super) profile_wait: Duration,
     /// `--push`: pushes that failed (None without --push).
     pub(super) push_failures: Option<AtomicU64>,
+    /// The host's name in what is pushed (`--host-name`, or the system's).
+    pub(super) host_name: String,
 }
 
 impl Shared {
