@@ -212,7 +212,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        export::pprof::{build_profile, Processes},
+        export::{heap_profile::Processes, pprof::build_profile},
         model::{levels::MemoryLevels, TimelinePoint},
     };
 

@@ -26,14 +26,18 @@ pub struct ServeOptions {
     pub interval: Duration,
     /// Capacity of the kernel's live-allocation table, shown beside its occupancy.
     pub max_allocations: u32,
-    /// `--push`: where heap profiles go, and how often.
+    /// `--push`: where heap profiles go as Pyroscope ingests them, and how often.
     pub push: Option<PushTarget>,
+    /// `--otlp-endpoint`: where heap profiles go as OTLP profiles requests, and how often.
+    pub otlp: Option<PushTarget>,
 }
 
-/// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server.
+/// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server, or an OTLP/HTTP
+/// receiver.
 #[derive(Debug, Clone)]
 pub struct PushTarget {
-    /// `http://host:port`, with any path prefix; `/ingest` is added.
+    /// `http://host:port`, with any path prefix; `/ingest` (Pyroscope) or
+    /// `/v1development/profiles` (OTLP) is added.
     pub base: Uri,
     pub interval: Duration,
 }

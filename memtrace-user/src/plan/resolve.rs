@@ -65,14 +65,15 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         interval: args.run.interval,
         max_allocations: args.run.max_allocations,
         push: args.push.map(|base| PushTarget { base, interval: args.push_interval }),
+        otlp: args.otlp_endpoint.map(|base| PushTarget { base, interval: args.push_interval }),
     };
     (args.run, Mode::Serve(options))
 }
 
 /// The reports the options name.
 pub fn report_files(reports: ReportOutputs) -> ReportFiles {
-    let ReportOutputs { pprof, flamegraph, perfetto, html } = reports;
-    ReportFiles { pprof, flamegraph, perfetto, html }
+    let ReportOutputs { pprof, flamegraph, perfetto, html, otlp } = reports;
+    ReportFiles { pprof, flamegraph, perfetto, html, otlp }
 }
 
 /// What the target options name: --pid, --all and a command exclude each other (clap has
