@@ -205,8 +205,9 @@ fn receive(listener: &TcpListener) -> Received {
         raw.extend_from_slice(&buffer[..read]);
         if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-            let length =
-                header(&head, "content-length").and_then(|v| v.parse().ok()).expect("a Content-Length");
+            let length = header(&head, "content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+                .expect("a Content-Length");
             break (end + 4, length);
         }
     };
