@@ -13,7 +13,7 @@ pub enum Mode {
     /// `memtrace top`: the run watched live in the terminal.
     Top,
     /// `memtrace serve`: the agent's endpoints are the live output.
-    Serve(ServeOptions),
+    Serve(Box<ServeOptions>),
 }
 
 /// What `memtrace serve` adds to a tracing run.

@@ -67,7 +67,7 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         push: args.push.map(|base| PushTarget { base, interval: args.push_interval }),
         otlp: args.otlp_endpoint.map(|base| PushTarget { base, interval: args.push_interval }),
     };
-    (args.run, Mode::Serve(options))
+    (args.run, Mode::Serve(Box::new(options)))
 }
 
 /// The reports the options name.
