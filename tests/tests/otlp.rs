@@ -1,7 +1,7 @@
 //! OTLP profiles, read by the OpenTelemetry project's own definitions (PyPI's opentelemetry-proto,
 //! installed into a venv under target/ when missing, by tests/otlp_decode.py): `--otlp PATH` of a
 //! run of fixtures/leaks.c holds its exact figures, one Profile per sample type under one
-//! resource with the process's attributes; `memtrace serve --otlp-endpoint` POSTs the same to a
+//! resource with the process's attributes (and so does `memtrace report RUN.json --otlp`); `memtrace serve --otlp-endpoint` POSTs the same to a
 //! loopback receiver at URL/v1development/profiles with the headers OTLP/HTTP and the Collector
 //! want; bad paths and URLs are said clearly.
 
@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{fixture, workspace_root, Memtrace, Spawned, DEADLINE, INTERVAL};
+use memtrace_tests::{fixture, memtrace_bin, workspace_root, Memtrace, Spawned, DEADLINE, INTERVAL};
 use serde_json::Value;
 
 /// The version of PyPI's opentelemetry-proto the tests decode with (its profiles v1development
@@ -159,6 +159,20 @@ fn a_run_writes_the_fixture_heap_profile_as_an_otlp_request() {
     let start = started.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     let time = profile["time_unix_nano"].as_u64().unwrap();
     assert!(time >= start && profile["duration_nano"].as_u64().unwrap() > 0, "{profile}");
+    // `memtrace report` makes the same request again from the run's summary.
+    let again = outcome.dir().join("again.otlp.pb");
+    let report = Command::new(memtrace_bin())
+        .arg("report")
+        .arg(outcome.dir().join("summary.json"))
+        .arg("--otlp")
+        .arg(&again)
+        .output()
+        .expect("running memtrace report");
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    assert_leaks_figures(resource_of(
+        &decode(&std::fs::read(&again).expect("the report's --otlp file")),
+        pid,
+    ));
 }
 
 #[test]

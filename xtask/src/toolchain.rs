@@ -24,9 +24,11 @@ const BPF_PACKAGES: &[&str] =
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
-/// `memtrace top` drive it in.
+/// `memtrace top` drive it in; python3-venv, the venv (target/otlp-venv) the OTLP tests install
+/// PyPI's opentelemetry-proto into to decode memtrace's requests.
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
+    "python3-venv",
     "prometheus",
     "golang-go",
     "chromium",
