@@ -257,16 +257,22 @@ pub struct ReportOutputs {
     /// flamegraphs, leaks, temporary allocations, the heap peak
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
+
+    /// Write the heap profile as an OpenTelemetry profiles request (OTLP
+    /// ExportProfilesServiceRequest, protobuf): one Profile per sample type, per process
+    #[arg(long, value_name = "PATH")]
+    pub otlp: Option<PathBuf>,
 }
 
 impl ReportOutputs {
     /// Each report's option and the path it names, if any.
-    pub fn named(&self) -> [(&'static str, Option<&std::path::Path>); 4] {
+    pub fn named(&self) -> [(&'static str, Option<&std::path::Path>); 5] {
         [
             ("--pprof", self.pprof.as_deref()),
             ("--flamegraph", self.flamegraph.as_deref()),
             ("--perfetto", self.perfetto.as_deref()),
             ("--html", self.html.as_deref()),
+            ("--otlp", self.otlp.as_deref()),
         ]
     }
 }
@@ -276,6 +282,7 @@ impl ReportOutputs {
 /// while the command runs; a trace file is written only when `-o` names one.
 #[derive(Debug, clap::Args)]
 #[command(
+    group(ArgGroup::new("pushes").multiple(true).args(["push", "otlp_endpoint"])),
     after_help = "Examples:\n  sudo memtrace serve --all\n  sudo memtrace serve --listen 127.0.0.1:9464 --comm nginx\n  sudo memtrace serve --pid 4242 --children"
 )]
 pub struct ServeArgs {
@@ -297,8 +304,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "URL", value_parser = parse_push_url)]
     pub push: Option<Uri>,
 
-    /// How often to push with --push
-    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
+    /// POST the heap profile of each process (the largest --max-series-processes) as one OTLP
+    /// profiles request to URL/v1development/profiles at every --push-interval (OTLP/HTTP,
+    /// protobuf), e.g. http://127.0.0.1:4318 where an OpenTelemetry Collector listens
+    #[arg(long, value_name = "URL", value_parser = parse_otlp_url)]
+    pub otlp_endpoint: Option<Uri>,
+
+    /// How often to push with --push and --otlp-endpoint
+    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "pushes")]
     pub push_interval: Duration,
 
     /// The host's name in what is pushed (default: this system's host name); in a Kubernetes pod,
@@ -403,16 +416,28 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
 
 /// Parses `--push`: an http:// URL of a Pyroscope server.
 pub fn parse_push_url(text: &str) -> Result<Uri, String> {
-    let uri: Uri = text.trim().parse().map_err(|err| {
-        format!("`{text}` is not a URL ({err}); write e.g. http://127.0.0.1:4040, where Pyroscope listens")
-    })?;
+    parse_http_url(text, "http://127.0.0.1:4040, where Pyroscope listens")
+}
+
+/// Parses `--otlp-endpoint`: an http:// URL of an OTLP/HTTP receiver.
+pub fn parse_otlp_url(text: &str) -> Result<Uri, String> {
+    parse_http_url(
+        text,
+        "http://127.0.0.1:4318, where an OpenTelemetry Collector's OTLP/HTTP receiver listens",
+    )
+}
+
+/// A plain http:// URL, with a path prefix but no query; `example` shows one in the errors.
+fn parse_http_url(text: &str, example: &str) -> Result<Uri, String> {
+    let uri: Uri =
+        text.trim().parse().map_err(|err| format!("`{text}` is not a URL ({err}); write e.g. {example}"))?;
     match (uri.scheme_str(), uri.authority()) {
         (Some("http"), Some(_)) if uri.query().is_none() => Ok(uri),
         (Some("https"), _) => Err(format!(
             "`{text}`: memtrace pushes over plain HTTP only; push to a local TLS-terminating proxy \
              (http://127.0.0.1:PORT) that forwards to the server"
         )),
-        _ => Err(format!("`{text}` is not an http://HOST:PORT URL; write e.g. http://127.0.0.1:4040")),
+        _ => Err(format!("`{text}` is not an http://HOST:PORT URL; write e.g. {example}")),
     }
 }
 
@@ -618,5 +643,8 @@ mod tests {
         assert!(parse_push_url("https://pyro:4040").unwrap_err().contains("plain HTTP"));
         assert!(parse_push_url("pyro:4040").is_err());
         assert!(parse_push_url("http://pyro:4040/?x=1").is_err());
+        assert_eq!(parse_otlp_url("http://otel:4318").unwrap().authority().unwrap().as_str(), "otel:4318");
+        assert!(parse_otlp_url("ftp://otel:4318").unwrap_err().contains("4318"));
+        assert!(parse_otlp_url("https://otel:4318").unwrap_err().contains("plain HTTP"));
     }
 }

@@ -25,10 +25,12 @@ const BPF_PACKAGES: &[&str] =
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
 /// `memtrace top` drive it in; runc and mmdebstrap, which run the Kubernetes agent's image with its
-/// manifest's securityContext (tests/tests/deploy.rs), and python3-venv, for the schema validator
-/// of its manifests (PyPI's kubernetes-validate).
+/// manifest's securityContext (tests/tests/deploy.rs); python3-venv, for the venvs of the schema
+/// validator of its manifests (PyPI's kubernetes-validate) and of the OTLP tests' decoder (PyPI's
+/// opentelemetry-proto, in target/otlp-venv).
 const FIXTURE_PACKAGES: &[&str] = &[
     "python3",
+    "python3-venv",
     "prometheus",
     "golang-go",
     "chromium",
@@ -42,7 +44,6 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "tmux",
     "runc",
     "mmdebstrap",
-    "python3-venv",
 ];
 
 pub fn setup() -> Result<()> {

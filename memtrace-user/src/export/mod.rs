@@ -4,7 +4,9 @@
 pub mod exporter;
 pub mod flamegraph;
 pub mod format;
+pub mod heap_profile;
 pub mod html;
+pub mod otlp;
 pub mod output_file;
 pub mod perfetto;
 mod perfetto_proto;
@@ -19,7 +21,7 @@ use anyhow::Result;
 
 use exporter::Exporter;
 
-/// The exporters of the reports `outputs` names (pprof, flamegraph, Perfetto, HTML), each with its
+/// The exporters of the reports `outputs` names (pprof, flamegraph, Perfetto, HTML, OTLP), each with its
 /// file opened now, so that an unwritable path is said before anything is traced or read.
 pub fn reports(outputs: &crate::plan::ReportFiles, top: usize) -> Result<Vec<Box<dyn Exporter>>> {
     let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
@@ -34,6 +36,9 @@ pub fn reports(outputs: &crate::plan::ReportFiles, top: usize) -> Result<Vec<Box
     }
     if let Some(path) = &outputs.html {
         exporters.push(Box::new(html::HtmlFile::create(path, top)?));
+    }
+    if let Some(path) = &outputs.otlp {
+        exporters.push(Box::new(otlp::OtlpFile::create(path)?));
     }
     Ok(exporters)
 }

@@ -8,7 +8,11 @@ use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use super::{exporter::Exporter, output_file::OutputFile};
+use super::{
+    exporter::Exporter,
+    heap_profile::{self, sampling_note, Processes, DEFAULT_SAMPLE_TYPE, SAMPLE_TYPES},
+    output_file::OutputFile,
+};
 use crate::model::{frame::Frame, Model, RunEnd};
 
 pub struct PprofFile {
@@ -32,14 +36,6 @@ impl Exporter for PprofFile {
     }
 }
 
-/// Which processes a profile covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Processes {
-    All,
-    /// One process, by pid (`/debug/pprof/heap?pid=N` of `memtrace serve`).
-    One(u32),
-}
-
 /// Writes the profile as pprof files are kept and as Go's net/http/pprof serves them: gzipped.
 pub fn write_gzipped(profile: &proto::Profile, out: impl Write) -> std::io::Result<()> {
     let mut gzip = GzEncoder::new(out, Compression::default());
@@ -51,30 +47,16 @@ pub fn write_gzipped(profile: &proto::Profile, out: impl Write) -> std::io::Resu
 pub fn build_profile(model: &Model, duration: Duration, processes: Processes) -> proto::Profile {
     let mut builder = ProfileBuilder::default();
     builder.string(""); // string_table[0] must be empty
-    let sample_type = [
-        ("alloc_objects", "count"),
-        ("alloc_space", "bytes"),
-        ("inuse_objects", "count"),
-        ("inuse_space", "bytes"),
-    ]
-    .map(|(kind, unit)| builder.value_type(kind, unit))
-    .to_vec();
+    let sample_type = SAMPLE_TYPES.map(|(kind, unit)| builder.value_type(kind, unit)).to_vec();
     let pid_key = builder.string("pid");
     let comm_key = builder.string("comm");
     let mut samples = Vec::new();
-    let chosen =
-        model.every_process().filter(|p| processes == Processes::All || processes == Processes::One(p.pid));
-    for process in chosen {
+    for process in heap_profile::chosen(model, processes) {
         let comm = builder.string(&process.comm);
-        for stack in &process.stacks {
+        for stack in heap_profile::samples(process) {
             samples.push(proto::Sample {
                 location_id: stack.frames.iter().map(|f| builder.location(f)).collect(),
-                value: vec![
-                    stack.totals.allocations as i64,
-                    stack.totals.allocated_bytes as i64,
-                    stack.totals.live_allocations,
-                    stack.totals.live_bytes,
-                ],
+                value: stack.values.to_vec(),
                 label: vec![
                     proto::Label { key: pid_key, num: i64::from(process.pid), ..Default::default() },
                     proto::Label { key: comm_key, str: comm, ..Default::default() },
@@ -83,15 +65,9 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
         }
     }
     let period_type = Some(builder.value_type("space", "bytes"));
-    let default_sample_type = builder.string("inuse_space");
-    let comment = match model.sampling {
-        Some(sampling) => vec![builder.string(&format!(
-            "memtrace --sample {}: values are estimates from allocations sampled a mean of {} bytes apart, \
-             each scaled by 1/(1-exp(-size/{})) as pprof scales heap samples",
-            sampling.mean_bytes, sampling.mean_bytes, sampling.mean_bytes
-        ))],
-        None => Vec::new(),
-    };
+    let default_sample_type = builder.string(DEFAULT_SAMPLE_TYPE);
+    let comment =
+        model.sampling.map(|sampling| builder.string(&sampling_note(sampling))).into_iter().collect();
     proto::Profile {
         sample_type,
         sample: samples,

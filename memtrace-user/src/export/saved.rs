@@ -1,5 +1,5 @@
 //! A saved run: a summary file (`--summary PATH`) read back into a `Model`, so that
-//! `memtrace report RUN.json` makes every report again (pprof, flamegraph, HTML, the text report)
+//! `memtrace report RUN.json` makes every report again (pprof, flamegraph, HTML, OTLP, the text report)
 //! through the same exporters as a run, without tracing again.
 
 use std::{collections::HashSet, fs, path::Path, process::ExitCode, sync::Arc, time::Duration};
@@ -212,7 +212,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        export::pprof::{build_profile, Processes},
+        export::{heap_profile::Processes, pprof::build_profile},
         model::{levels::MemoryLevels, TimelinePoint},
     };
 

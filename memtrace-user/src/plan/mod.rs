@@ -141,6 +141,8 @@ pub struct ReportFiles {
     pub flamegraph: Option<PathBuf>,
     pub perfetto: Option<PathBuf>,
     pub html: Option<PathBuf>,
+    /// `--otlp`: the heap profile as an OTLP profiles request.
+    pub otlp: Option<PathBuf>,
 }
 
 /// What is kept of processes that exited, so that a long run stays in bounded memory.

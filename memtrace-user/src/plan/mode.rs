@@ -13,7 +13,7 @@ pub enum Mode {
     /// `memtrace top`: the run watched live in the terminal.
     Top,
     /// `memtrace serve`: the agent's endpoints are the live output.
-    Serve(ServeOptions),
+    Serve(Box<ServeOptions>),
 }
 
 /// What `memtrace serve` adds to a tracing run.
@@ -26,16 +26,20 @@ pub struct ServeOptions {
     pub interval: Duration,
     /// Capacity of the kernel's live-allocation table, shown beside its occupancy.
     pub max_allocations: u32,
-    /// `--push`: where heap profiles go, and how often.
+    /// `--push`: where heap profiles go as Pyroscope ingests them, and how often.
     pub push: Option<PushTarget>,
     /// The host's name in what is pushed: `--host-name`, or the system's host name.
     pub host_name: String,
+    /// `--otlp-endpoint`: where heap profiles go as OTLP profiles requests, and how often.
+    pub otlp: Option<PushTarget>,
 }
 
-/// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server.
+/// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server, or an OTLP/HTTP
+/// receiver.
 #[derive(Debug, Clone)]
 pub struct PushTarget {
-    /// `http://host:port`, with any path prefix; `/ingest` is added.
+    /// `http://host:port`, with any path prefix; `/ingest` (Pyroscope) or
+    /// `/v1development/profiles` (OTLP) is added.
     pub base: Uri,
     pub interval: Duration,
 }

@@ -68,14 +68,15 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         host_name: args.host_name.unwrap_or_else(|| {
             nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
         }),
+        otlp: args.otlp_endpoint.map(|base| PushTarget { base, interval: args.push_interval }),
     };
-    (args.run, Mode::Serve(options))
+    (args.run, Mode::Serve(Box::new(options)))
 }
 
 /// The reports the options name.
 pub fn report_files(reports: ReportOutputs) -> ReportFiles {
-    let ReportOutputs { pprof, flamegraph, perfetto, html } = reports;
-    ReportFiles { pprof, flamegraph, perfetto, html }
+    let ReportOutputs { pprof, flamegraph, perfetto, html, otlp } = reports;
+    ReportFiles { pprof, flamegraph, perfetto, html, otlp }
 }
 
 /// What the target options name: --pid, --all and a command exclude each other (clap has

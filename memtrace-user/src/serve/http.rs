@@ -29,13 +29,13 @@ use tokio::{
 };
 
 use super::{
-    metrics,
+    metrics, otlp_push,
     profile::{self, Endpoint},
     push,
     reply::{text, Reply},
     shared::Shared,
 };
-use crate::plan::PushTarget;
+use crate::plan::ServeOptions;
 
 const MAX_CONNECTIONS: usize = 64;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,7 +60,8 @@ pub struct Server {
 
 impl Server {
     /// Binds `address` at once (an error names it) and serves on a new thread.
-    pub fn start(address: SocketAddr, shared: Arc<Shared>, push: Option<PushTarget>) -> Result<Self> {
+    pub fn start(options: &ServeOptions, shared: Arc<Shared>) -> Result<Self> {
+        let (address, push, otlp) = (options.listen, options.push.clone(), options.otlp.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -80,6 +81,9 @@ impl Server {
                 runtime.block_on(async {
                     if let Some(target) = push {
                         tokio::spawn(push::run(Arc::clone(&shared), target));
+                    }
+                    if let Some(target) = otlp {
+                        tokio::spawn(otlp_push::run(Arc::clone(&shared), target));
                     }
                     accept(listener, shared, stopped).await;
                 });

@@ -199,7 +199,7 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
     if let Some(failures) = limits.push_failures {
         registry.register(
             "memtrace_push_failures",
-            "Heap profile pushes (--push) that failed after their retries",
+            "Heap profile pushes (--push, --otlp-endpoint) that failed after their retries",
             counter(failures),
         );
     }

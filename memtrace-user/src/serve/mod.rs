@@ -5,6 +5,8 @@
 
 mod http;
 mod metrics;
+mod otlp_push;
+mod post;
 mod profile;
 pub mod push;
 mod reply;
@@ -70,10 +72,10 @@ impl Agent {
             max_series_processes: options.max_series_processes,
             max_allocations: options.max_allocations,
             profile_wait: options.interval * 2 + Duration::from_secs(20),
-            push_failures: options.push.as_ref().map(|_| AtomicU64::new(0)),
+            push_failures: (options.push.is_some() || options.otlp.is_some()).then(|| AtomicU64::new(0)),
             host_name: options.host_name.clone(),
         });
-        let server = http::Server::start(options.listen, Arc::clone(&shared), options.push.clone())?;
+        let server = http::Server::start(options, Arc::clone(&shared))?;
         let address = server.address();
         eprintln!("memtrace: serving http://{address}/metrics, /debug/pprof/heap and /healthz");
         if !address.ip().is_loopback() {

@@ -9,7 +9,10 @@ use super::{
     reply::{text, Reply},
     shared::Shared,
 };
-use crate::export::pprof::{build_profile, write_gzipped, Processes};
+use crate::export::{
+    heap_profile::Processes,
+    pprof::{build_profile, write_gzipped},
+};
 
 /// Which of Go's two heap endpoints: the same profile, shown by default as live or as allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

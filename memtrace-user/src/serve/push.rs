@@ -2,29 +2,26 @@
 //! a Pyroscope-compatible ingest endpoint: `POST /ingest?name=memtrace.heap{host=..,pid=..,comm=..}
 //! &from=..&until=..&format=pprof`, the gzipped profile in the multipart field `profile`. Each push
 //! is tried three times with backoff; a push that still fails is counted (memtrace_push_failures_total)
-//! and said on stderr. It runs on the server's thread: it never blocks tracing.
+//! and said on stderr (post.rs). It runs on the server's thread: it never blocks tracing.
 
-use std::{
-    sync::{atomic::Ordering, Arc},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+use std::sync::Arc;
+
+use anyhow::Result;
+use hyper::{body::Bytes, Uri};
+
+use super::{
+    post::{self, failed, unix_seconds, Post},
+    shared::Shared,
 };
-
-use anyhow::{bail, Context, Result};
-use http_body_util::Full;
-use hyper::{body::Bytes, header, Request, Uri};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-
-use super::shared::Shared;
 use crate::{
-    export::pprof::{build_profile, write_gzipped, Processes},
+    export::{
+        heap_profile::{self, Processes},
+        pprof::{build_profile, write_gzipped},
+    },
     model::Process,
     plan::PushTarget,
 };
 
-const ATTEMPTS: u32 = 3;
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 const BOUNDARY: &str = "memtrace-profile-boundary-7d1f0c";
 
 /// Pushes at every interval until the server thread stops.
@@ -38,12 +35,10 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
         let until = unix_seconds();
         let from = until.saturating_sub(target.interval.as_secs().max(1));
         let Some(snapshot) = shared.fresh_snapshot().await else {
-            failed(&shared, &target, 1, "no sample came to read the stacks".to_owned());
+            failed(&shared, &target.base, 1, "no sample came to read the stacks".to_owned());
             continue;
         };
-        let mut processes: Vec<&Process> = snapshot.profile.processes.values().collect();
-        processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.pid));
-        processes.truncate(shared.max_series_processes);
+        let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
         let (mut failures, mut last_error) = (0, String::new());
         for process in &processes {
             let name = series_name(&host, process);
@@ -58,16 +53,9 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
             }
         }
         if failures > 0 {
-            failed(&shared, &target, failures, last_error);
+            failed(&shared, &target.base, failures, last_error);
         }
     }
-}
-
-fn failed(shared: &Shared, target: &PushTarget, failures: u64, error: String) {
-    if let Some(count) = &shared.push_failures {
-        count.fetch_add(failures, Ordering::Relaxed);
-    }
-    eprintln!("memtrace: warning: {failures} heap profile push(es) to {} failed: {error}", target.base);
 }
 
 /// `memtrace.heap{host=..,pid=..,comm=..}`, label values cut to what Pyroscope accepts.
@@ -79,46 +67,12 @@ fn series_name(host: &str, process: &Process) -> String {
 }
 
 async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {
-    let body = Bytes::from(multipart(&profile));
-    let mut backoff = FIRST_BACKOFF;
-    let mut attempt = 1;
-    loop {
-        let pushed = tokio::time::timeout(ATTEMPT_TIMEOUT, push_once(base, name, from, until, body.clone()))
-            .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {ATTEMPT_TIMEOUT:?}")));
-        match pushed {
-            Ok(()) => return Ok(()),
-            Err(err) if attempt >= ATTEMPTS => return Err(err.context(format!("{ATTEMPTS} attempts"))),
-            Err(_) => {}
-        }
-        tokio::time::sleep(backoff).await;
-        backoff *= 2;
-        attempt += 1;
-    }
-}
-
-async fn push_once(base: &Uri, name: &str, from: u64, until: u64, body: Bytes) -> Result<()> {
-    let authority = base.authority().context("the --push URL has no host")?;
-    let port = authority.port_u16().unwrap_or(80);
-    let stream = TcpStream::connect((authority.host(), port))
-        .await
-        .with_context(|| format!("connecting to {authority}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    let path = format!(
-        "{}/ingest?name={}&from={from}&until={until}&format=pprof",
-        base.path().trim_end_matches('/'),
-        percent_encode(name)
-    );
-    let request = Request::post(path)
-        .header(header::HOST, authority.as_str())
-        .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={BOUNDARY}"))
-        .body(Full::new(body))?;
-    let response = sender.send_request(request).await.context("sending the profile")?;
-    if !response.status().is_success() {
-        bail!("the server answered {}", response.status());
-    }
-    Ok(())
+    let post = Post {
+        path: format!("/ingest?name={}&from={from}&until={until}&format=pprof", percent_encode(name)),
+        headers: vec![("content-type", format!("multipart/form-data; boundary={BOUNDARY}"))],
+        body: Bytes::from(multipart(&profile)),
+    };
+    post::with_retries(base, &post).await
 }
 
 /// A multipart/form-data body with the one field `profile`.
@@ -140,10 +94,6 @@ fn percent_encode(text: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect()
-}
-
-fn unix_seconds() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
 }
 
 #[cfg(test)]

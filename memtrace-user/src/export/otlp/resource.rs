@@ -1,0 +1,84 @@
+//! The OTLP resource of a traced process: its attributes in OpenTelemetry's semantic conventions
+//! (`process.pid`, `process.executable.name`, `host.name`, and `container.id`, `k8s.pod.name`,
+//! `k8s.namespace.name`, `k8s.container.name` where the container is known), made in one place.
+
+use opentelemetry_proto::tonic::{
+    common::v1::{any_value::Value, AnyValue, KeyValue},
+    resource::v1::Resource,
+};
+
+use crate::model::Process;
+
+/// What names a process's container, where known.
+///
+/// MERGE POINT (issue 27, part 1 "one identity per process"): this is to be filled from the
+/// process identity's container labels (`id`, `pod`, `namespace`, `name`); until that type exists,
+/// every caller passes None and only the process and host attributes are written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerLabels {
+    pub id: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+/// The resource of `process` on `host`.
+pub fn resource(process: &Process, host: &str, container: Option<&ContainerLabels>) -> Resource {
+    let mut attributes = vec![
+        int("process.pid", i64::from(process.pid)),
+        // The model keeps the command name (comm) only; the identity type of part 1 brings the
+        // executable's base name, which belongs here.
+        string("process.executable.name", &process.comm),
+        string("host.name", host),
+    ];
+    if let Some(container) = container {
+        let labels = [
+            ("container.id", &container.id),
+            ("k8s.pod.name", &container.pod),
+            ("k8s.namespace.name", &container.namespace),
+            ("k8s.container.name", &container.name),
+        ];
+        attributes.extend(labels.into_iter().filter_map(|(key, value)| Some(string(key, value.as_deref()?))));
+    }
+    Resource { attributes, ..Resource::default() }
+}
+
+/// This machine's host name, as `host.name` gives it (empty when it cannot be read).
+pub fn host_name() -> String {
+    nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn string(key: &str, value: &str) -> KeyValue {
+    attribute(key, Value::StringValue(value.to_owned()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    attribute(key, Value::IntValue(value))
+}
+
+fn attribute(key: &str, value: Value) -> KeyValue {
+    KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(resource: &Resource) -> Vec<&str> {
+        resource.attributes.iter().map(|kv| kv.key.as_str()).collect()
+    }
+
+    #[test]
+    fn container_attributes_appear_only_where_known() {
+        let mut model = crate::model::Model::default();
+        model.add_process(42, "app".into(), "/libc".into());
+        let process = &model.processes[&42];
+        let plain = resource(process, "node-1", None);
+        assert_eq!(keys(&plain), ["process.pid", "process.executable.name", "host.name"]);
+        assert_eq!(plain.attributes[0].value, Some(AnyValue { value: Some(Value::IntValue(42)) }));
+        let labels =
+            ContainerLabels { id: Some("abc".into()), pod: Some("web-0".into()), ..Default::default() };
+        let labelled = resource(process, "node-1", Some(&labels));
+        assert_eq!(keys(&labelled)[3..], ["container.id", "k8s.pod.name"]);
+    }
+}

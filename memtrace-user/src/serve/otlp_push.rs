@@ -1,0 +1,63 @@
+//! `--otlp-endpoint URL`: every `--push-interval`, one OTLP profiles request with the heap
+//! profiles of the largest processes (export/otlp) goes to `URL/v1development/profiles`, as
+//! OTLP/HTTP sends it: protobuf, with the development version of the profiles signal in a header
+//! the OpenTelemetry Collector checks before decoding. Tried, counted and said as every push is
+//! (post.rs); it runs on the server's thread and never blocks tracing.
+
+use std::sync::Arc;
+
+use hyper::body::Bytes;
+use prost::Message;
+
+use super::{
+    post::{self, failed, Post},
+    shared::Shared,
+};
+use crate::{
+    export::{
+        heap_profile,
+        otlp::{build_request, Window},
+    },
+    plan::PushTarget,
+};
+
+/// The OTLP/HTTP path of the profiles signal, under the endpoint's base path.
+pub const PROFILES_PATH: &str = "/v1development/profiles";
+/// The metadata key of the profiles signal's development version, and the version memtrace's
+/// messages are: the Collector (pdata's ProfilesDevelopmentVersionHeader) rejects a request whose
+/// value it does not support, and takes a request without it as version 1.
+pub const DEVELOPMENT_VERSION_HEADER: &str = "otlp-profiles-development-version";
+pub const DEVELOPMENT_VERSION: &str = "1";
+
+/// Pushes at every interval until the server thread stops.
+pub async fn run(shared: Arc<Shared>, target: PushTarget) {
+    let host = shared.host_name.clone();
+    let mut ticks = tokio::time::interval(target.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let Some(snapshot) = shared.fresh_snapshot().await else {
+            failed(&shared, &target.base, 1, "no sample came to read the stacks".to_owned());
+            continue;
+        };
+        let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
+        let window = Window::ending_now(snapshot.traced_for);
+        let request = build_request(snapshot.profile.sampling, &processes, window, &host);
+        if let Err(err) = post::with_retries(&target.base, &profiles_post(request.encode_to_vec())).await {
+            failed(&shared, &target.base, 1, format!("{err:#}"));
+        }
+    }
+}
+
+/// The POST of one encoded ExportProfilesServiceRequest.
+fn profiles_post(body: Vec<u8>) -> Post {
+    Post {
+        path: PROFILES_PATH.to_owned(),
+        headers: vec![
+            ("content-type", "application/x-protobuf".to_owned()),
+            (DEVELOPMENT_VERSION_HEADER, DEVELOPMENT_VERSION.to_owned()),
+        ],
+        body: Bytes::from(body),
+    }
+}
