@@ -205,8 +205,16 @@ impl Following {
 /// Starts holding the execs of followed processes (a tree, or every process); says so when it
 /// cannot, and what that misses.
 fn hold_execs(probes: &Probes, reach: &Reach) -> Result<Option<HeldExecs>> {
-    if let Reach::Targets = reach {
-        return Ok(None);
+    match reach {
+        Reach::Targets => return Ok(None),
+        // A tree's processes are memtrace's own session's, which SIGCONT reaches without CAP_KILL.
+        Reach::Tree => {}
+        Reach::AllProcesses(_) => {
+            if let Err(why) = crate::privileges::can_continue_others() {
+                eprintln!("memtrace: warning: {why}; {MISSED_WITHOUT_HOLD}");
+                return Ok(None);
+            }
+        }
     }
     match HeldExecs::start(probes.hold_switch()?, DEFAULT_BOUND) {
         Ok(held) => Ok(Some(held)),
