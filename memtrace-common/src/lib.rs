@@ -178,16 +178,49 @@ pub struct KernelLayout {
     pub percpu_counter_count: u32,
     /// sizeof(struct percpu_counter); 8 (an atomic_long_t) on 6.1.
     pub percpu_counter_size: u32,
-    pub _pad: u32,
+    /// `linux_binprm.file`, `file.f_inode`, `inode.i_ino`, `inode.i_sb` and `super_block.s_dev`:
+    /// the exec'd program's file as the kernel names it ([`ImageKey`]).
+    pub binprm_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
 }
 
-/// A process that began running a new program (sched_process_exec), for system-wide tracing to
-/// look for allocators it has not probed yet.
+/// A program file as the kernel names it at exec: its file system's device (the kernel's own
+/// `dev_t`, `s_dev`, not stat's encoding) and its inode number. Zero where the loader found no
+/// layout (no BTF).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ImageKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+
+/// A process that began running a new program (sched_process_exec), for userspace to probe the
+/// allocators it brings; `hold` says whether the BPF side stopped it there ([`exec_hold`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecEvent {
     pub tgid: u32,
+    pub hold: u32,
+    pub image: ImageKey,
 }
+
+/// What the exec tracepoint did with an exec ([`ExecEvent::hold`]).
+pub mod exec_hold {
+    /// Not stopped: its program is known (probed already), or execs are not held.
+    pub const NONE: u32 = 0;
+    /// Stopped (SIGSTOP sent before its first instruction): userspace continues it with SIGCONT
+    /// once its program is probed.
+    pub const STOPPED: u32 = 1;
+    /// It should have been stopped, and bpf_send_signal refused.
+    pub const REFUSED: u32 = 2;
+}
+
+/// Program files whose execs need no stop (their allocators are probed), remembered at most.
+pub const MAX_KNOWN_IMAGES: u32 = 4096;
 
 /// Which processes the probes' events count for: the loader sets the BPF global `REACH`.
 pub mod reach {
@@ -501,6 +534,7 @@ mod pod {
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
     unsafe impl aya::Pod for super::ExecEvent {}
+    unsafe impl aya::Pod for super::ImageKey {}
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::RegionKey {}
     unsafe impl aya::Pod for super::Region {}

@@ -1,8 +1,8 @@
 //! Reading the running kernel's own structs, at the offsets the loader found in its BTF (aya-ebpf
-//! has no CO-RE): a forked child's tgid, an exiting process's memory counters.
+//! has no CO-RE): a forked child's tgid, an exiting process's memory counters, an exec'd file.
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use memtrace_common::{mm_counter, ExitMemory, KernelLayout};
+use memtrace_common::{mm_counter, ExitMemory, ImageKey, KernelLayout};
 
 /// Set by the loader from /sys/kernel/btf/vmlinux.
 #[no_mangle]
@@ -14,7 +14,11 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     mm_brk: 0,
     percpu_counter_count: 0,
     percpu_counter_size: 0,
-    _pad: 0,
+    binprm_file: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -31,6 +35,22 @@ pub(crate) fn read_at<T: Copy>(base: u64, offset: u32) -> Option<T> {
     let at = base.wrapping_add(u64::from(offset)) as *const T;
     // SAFETY: bpf_probe_read_kernel validates the address.
     unsafe { bpf_probe_read_kernel(at) }.ok()
+}
+
+/// The program an exec runs, as the kernel names its file: `bprm` is sched_process_exec's
+/// `struct linux_binprm` (its file is the final program: a script's interpreter). None without
+/// the layout (no BTF) or where a pointer cannot be read.
+pub(crate) fn exec_image(bprm: u64) -> Option<ImageKey> {
+    let layout = layout();
+    if layout.binprm_file == 0 {
+        return None;
+    }
+    let file: u64 = read_at(bprm, layout.binprm_file)?;
+    let inode: u64 = read_at(file, layout.file_inode)?;
+    let ino: u64 = read_at(inode, layout.inode_ino)?;
+    let super_block: u64 = read_at(inode, layout.inode_sb)?;
+    let dev: u32 = read_at(super_block, layout.sb_dev)?;
+    Some(ImageKey { dev, _pad: 0, ino })
 }
 
 /// The `struct task_struct` running now.

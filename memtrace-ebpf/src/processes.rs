@@ -1,17 +1,17 @@
 //! Which processes are traced (and the calling thread's slot when its process is), their per-process
-//! totals, and what happens when they exec or exit.
+//! totals, and what happens when they exec (a new program may be stopped until it is probed) or exit.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated, generated::bpf_get_attach_cookie},
     macros::{fentry, map, raw_tracepoint},
-    maps::{Array, HashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, RingBuf},
     programs::{FEntryContext, RawTracePointContext},
     EbpfContext,
 };
 use memtrace_common::{
-    reach, ExecEvent, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_COMMS,
-    MAX_EXCLUDED_PIDS, MAX_PROCESSES,
+    exec_hold, reach, ExecEvent, ImageKey, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES,
+    GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS, MAX_KNOWN_IMAGES, MAX_PROCESSES,
 };
 
 use crate::{
@@ -247,7 +247,9 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
 
 /// A new program image starts its figures afresh (what the process did before exec, say as the
 /// shell that forked it, is not the new program's), and userspace hears of it: the program may bring
-/// an allocator not probed yet.
+/// an allocator not probed yet. Where execs are held (HOLD_EXECS) and the program's file is not
+/// known to need nothing (KNOWN_IMAGES), the process is stopped here, before its first
+/// instruction, until userspace has probed the program and continues it.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     let Caller { tgid, .. } = caller();
@@ -263,8 +265,41 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     if !is_traced_process(tgid) {
         return 0;
     }
-    if EXEC_EVENTS.output::<ExecEvent>(ExecEvent { tgid }, 0).is_err() {
+    // Reserved before any stop: a process stopped unannounced would wait for nobody.
+    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
         count_global_loss();
-    }
+        return 0;
+    };
+    let bprm: u64 = ctx.arg(2);
+    let image = crate::kernel::exec_image(bprm).unwrap_or_default();
+    entry.write(ExecEvent { tgid, hold: hold_exec(&image), image });
+    entry.submit(0);
     0
 }
+
+/// Whether execs are held now: userspace clears it while it cannot answer (stopped, ending).
+#[map]
+pub(crate) static HOLD_EXECS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Program files whose allocators userspace has probed: their execs go on unstopped.
+#[map]
+pub(crate) static KNOWN_IMAGES: LruHashMap<ImageKey, u8> = LruHashMap::with_max_entries(MAX_KNOWN_IMAGES, 0);
+
+/// Stops the exec'ing process (it is the current task, its only thread after exec) unless its
+/// program is known or execs are not held; says which (`exec_hold`). SIGSTOP is taken on the way
+/// back to user mode, before the new program's first instruction.
+fn hold_exec(image: &ImageKey) -> u32 {
+    let holding = HOLD_EXECS.get(0).is_some_and(|on| *on != 0);
+    if !holding || image.ino == 0 || KNOWN_IMAGES.get_ptr(image).is_some() {
+        return exec_hold::NONE;
+    }
+    // SAFETY: the helper signals the current task; a tracepoint runs with interrupts enabled, so it
+    // is sent at once.
+    match unsafe { generated::bpf_send_signal(SIGSTOP) } {
+        0 => exec_hold::STOPPED,
+        _ => exec_hold::REFUSED,
+    }
+}
+
+/// The signal that stops a process (asm-generic/signal.h).
+const SIGSTOP: u32 = 19;

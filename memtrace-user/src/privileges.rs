@@ -10,6 +10,8 @@
 //!   BPF_LINK_CREATE of a uprobe_multi link needs only CAP_BPF + CAP_PERFMON.
 //! - /proc/PID/exe, /proc/PID/root and /proc/PID/maps of a process of another user (or one with
 //!   capabilities memtrace lacks): CAP_SYS_PTRACE (ptrace access mode READ_FSCREDS).
+//! - kill(2) with SIGCONT, which continues a process stopped at exec (follow::hold), for a process
+//!   of another user outside memtrace's session: CAP_KILL.
 
 use std::path::Path;
 
@@ -39,6 +41,20 @@ const CAP_SYS_PTRACE: Capability = Capability {
     name: "CAP_SYS_PTRACE",
     why: "reading /proc/PID/exe, root and maps of processes of other users",
 };
+
+const CAP_KILL: Capability = Capability {
+    bit: 5,
+    name: "CAP_KILL",
+    why: "continuing (SIGCONT) the processes of other users that --all stops at exec",
+};
+
+/// Whether memtrace may continue any process it stops at exec; says why not, and what that misses.
+pub fn can_continue_others() -> Result<(), String> {
+    match has(effective(), CAP_KILL) {
+        true => Ok(()),
+        false => Err(format!("holding execs under --all needs {} ({})", CAP_KILL.name, CAP_KILL.why)),
+    }
+}
 
 const NEEDS: &str = "memtrace needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN \
                      (and CAP_SYS_PTRACE for processes of other users)";

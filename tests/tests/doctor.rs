@@ -18,7 +18,7 @@ const FEATURES: [&str; 13] = [
     "mmapable BPF arrays (BPF_F_MMAPABLE)",
     "optimized uprobes (uprobe syscall)",
     "uretprobe syscall",
-    "fanotify exec permission events",
+    "bpf_send_signal (stopping an exec from BPF)",
     "bpf_prog_info recursion_misses",
     "BPF run-time stats (kernel.bpf_stats_enabled)",
 ];

@@ -147,7 +147,7 @@ fn a_reused_pid_is_another_process() {
 }
 
 /// A static program started under --all has its own malloc, probed by no one: memtrace holds its
-/// exec (fanotify) until it is, so its figures are those `memtrace -- static-program` gives.
+/// exec (stopped from BPF at exec) until it is, so its figures are those `memtrace -- static-program` gives.
 #[test]
 fn a_static_program_started_later_is_exact_from_its_first_instruction() {
     let program = fixture_variant("leaks", "static", &["-static"]);

@@ -63,11 +63,18 @@ const PLAN: &[(&str, &[&str])] = &[
             "argument_forms_decode_to_the_values_passed_at_o0_and_o2",
         ],
     ),
-    // a launched tree with children, and exec
+    // a launched tree with children, and exec; a static program a traced shell execs, stopped at
+    // exec from BPF until it is probed
     (
         "process_trees",
-        &["a_command_is_traced_with_every_child_it_forks", "an_env_chain_ends_in_the_final_program"],
+        &[
+            "a_command_is_traced_with_every_child_it_forks",
+            "an_env_chain_ends_in_the_final_program",
+            "a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction",
+        ],
     ),
+    // no memtrace run taints the kernel (Debian's kernels taint on fanotify permission events)
+    ("no_taint", &[]),
     // levels: the mapping and brk probes, and the exit levels of a process that ends within an
     // interval (read at do_exit's entry where sched_process_exit comes after exit_mm: 6.1, 6.12)
     (

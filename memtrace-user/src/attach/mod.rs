@@ -7,7 +7,6 @@ pub mod usdt;
 use std::{
     collections::{HashMap, HashSet},
     fs,
-    sync::{Arc, Mutex},
 };
 
 use anyhow::Result;
@@ -27,19 +26,6 @@ pub enum Probed {
     MapCalls(FileId),
 }
 
-impl Probed {
-    /// What probing `allocator` (and the mapping calls beside it) takes.
-    pub fn all_for(allocator: &Allocator) -> impl Iterator<Item = Probed> {
-        let calls = allocator.map_calls.as_ref().map(|calls| Probed::MapCalls(calls.object.id));
-        std::iter::once(Probed::Allocator(allocator.object.id)).chain(calls)
-    }
-}
-
-/// The files probed for every process, shared with the exec hold: an exec of a program whose
-/// allocator and mapping calls are among them (libc, mostly) goes on without waiting for the main
-/// loop, which may itself be waiting for that exec (a command memtrace launches).
-pub type ProbedFiles = Arc<Mutex<HashSet<Probed>>>;
-
 /// What has been attached so far, and what the next process needs.
 pub struct Attachments {
     /// `--allocator` and `--lib`.
@@ -48,15 +34,13 @@ pub struct Attachments {
     cache: FileCache,
     /// Every file probed, as what, for which scope.
     probed: HashSet<(Probed, Scope)>,
-    /// The files probed for every process, as the exec hold sees them.
-    probed_for_all: ProbedFiles,
     /// The USDT sites wanted and found, attached beside the allocators.
     usdt: UsdtProbes,
 }
 
 impl Attachments {
     pub fn new(overrides: Overrides, cache: FileCache, usdt: UsdtProbes) -> Self {
-        Self { overrides, cache, probed: HashSet::new(), probed_for_all: ProbedFiles::default(), usdt }
+        Self { overrides, cache, probed: HashSet::new(), usdt }
     }
 
     /// The USDT sites wanted and found.
@@ -64,18 +48,9 @@ impl Attachments {
         &self.usdt
     }
 
-    pub fn overrides(&self) -> &Overrides {
-        &self.overrides
-    }
-
     /// What each file is, as read so far.
     pub fn cache(&self) -> &FileCache {
         &self.cache
-    }
-
-    /// The files probed for every process, shared.
-    pub fn probed_for_all(&self) -> ProbedFiles {
-        Arc::clone(&self.probed_for_all)
     }
 
     /// Traces `pid`, whose image (running, or a command about to exec) is `image`: probes its
@@ -165,9 +140,6 @@ impl Attachments {
     fn probe_once(&mut self, file: Probed, scope: Scope, attach: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.probed.insert((file, scope)) {
             attach()?;
-            if let (Scope::AllProcesses, Ok(mut probed)) = (scope, self.probed_for_all.lock()) {
-                probed.insert(file);
-            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Following processes as they come and go: the targets of a run (`--pid`, a launched command and,
 //! unless `--no-children`, every process they fork), or every process (`--all`). The exec watcher
-//! names each exec'd program's files while the process exists, and its execs are held (`hold`)
-//! until that program is probed; processes are found as they first allocate (or report through
+//! names each exec'd program's files while the process exists, and an exec of a program new to
+//! memtrace is held (`hold`: stopped by the BPF side) until that program is probed; processes are found as they first allocate (or report through
 //! USDT) and seen when they exit. What is attached for each is crate::attach's: uprobes belong to
 //! a file, so one attachment serves every process that maps it, in any mount namespace.
 
@@ -12,27 +12,25 @@ use std::{
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
-    sync::{
-        mpsc::{self, Receiver},
-        Arc,
-    },
+    sync::mpsc::{self, Receiver},
+    time::Instant,
 };
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
-use memtrace_common::ExecEvent;
+use memtrace_common::{exec_hold, ExecEvent, ImageKey};
 use nix::{
     fcntl::OFlag,
     poll::{poll, PollFd, PollFlags, PollTimeout},
     unistd::pipe2,
 };
 
-use self::hold::{fanotify::MISSED_WITHOUT_HOLD, HeldExecs, Holding, ProbeRequest};
+use self::hold::{HeldExecs, DEFAULT_BOUND, MISSED_WITHOUT_HOLD};
 use crate::{
     attach::usdt::UsdtProbes,
     attach::Attachments,
     kernel::features::{Feature, KernelFeatures},
-    kernel::{Probes, Reach, Scope},
+    kernel::{Probes, Reach},
     model::Model,
     process::allocator::{Allocator, Overrides},
     process::procfs,
@@ -47,11 +45,11 @@ pub struct Following {
     /// The images of programs just exec'd, resolved by the watcher thread while the process
     /// existed, with their files open: a short-lived program is gone, and its /proc/PID/exe with
     /// it, by the time the main loop scans them for USDT probes.
-    execs: Receiver<ProcessImage>,
-    /// Readable when the watcher has seen execs, or a held exec waits for its probes.
+    execs: Receiver<Exec>,
+    /// Readable when the watcher has seen execs.
     wakeup: std::fs::File,
-    /// Execs of followed processes, held until their program's allocator is probed; None where
-    /// no tree is followed, or without CAP_SYS_ADMIN.
+    /// Execs of followed processes stopped until their program is probed; None where no tree is
+    /// followed, or the kernel cannot stop them.
     held: Option<HeldExecs>,
     /// Processes seen to exec during the run: their images ran under the probes from the start.
     execed: HashSet<u32>,
@@ -72,19 +70,18 @@ impl Following {
         let cache = FileCache::default();
         let (sender, execs) = mpsc::channel();
         let (wakeup, wake) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).context("creating a pipe")?;
-        let hold_wake = wake.try_clone().context("duplicating a pipe")?;
+        let held = match features.lacks(Feature::SendSignal) || features.lacks(Feature::Btf) {
+            true => cannot_hold_execs(&reach),
+            false => hold_execs(probes, &reach)?,
+        };
         // A thread of its own reads exec events at once: a short-lived process is gone by the next
-        // sample, and with it the /proc entries that name its files.
-        let watcher_cache = cache.clone();
+        // sample, and with it the /proc entries that name its files; a stopped one waits for it.
+        let watcher = Watcher { cache: cache.clone(), held: held.clone(), wake };
         std::thread::Builder::new()
             .name("exec-watcher".into())
-            .spawn(move || watch_execs(exec_events, &watcher_cache, |exec| sender.send(exec).is_ok(), wake))
+            .spawn(move || watcher.run(exec_events, |exec| sender.send(exec).is_ok()))
             .context("starting the exec watcher")?;
         let attach = Attachments::new(overrides, cache, usdt);
-        let held = match features.lacks(Feature::FanotifyExecPerm) {
-            true => cannot_hold_execs(&reach),
-            false => hold_execs(probes, &reach, &attach, hold_wake)?,
-        };
         let mut this = Self { reach, attach, execs, wakeup: wakeup.into(), held, execed: HashSet::new() };
         if let Reach::AllProcesses(_) = this.reach {
             this.attach.every_process(probes)?;
@@ -95,7 +92,12 @@ impl Following {
     /// Traces `pid`, whose image (running, or a command about to exec) is `image`: probes its
     /// allocator and USDT sites; returns the allocator.
     pub fn add_target(&mut self, probes: &mut Probes, pid: u32, image: &ProcessImage) -> Result<Allocator> {
-        self.attach.target(probes, pid, image, self.reach.scope_for(pid))
+        let allocator = self.attach.target(probes, pid, image, self.reach.scope_for(pid))?;
+        // Probed now: a launched command's exec of it needs no stop.
+        if let (Some(_), Some(program)) = (&self.held, image.executable()) {
+            probes.know_image(hold::kernel_key(program.id))?;
+        }
+        Ok(allocator)
     }
 
     /// The USDT sites wanted and found.
@@ -123,18 +125,18 @@ impl Following {
     pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<ObjectFile>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
-        // Held execs first: their processes wait inside execve(2).
-        let requests: Vec<ProbeRequest> = self.held.iter().flat_map(HeldExecs::requests).collect();
-        for request in requests {
-            let probed = self.attach.allocator(probes, &request.allocator, Scope::AllProcesses);
-            request.done();
-            probed?;
-        }
         let mut objects = Vec::new();
-        while let Ok(image) = self.execs.try_recv() {
-            self.execed.extend(image.pid);
-            let scope = self.reach.scope_for(image.pid.unwrap_or_default());
-            self.attach.exec(probes, &image, scope)?;
+        while let Ok(Exec { image, stopped }) = self.execs.try_recv() {
+            let pid = image.pid.unwrap_or_default();
+            self.execed.insert(pid);
+            let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
+            if let (Some(key), Some(held)) = (stopped, &self.held) {
+                // Its later execs need no stop; this one goes on, probed (or not: the error says).
+                let known = probed.is_ok().then(|| probes.know_image(key)).transpose();
+                held.probed(pid);
+                known?;
+            }
+            probed?;
             objects.extend(image.objects);
         }
         Ok(objects)
@@ -182,14 +184,14 @@ impl Following {
 
     /// Lets go of held execs (memtrace is about to stop, or to end).
     pub fn release_held_execs(&mut self) {
-        if let Some(held) = &mut self.held {
+        if let Some(held) = &self.held {
             held.release();
         }
     }
 
     /// Holds execs again, after memtrace was continued.
     pub fn resume_held_execs(&mut self) {
-        if let Some(Err(err)) = self.held.as_mut().map(HeldExecs::resume) {
+        if let Some(Err(err)) = self.held.as_ref().map(HeldExecs::resume) {
             eprintln!("memtrace: warning: cannot hold execs again: {err}");
         }
     }
@@ -202,68 +204,113 @@ impl Following {
 
 /// Starts holding the execs of followed processes (a tree, or every process); says so when it
 /// cannot, and what that misses.
-fn hold_execs(
-    probes: &Probes,
-    reach: &Reach,
-    attach: &Attachments,
-    wake: OwnedFd,
-) -> Result<Option<HeldExecs>> {
-    let holding = match reach {
+fn hold_execs(probes: &Probes, reach: &Reach) -> Result<Option<HeldExecs>> {
+    match reach {
         Reach::Targets => return Ok(None),
-        Reach::Tree => Holding::Tree(Arc::new(probes.tree_lookup()?)),
-        Reach::AllProcesses(_) => Holding::Everyone,
-    };
-    let (probed, cache, overrides) =
-        (attach.probed_for_all(), attach.cache().clone(), attach.overrides().clone());
-    match HeldExecs::start(holding, probed, cache, overrides, wake) {
+        // A tree's processes are memtrace's own session's, which SIGCONT reaches without CAP_KILL.
+        Reach::Tree => {}
+        Reach::AllProcesses(_) => {
+            if let Err(why) = crate::privileges::can_continue_others() {
+                eprintln!("memtrace: warning: {why}; {MISSED_WITHOUT_HOLD}");
+                return Ok(None);
+            }
+        }
+    }
+    match HeldExecs::start(probes.hold_switch()?, DEFAULT_BOUND) {
         Ok(held) => Ok(Some(held)),
         Err(why) => {
-            eprintln!("memtrace: warning: cannot hold execs: {why}");
+            eprintln!("memtrace: warning: cannot hold execs: {why}; {MISSED_WITHOUT_HOLD}");
             Ok(None)
         }
     }
 }
 
-/// Where the kernel has no fanotify exec permission events, execs of followed processes go on
-/// unheld: says so, and what that misses.
+/// Where the kernel cannot stop a process at exec from BPF (bpf_send_signal), or memtrace cannot
+/// name the exec'd file (no BTF), execs of followed processes go on unheld: says so, and what that
+/// misses.
 fn cannot_hold_execs(reach: &Reach) -> Option<HeldExecs> {
     if !matches!(reach, Reach::Targets) {
-        let info = Feature::FanotifyExecPerm.info();
+        let info = Feature::SendSignal.info();
         eprintln!(
-            "memtrace: warning: this kernel lacks {} (Linux {}.{}, CONFIG_FANOTIFY_ACCESS_PERMISSIONS); {}",
+            "memtrace: warning: this kernel lacks {} (Linux {}.{}) or BTF; {}",
             info.name, info.since.0, info.since.1, MISSED_WITHOUT_HOLD
         );
     }
     None
 }
 
+/// An exec the watcher read: the new image, and the program's file where the BPF side stopped
+/// the process until it is probed.
+struct Exec {
+    image: ProcessImage,
+    stopped: Option<ImageKey>,
+}
+
 /// The exec watcher: names the files of each exec'd process while it still exists, hands them on
-/// with `deliver` and wakes the main loop, until the main loop is gone.
-fn watch_execs(
-    mut events: RingBuf<MapData>,
-    cache: &FileCache,
-    deliver: impl Fn(ProcessImage) -> bool,
+/// and wakes the main loop, until the main loop is gone; notes stops in the hold's books and
+/// continues those stopped past the bound.
+struct Watcher {
+    cache: FileCache,
+    held: Option<HeldExecs>,
     wake: OwnedFd,
-) {
-    crate::process::threads::set_urgency(crate::process::threads::Urgency::Racing);
-    loop {
-        let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
-        if poll(&mut fds, PollTimeout::NONE).is_err() {
-            continue;
-        }
-        while let Some(item) = events.next() {
-            if item.len() < size_of::<ExecEvent>() {
+}
+
+impl Watcher {
+    fn run(self, mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool) {
+        crate::process::threads::set_urgency(crate::process::threads::Urgency::Racing);
+        let mut next_bound = None;
+        loop {
+            let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
+            let timeout = next_bound.map_or(PollTimeout::NONE, milliseconds_until);
+            if poll(&mut fds, timeout).is_err() {
                 continue;
             }
-            // SAFETY: the kernel side writes exactly one ExecEvent per record.
-            let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            // A process that is gone already has no image to resolve.
-            let Ok(image) = ProcessImage::of_exec(event.tgid, cache) else { continue };
-            if !deliver(image) {
-                return;
+            while let Some(item) = events.next() {
+                if item.len() < size_of::<ExecEvent>() {
+                    continue;
+                }
+                // SAFETY: the kernel side writes exactly one ExecEvent per record.
+                let event: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                if let Some(exec) = self.read(&event) {
+                    if !deliver(exec) {
+                        return;
+                    }
+                }
+            }
+            next_bound = self.held.as_ref().and_then(|held| held.expire(Instant::now()));
+            // SAFETY: writing one byte from a valid buffer to a pipe we own.
+            unsafe { libc::write(self.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+    }
+
+    /// The exec's image, noting a stop; a process that is gone already has no image to resolve,
+    /// and one whose image cannot be resolved goes on at once.
+    fn read(&self, event: &ExecEvent) -> Option<Exec> {
+        let stopped = match (&self.held, event.hold) {
+            (Some(held), exec_hold::STOPPED) => {
+                held.stopped(event.tgid);
+                Some(event.image)
+            }
+            (Some(held), exec_hold::REFUSED) => {
+                held.refused();
+                None
+            }
+            _ => None,
+        };
+        match ProcessImage::of_exec(event.tgid, &self.cache) {
+            Ok(image) => Some(Exec { image, stopped }),
+            Err(_) => {
+                if let (Some(held), Some(_)) = (&self.held, stopped) {
+                    held.let_go(event.tgid);
+                }
+                None
             }
         }
-        // SAFETY: writing one byte from a valid buffer to a pipe we own.
-        unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
     }
+}
+
+/// poll's timeout until `deadline`, rounded up to a whole millisecond so poll does not wake early.
+fn milliseconds_until(deadline: Instant) -> PollTimeout {
+    let left = deadline.saturating_duration_since(Instant::now());
+    PollTimeout::try_from(left.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX)
 }

@@ -40,7 +40,7 @@ pub enum Feature {
     MmapableArrays,
     OptimizedUprobes,
     UretprobeSyscall,
-    FanotifyExecPerm,
+    SendSignal,
     RecursionMisses,
     BpfStats,
     ExactRssCounters,
@@ -92,7 +92,7 @@ pub const FEATURES: [FeatureInfo; 14] = [
         "nothing to do: each probe hit costs a trap (a little slower)")),
     row(Feature::UretprobeSyscall, "uretprobe syscall", (6, 11), Without::Fallback(
         "nothing to do: each return probe costs a trap (a little slower)")),
-    row(Feature::FanotifyExecPerm, "fanotify exec permission events", (5, 0), Without::Fallback(
+    row(Feature::SendSignal, "bpf_send_signal (stopping an exec from BPF)", (5, 3), Without::Fallback(
         "execs are not held: a followed static program is probed after its first instructions")),
     row(Feature::RecursionMisses, "bpf_prog_info recursion_misses", (5, 12), Without::Fallback(
         "runs the kernel skips cannot be counted in lost_events")),
@@ -282,7 +282,7 @@ fn probe(feature: Feature) -> Presence {
         Feature::MmapableArrays => map_creation(MapAttr::mmapable_array()),
         Feature::OptimizedUprobes => syscall_exists(SYS_UPROBE),
         Feature::UretprobeSyscall => syscall_exists(SYS_URETPROBE),
-        Feature::FanotifyExecPerm => fanotify_exec_perm(),
+        Feature::SendSignal => helper(HELPER_SEND_SIGNAL),
         Feature::RecursionMisses => recursion_misses(),
         Feature::BpfStats => bpf_stats(),
         Feature::ExactRssCounters => exact_rss_counters(),
@@ -347,6 +347,7 @@ const EXIT: u64 = insn(0x95, 0, 0, 0, 0);
 /// enum bpf_func_id
 const HELPER_GET_ATTACH_COOKIE: i32 = 174;
 const HELPER_LOOP: i32 = 181;
+const HELPER_SEND_SIGNAL: i32 = 109;
 
 /// How a load failed, as a feature probe reads it: no privilege says nothing of the kernel.
 fn refused(error: &io::Error) -> Presence {
@@ -487,25 +488,6 @@ fn exact_rss_counters() -> Presence {
     }
 }
 
-/// fanotify permission events on exec: a group of the content class (which needs
-/// CONFIG_FANOTIFY_ACCESS_PERMISSIONS) marking memtrace's own executable for FAN_OPEN_EXEC_PERM,
-/// closed at once (an exec pending meanwhile is allowed when the group closes).
-fn fanotify_exec_perm() -> Presence {
-    use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
-    let init = InitFlags::FAN_CLASS_CONTENT | InitFlags::FAN_CLOEXEC | InitFlags::FAN_NONBLOCK;
-    let group = match Fanotify::init(init, EventFFlags::O_RDONLY | EventFFlags::O_CLOEXEC) {
-        Ok(group) => group,
-        Err(errno) => return refused(&io::Error::from(errno)),
-    };
-    let Ok(exe) = std::env::current_exe() else {
-        return Presence::Unknown("cannot find memtrace's own executable to mark".into());
-    };
-    match group.mark(MarkFlags::FAN_MARK_ADD, MaskFlags::FAN_OPEN_EXEC_PERM, None, Some(&exe)) {
-        Ok(()) => Presence::Found,
-        Err(errno) => refused(&io::Error::from(errno)),
-    }
-}
-
 /// Syscall numbers on x86-64 (arch/x86/entry/syscalls/syscall_64.tbl).
 const SYS_URETPROBE: libc::c_long = 335;
 const SYS_UPROBE: libc::c_long = 336;
@@ -606,7 +588,7 @@ mod tests {
                 Feature::UprobeMulti,
                 Feature::OptimizedUprobes,
                 Feature::UretprobeSyscall,
-                Feature::FanotifyExecPerm,
+                Feature::SendSignal,
             ],
         );
         assert_eq!(features.refusal(Needs { follows_tree: true }), None);

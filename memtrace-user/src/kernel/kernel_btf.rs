@@ -32,6 +32,8 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
         let task = btf.find_struct("task_struct")?;
         let mm = btf.find_struct("mm_struct")?;
         let (percpu_counter_count, percpu_counter_size) = rss_counter_layout(&btf)?;
+        let (binprm, file) = (btf.find_struct("linux_binprm")?, btf.find_struct("file")?);
+        let (inode, super_block) = (btf.find_struct("inode")?, btf.find_struct("super_block")?);
         Ok(KernelLayout {
             task_tgid: btf.member_offset(task, "tgid")?,
             task_mm: btf.member_offset(task, "mm")?,
@@ -40,7 +42,11 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             mm_brk: btf.member_offset(mm, "brk")?,
             percpu_counter_count,
             percpu_counter_size,
-            _pad: 0,
+            binprm_file: btf.member_offset(binprm, "file")?,
+            file_inode: btf.member_offset(file, "f_inode")?,
+            inode_ino: btf.member_offset(inode, "i_ino")?,
+            inode_sb: btf.member_offset(inode, "i_sb")?,
+            sb_dev: btf.member_offset(super_block, "s_dev")?,
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))

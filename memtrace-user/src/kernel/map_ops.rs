@@ -4,9 +4,8 @@
 //! delete (aya offers it only for queues and stacks). Reading and deleting many entries in one
 //! call each (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH, with buffers of at most 256 KiB): a full
 //! stack table is read in a few hundred calls rather than a quarter of a million; an unwind
-//! table's rows are written likewise (BPF_MAP_UPDATE_BATCH on an array). And a lookup that another
-//! thread can
-//! own ([`KeyLookup`], its own descriptor of the map).
+//! table's rows are written likewise (BPF_MAP_UPDATE_BATCH on an array). And an array value another
+//! thread can write ([`ArrayCell`], its own descriptor of the map).
 
 use std::{
     io,
@@ -16,7 +15,7 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{HashMap, Map, MapData};
 
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
@@ -104,25 +103,26 @@ unsafe fn element_call<K>(command: libc::c_long, fd: i32, key: &K, value: *mut u
     Ok(())
 }
 
-/// Whether a hash map with u32 keys and u8 values has a key, from any thread.
-pub struct KeyLookup {
+/// One u32 of a BPF array, written from any thread (its own descriptor of the map).
+pub struct ArrayCell {
     fd: OwnedFd,
+    index: u32,
 }
 
-impl KeyLookup {
-    pub fn of(map: &Map, what: &str) -> Result<Self> {
-        let fd = hash_map_fd::<u32, u8>(map, what)?;
-        // SAFETY: the map's descriptor, open while `map` lives; duplicated to live on its own.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-            .try_clone_to_owned()
-            .with_context(|| format!("duplicating {what}"))?;
-        Ok(Self { fd })
+impl ArrayCell {
+    pub fn of(map: &Map, what: &str, index: u32) -> Result<Self> {
+        let Map::Array(data) = map else { anyhow::bail!("{what} is not an array") };
+        // Checks the value size against the map's.
+        let _: aya::maps::Array<&MapData, u32> = aya::maps::Array::try_from(map)?;
+        let fd = data.fd().as_fd().try_clone_to_owned().with_context(|| format!("duplicating {what}"))?;
+        Ok(Self { fd, index })
     }
 
-    pub fn contains(&self, key: u32) -> bool {
-        let mut value = 0u8;
-        // SAFETY: a u32 key and a u8 value, the map's sizes (checked in `of`).
-        unsafe { element_call(BPF_MAP_LOOKUP_ELEM, self.fd.as_raw_fd(), &key, &raw mut value) }.is_ok()
+    pub fn set(&self, mut value: u32) -> io::Result<()> {
+        // SAFETY: a u32 index and a u32 value, the array's sizes (checked in `of`).
+        unsafe {
+            element_call(BPF_MAP_UPDATE_ELEM, self.fd.as_raw_fd(), &self.index, (&raw mut value).cast())
+        }
     }
 }
 

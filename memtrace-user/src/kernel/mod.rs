@@ -15,7 +15,7 @@ pub mod sys;
 pub mod tables;
 mod thread_slots;
 pub mod verifier_report;
-pub use map_ops::KeyLookup;
+pub use map_ops::ArrayCell;
 pub use map_ops::Taken;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
@@ -27,7 +27,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, KernelLayout, ProbeCookie,
+    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, KernelLayout, ProbeCookie,
     ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS,
     GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_COMMS, MAX_PROCESSES,
 };
@@ -383,9 +383,15 @@ impl Probes {
         targets.insert(pid, 1, 0).with_context(|| format!("more than {MAX_PROCESSES} processes to trace"))
     }
 
-    /// Whether a process is traced under `Reach::Tree`, from any thread.
-    pub fn tree_lookup(&self) -> Result<map_ops::KeyLookup> {
-        tables::TARGETS.key_lookup(&self.ebpf)
+    /// The switch of the exec tracepoint's stops, for the exec hold (follow::hold).
+    pub fn hold_switch(&self) -> Result<map_ops::ArrayCell> {
+        tables::HOLD_EXECS.cell(&self.ebpf, 0)
+    }
+
+    /// Lets later execs of a program file go on unstopped: its allocators are probed.
+    pub fn know_image(&mut self, image: ImageKey) -> Result<()> {
+        let mut known = tables::KNOWN_IMAGES.writable(&mut self.ebpf)?;
+        known.insert(image, 1, 0).context("remembering a probed program")
     }
 
     /// Follows processes as they exec; returns the ring buffer that announces the execs of traced

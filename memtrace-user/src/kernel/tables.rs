@@ -12,9 +12,9 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    AllocatorCode, DumpRound, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals,
-    SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey,
-    UsdtCounterValue, UsdtSpec,
+    AllocatorCode, DumpRound, ImageKey, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey,
+    StackTotals, SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow,
+    UsdtCounterKey, UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -52,6 +52,9 @@ pub const USDT_COUNTERS: Table<UsdtCounterKey, UsdtCounterValue> =
 pub const UNWIND_MAPPINGS: Table<u32, UnwindMappings> =
     Table::new("UNWIND_MAPPINGS", "the unwind mapping tables");
 
+/// Program files whose execs need no stop (their allocators are probed), as the kernel names them.
+pub const KNOWN_IMAGES: Table<ImageKey, u8> = Table::new("KNOWN_IMAGES", "the map of known programs");
+
 /// A BPF array of memtrace-ebpf: its name, its value type, and what to call it.
 pub struct ArrayTable<V> {
     pub name: &'static str,
@@ -81,6 +84,9 @@ pub const UNWIND_ROWS: ArrayTable<UnwindRow> = ArrayTable::new("UNWIND_ROWS", "t
 pub const UNWIND_PAGES: ArrayTable<u32> = ArrayTable::new("UNWIND_PAGES", "the unwind pages");
 /// The unwind tables' epoch (memtrace-ebpf/src/window.rs), at index 0.
 pub const UNWIND_EPOCH: ArrayTable<u64> = ArrayTable::new("UNWIND_EPOCH", "the unwind tables' epoch");
+
+/// Whether the exec tracepoint stops programs not known yet, at index 0 (1: it does).
+pub const HOLD_EXECS: ArrayTable<u32> = ArrayTable::new("HOLD_EXECS", "the exec hold switch");
 
 /// Each traced thread's allocator state, tagged with its tid (memtrace-ebpf/src/threads.rs).
 pub const THREAD_SLOTS: ArrayTable<ThreadSlot> = ArrayTable::new("THREAD_SLOTS", "the thread slot array");
@@ -146,10 +152,10 @@ impl<K: aya::Pod, V: aya::Pod> Table<K, V> {
     }
 }
 
-impl Table<u32, u8> {
-    /// Whether the map has a key, from any thread (its own descriptor).
-    pub fn key_lookup(&self, ebpf: &Ebpf) -> Result<map_ops::KeyLookup> {
-        map_ops::KeyLookup::of(self.map(ebpf)?, self.what)
+impl ArrayTable<u32> {
+    /// The value at `index`, written from any thread (its own descriptor).
+    pub fn cell(&self, ebpf: &Ebpf, index: u32) -> Result<map_ops::ArrayCell> {
+        map_ops::ArrayCell::of(self.map(ebpf)?, self.what, index)
     }
 }
 

@@ -43,13 +43,6 @@ impl ProcessImage {
         Ok(Self { pid: Some(pid), root, objects })
     }
 
-    /// A process held inside execve(2) of `program` (the exec hold): the files the program will
-    /// map, resolved in the process's root before it runs.
-    pub fn of_held_exec(pid: u32, program: ObjectFile, cache: &FileCache) -> Result<Self> {
-        let (root, objects) = objects::link_order_of_program_in(pid, program, cache)?;
-        Ok(Self { pid: Some(pid), root, objects })
-    }
-
     /// A command memtrace is about to start, in memtrace's own file system and environment: a
     /// script's image is its interpreter's.
     pub fn of_command(program: &Path, cache: &FileCache) -> Result<Self> {

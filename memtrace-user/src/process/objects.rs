@@ -76,7 +76,7 @@ pub fn link_order_of_exec(pid: u32, cache: &FileCache) -> Result<(Root, Vec<Obje
 }
 
 /// The objects `program` will load when process `pid` runs it, resolved in the process's root
-/// with its environment (for a process inside execve(2), the environment it had before).
+/// with its environment (for a process stopped at exec, the new program's).
 pub fn link_order_of_program_in(
     pid: u32,
     program: ObjectFile,

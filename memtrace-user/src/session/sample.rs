@@ -186,7 +186,7 @@ impl Run {
             let execs = if missed == 1 { "exec was" } else { "execs were" };
             eprintln!(
                 "memtrace: warning: {missed} {execs} let go before their program's allocator was probed \
-                 (held past 500 ms): those programs' first allocations may be missing"
+                 (stopped past 5 s): those programs' first allocations may be missing"
             );
         }
         Ok(())

@@ -1,11 +1,13 @@
 //! Reading a matrix VM's serial console: the MATRIX-* lines tests/matrix/guest.sh prints, the test
 //! binaries' `test result:` lines, and every kernel message (the console's own and the closing
-//! dmesg), checked for an Oops, BUG, WARNING, general protection fault or panic.
+//! dmesg), checked for an Oops, BUG, WARNING, general protection fault, panic or taint.
 
 use crate::Tally;
 
-/// What marks a kernel log as not clean.
-const BAD: &[&str] = &["Oops", "BUG:", "WARNING:", "general protection", "Kernel panic"];
+/// What marks a kernel log as not clean. "tainting kernel": Debian's kernels say so when a program
+/// uses fanotify permission events (`memtrace (PID): Using fanotify permission checks may lead to
+/// deadlock; tainting kernel`), which memtrace must never make a node do.
+const BAD: &[&str] = &["Oops", "BUG:", "WARNING:", "general protection", "Kernel panic", "tainting kernel"];
 
 /// Words a refusal's `memtrace: error:` line names a kernel feature by (issue 22's list), or the
 /// oldest kernel that has it ("Linux 6.6").
@@ -431,6 +433,9 @@ MATRIX-END\r
     fn only_kernel_messages_count() {
         assert!(is_kernel_line("[    7.295426] Kernel panic - not syncing"));
         assert!(!is_kernel_line("[unknown] WARNING: from a test's output"));
+        let taint = "[   12.5] memtrace (311): Using fanotify permission checks may lead to deadlock; tainting kernel";
+        let tainted = Report::read("linux-image-6.1.0-57-amd64", &format!("{taint}\n"), false);
+        assert_eq!(tainted.bad_kernel_line.as_deref(), Some(taint));
         assert_eq!(strip_escapes("\x1bc\x1b[?7l\x1b[2J[ 1.0] x\r"), "[ 1.0] x");
         assert_eq!(strip_escapes("test a ... \x1b[31mFAILED\x1b(B\x1b[m\x0f"), "test a ... FAILED");
         assert_eq!(preemption("#1 SMP PREEMPT_RT Debian", "", ""), "PREEMPT_RT");

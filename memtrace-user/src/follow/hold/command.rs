@@ -1,6 +1,6 @@
 //! The launched command's own exec, held: memtrace forks the child, which waits on a pipe until
 //! every probe is in place and only then execs the command, so that it is traced from its first
-//! instruction (the execs of the processes it starts are held by fanotify, see `super`).
+//! instruction (the execs of the processes it starts are held from BPF, see `super`).
 
 use std::{
     ffi::{CString, OsStr, OsString},

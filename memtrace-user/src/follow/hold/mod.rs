@@ -1,221 +1,210 @@
 //! Holding execs until their program is probed, in one room: the launched command's own exec,
-//! held on a pipe until every probe is in place (`command`); and the execs of followed processes,
-//! held by fanotify (`fanotify`) until the new program's allocator is probed, so that a static
-//! program or one with a private allocator, started by a followed tree or under `--all`, is exact
-//! from its first instruction. This file is the policy: whose execs are held, on which
-//! filesystems (mountinfo), and what a held exec waits for. The hold calls `serve` on a thread of
-//! its own: it resolves the held program's image and allocator there and asks the main loop, which
-//! owns the probes, to attach them ([`ProbeRequest`]); the exec goes on once that is done, or at
-//! the hold's bound.
+//! held on a pipe until every probe is in place (`command`); and the execs of followed processes
+//! (a tree, or every process under `--all`), which the BPF side stops at exec when their program
+//! is new to memtrace, so that a static program or one with a private allocator is exact from its
+//! first instruction. This file keeps the books of those stops: which processes are stopped and
+//! since when, and it continues each exactly once (SIGCONT): when the main loop has probed its
+//! program ([`HeldExecs::probed`]), at the hold's bound, or when the hold is released.
+//!
+//! How a stop happens (memtrace-ebpf's processes.rs): sched_process_exec fires once the new
+//! program is loaded and before it runs; where the switch (HOLD_EXECS) is on and the program's file
+//! (device and inode, as the kernel names it) is not in KNOWN_IMAGES, the tracepoint sends the
+//! process SIGSTOP (bpf_send_signal), which it takes on its way back to user mode, and announces
+//! the exec on the ring buffer it already had, marked stopped. A program memtrace has probed once
+//! is known from then on: its later execs are not stopped at all (probes belong to files, and the
+//! BPF side filters processes). No fanotify permission event: nothing taints the kernel.
+//!
+//! What a stop shows: it is a real job-control stop. A parent that waits with WUNTRACED (an
+//! interactive shell with job control, a debugger) sees the child stop and continue; a process
+//! under ptrace reports the SIGSTOP to its tracer. A pid namespace's init (a container's first
+//! process) ignores SIGSTOP from the kernel: it is not held, and memtrace cannot tell (its probes
+//! are attached as soon as the exec is read, as without a hold).
+//!
+//! Stopping memtrace (SIGTSTP): the caller releases the hold first (the switch goes off, every
+//! stopped process is continued), and resumes it when continued. If memtrace is killed while a
+//! process is stopped, nothing continues that process: SIGCONT it by hand.
 
 pub mod command;
-pub mod fanotify;
 
 use std::{
-    fs,
-    os::fd::{AsRawFd, OwnedFd},
-    path::{Path, PathBuf},
-    sync::{
-        mpsc::{self, Receiver, Sender, SyncSender},
-        Arc,
-    },
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
-use self::fanotify::{ExecHold, HeldExec, HoldStats, Unavailable, DEFAULT_BOUND};
-use crate::{
-    attach::{Probed, ProbedFiles},
-    kernel::KeyLookup,
-    process::allocator::{Allocator, Overrides},
-    process::{FileCache, ObjectFile, ProcessImage},
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
 };
 
-/// Whose execs are held.
+use memtrace_common::ImageKey;
+
+use crate::{kernel::ArrayCell, process::FileId};
+
+/// The bound: a stopped exec is continued after this long, probed or not. A stopped process
+/// holds up nothing else (unlike an exec held inside the kernel), so the bound only has to
+/// outlast a slow attach: on Debian 12's 6.1 in the matrix's VM, a static program's per-site perf
+/// links took longer than the 500 ms the fanotify hold allowed.
+pub const DEFAULT_BOUND: Duration = Duration::from_secs(5);
+
+/// What is missed when execs cannot be held.
+pub const MISSED_WITHOUT_HOLD: &str =
+    "execs of static programs and of programs with a private allocator are \
+     probed after their first instructions (their first allocations are missed)";
+
+/// What the hold did so far, so that misses can be reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HoldStats {
+    /// Execs stopped until their program was probed.
+    pub held: u64,
+    /// Of those, continued once the program was probed.
+    pub served: u64,
+    /// Of those, continued before: at the bound, at release, or because the program could not be
+    /// resolved. Their programs are probed after their first instructions, if at all.
+    pub missed: u64,
+    /// Execs the kernel refused to stop (bpf_send_signal failed): they ran unheld.
+    pub refused_by_kernel: u64,
+}
+
+/// The exec hold's books, shared by the exec watcher (which hears of stops) and the main loop
+/// (which probes the programs and releases the hold). Cloning shares them.
 #[derive(Clone)]
-pub enum Holding {
-    /// The processes of the kernel's tree (`Reach::Tree`).
-    Tree(Arc<KeyLookup>),
-    /// Every process but memtrace.
-    Everyone,
-}
-
-impl Holding {
-    fn wants(&self, pid: u32) -> bool {
-        match self {
-            Holding::Tree(tree) => tree.contains(pid),
-            Holding::Everyone => true,
-        }
-    }
-}
-
-/// An allocator to probe before a held exec goes on.
-pub struct ProbeRequest {
-    pub allocator: Allocator,
-    done: SyncSender<()>,
-}
-
-impl ProbeRequest {
-    /// Lets the exec go on (the probes are attached, or could not be).
-    pub fn done(self) {
-        let _ = self.done.try_send(());
-    }
-}
-
 pub struct HeldExecs {
-    hold: Option<ExecHold>,
-    probed: ProbedFiles,
-    holding: Holding,
-    cache: FileCache,
-    overrides: Overrides,
-    sender: Sender<ProbeRequest>,
-    requests: Receiver<ProbeRequest>,
-    /// Written once per request, to wake the main loop.
-    wake: Arc<OwnedFd>,
-    /// What earlier holds did (one per stop and continue).
-    earlier: HoldStats,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    switch: ArrayCell,
+    bound: Duration,
+    books: Mutex<Books>,
+}
+
+#[derive(Default)]
+struct Books {
+    holding: bool,
+    /// Each stopped process, and when to continue it at the latest.
+    stopped: HashMap<u32, Instant>,
+    stats: HoldStats,
 }
 
 impl HeldExecs {
-    /// Starts holding the execs of `holding` on every filesystem programs can run from.
-    pub fn start(
-        holding: Holding,
-        probed: ProbedFiles,
-        cache: FileCache,
-        overrides: Overrides,
-        wake: OwnedFd,
-    ) -> Result<Self, Unavailable> {
-        let (sender, requests) = mpsc::channel();
-        let mut this = Self {
-            hold: None,
-            probed,
-            holding,
-            cache,
-            overrides,
-            sender,
-            requests,
-            wake: Arc::new(wake),
-            earlier: HoldStats::default(),
-        };
+    /// Starts holding: turns the exec tracepoint's stops on.
+    pub fn start(switch: ArrayCell, bound: Duration) -> std::io::Result<Self> {
+        let shared = Shared { switch, bound, books: Mutex::new(Books::default()) };
+        let this = Self { shared: Arc::new(shared) };
         this.resume()?;
         Ok(this)
     }
 
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A panic elsewhere leaves the books usable: every field is valid on its own.
+        self.shared.books.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Holds execs again (after `release`).
-    pub fn resume(&mut self) -> Result<(), Unavailable> {
-        if self.hold.is_some() {
-            return Ok(());
-        }
-        let holding = self.holding.clone();
-        let (cache, overrides, sender, wake) =
-            (self.cache.clone(), self.overrides.clone(), self.sender.clone(), Arc::clone(&self.wake));
-        let probed = Arc::clone(&self.probed);
-        let serve = move |held: HeldExec| {
-            let Some(allocator) = allocator_of(&held, &cache, &overrides) else { return };
-            if probed
-                .lock()
-                .is_ok_and(|probed| Probed::all_for(&allocator).all(|file| probed.contains(&file)))
-            {
-                return;
-            }
-            let (done, finished) = mpsc::sync_channel(1);
-            if sender.send(ProbeRequest { allocator, done }).is_ok() {
-                // SAFETY: writing one byte from a valid buffer to a pipe we hold open.
-                unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
-                // The hold lets the exec go at its bound anyway.
-                let _ = finished.recv_timeout(DEFAULT_BOUND);
-            }
-        };
-        let hold =
-            ExecHold::start(&executable_mounts(), move |pid| holding.wants(pid), serve, DEFAULT_BOUND)?;
-        self.hold = Some(hold);
-        Ok(())
+    pub fn resume(&self) -> std::io::Result<()> {
+        self.books().holding = true;
+        self.shared.switch.set(1)
     }
 
-    /// Lets go of every exec, before memtrace stops or exits.
-    pub fn release(&mut self) {
-        if let Some(mut hold) = self.hold.take() {
-            hold.release();
-            self.earlier = add(self.earlier, hold.stats());
+    /// Stops holding and continues every stopped process (counted as missed): before memtrace
+    /// stops or ends. Idempotent.
+    pub fn release(&self) {
+        // Off first: no stop begins after the books are emptied.
+        let _ = self.shared.switch.set(0);
+        let mut books = self.books();
+        books.holding = false;
+        let stopped: Vec<u32> = books.stopped.drain().map(|(pid, _)| pid).collect();
+        books.stats.missed += stopped.len() as u64;
+        stopped.into_iter().for_each(continue_process);
+    }
+
+    /// The exec watcher read that `pid` was stopped at exec. Continued at once when the hold was
+    /// released meanwhile.
+    pub fn stopped(&self, pid: u32) {
+        let mut books = self.books();
+        books.stats.held += 1;
+        if books.holding {
+            let deadline = Instant::now() + self.shared.bound;
+            books.stopped.insert(pid, deadline);
+        } else {
+            books.stats.missed += 1;
+            continue_process(pid);
         }
     }
 
-    /// The probes that held execs wait for.
-    pub fn requests(&self) -> impl Iterator<Item = ProbeRequest> + '_ {
-        self.requests.try_iter()
+    /// The kernel refused to stop an exec.
+    pub fn refused(&self) {
+        self.books().stats.refused_by_kernel += 1;
     }
 
-    /// What every hold so far did.
+    /// `pid`'s program is probed: it goes on.
+    pub fn probed(&self, pid: u32) {
+        self.continue_once(pid, true);
+    }
+
+    /// `pid`'s program cannot be probed (it could not be resolved): it goes on unprobed.
+    pub fn let_go(&self, pid: u32) {
+        self.continue_once(pid, false);
+    }
+
+    fn continue_once(&self, pid: u32, served: bool) {
+        let mut books = self.books();
+        if books.stopped.remove(&pid).is_none() {
+            return; // continued already, at the bound or at release
+        }
+        match served {
+            true => books.stats.served += 1,
+            false => books.stats.missed += 1,
+        }
+        continue_process(pid);
+    }
+
+    /// Continues every process stopped past its bound (counted as missed); returns when the next
+    /// one's bound passes.
+    pub fn expire(&self, now: Instant) -> Option<Instant> {
+        let mut books = self.books();
+        let overdue: Vec<u32> =
+            books.stopped.iter().filter(|(_, deadline)| **deadline <= now).map(|(pid, _)| *pid).collect();
+        for pid in overdue {
+            books.stopped.remove(&pid);
+            books.stats.missed += 1;
+            continue_process(pid);
+        }
+        books.stopped.values().min().copied()
+    }
+
+    /// What the hold did so far.
     pub fn stats(&self) -> HoldStats {
-        self.hold.as_ref().map_or(self.earlier, |hold| add(self.earlier, hold.stats()))
+        self.books().stats
     }
 }
 
-impl Drop for HeldExecs {
-    fn drop(&mut self) {
-        self.release();
+/// A file as the exec tracepoint names it (`ImageKey`: the kernel's own dev_t, MKDEV(major,
+/// minor) = major << 20 | minor) from its identity as stat gives it (glibc's encoding of st_dev).
+/// Where a file system's stat names another device than its super block (btrfs subvolumes,
+/// some overlays) the keys differ, and the file's first exec is stopped once more than needed.
+pub fn kernel_key(file: FileId) -> ImageKey {
+    let (major, minor) = (libc::major(file.dev), libc::minor(file.dev));
+    ImageKey { dev: (major << 20) | minor, _pad: 0, ino: file.ino }
+}
+
+/// SIGCONT: a process that was stopped goes on (one killed meanwhile is gone: ESRCH).
+fn continue_process(pid: u32) {
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// /dev/vda1 is 254:1; a device of minor 300 (as loop or nvme partitions have) spreads its
+    /// minor over both halves of st_dev.
+    #[test]
+    fn kernel_keys_use_the_kernels_device_numbers() {
+        let vda1 = FileId { dev: libc::makedev(254, 1), ino: 12 };
+        assert_eq!(kernel_key(vda1), ImageKey { dev: (254 << 20) | 1, _pad: 0, ino: 12 });
+        let wide = FileId { dev: libc::makedev(259, 300), ino: 7 };
+        assert_eq!(kernel_key(wide).dev, (259 << 20) | 300);
     }
-}
-
-/// The allocator of the program a held process is exec'ing, if memtrace knows one.
-fn allocator_of(held: &HeldExec, cache: &FileCache, overrides: &Overrides) -> Option<Allocator> {
-    let link = PathBuf::from(format!("/proc/self/fd/{}", held.file.as_raw_fd()));
-    let program = ObjectFile::open_proc_link(&link, held.path()).ok()?;
-    let image = ProcessImage::of_held_exec(held.pid, program, cache).ok()?;
-    Allocator::of_image(&image, overrides, cache).ok()
-}
-
-fn add(a: HoldStats, b: HoldStats) -> HoldStats {
-    HoldStats {
-        held: a.held + b.held,
-        served: a.served + b.served,
-        missed: a.missed + b.missed,
-        not_wanted: a.not_wanted + b.not_wanted,
-        overflows: a.overflows + b.overflows,
-        refused_by_kernel: a.refused_by_kernel + b.refused_by_kernel,
-        failed: a.failed || b.failed,
-    }
-}
-
-/// File systems a program can be run from: every mount of /proc/self/mountinfo but the kernel's
-/// pseudo file systems (procfs, sysfs, cgroups, ...), which hold no programs.
-fn executable_mounts() -> Vec<PathBuf> {
-    const PSEUDO: &[&str] = &[
-        "proc",
-        "sysfs",
-        "cgroup",
-        "cgroup2",
-        "devpts",
-        "mqueue",
-        "debugfs",
-        "tracefs",
-        "bpf",
-        "securityfs",
-        "pstore",
-        "configfs",
-        "fusectl",
-        "hugetlbfs",
-        "autofs",
-        "binfmt_misc",
-        "nsfs",
-        "efivarfs",
-        "rpc_pipefs",
-    ];
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut mounts: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (fields, rest) = line.split_once(" - ")?;
-            let fstype = rest.split_whitespace().next()?;
-            let mount_point = fields.split_whitespace().nth(4)?;
-            (!PSEUDO.contains(&fstype)).then(|| PathBuf::from(unescape(mount_point)))
-        })
-        .collect();
-    if !mounts.iter().any(|mount| mount == Path::new("/")) {
-        mounts.push(PathBuf::from("/"));
-    }
-    mounts
-}
-
-/// mountinfo writes a space, tab, newline and backslash in a path as \040, \011, \012 and \134.
-fn unescape(path: &str) -> String {
-    path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
