@@ -90,7 +90,14 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
              each scaled by 1/(1-exp(-size/{})) as pprof scales heap samples",
             sampling.mean_bytes, sampling.mean_bytes, sampling.mean_bytes
         ))],
-        None => Vec::new(),
+        None => match model.app_sampled {
+            Some(app) => vec![builder.string(&format!(
+                "memtrace --app-sampled: values are the allocators' own estimates ({}): each sample \
+                 counts as the weighted bytes the allocator gave it",
+                app.probes
+            ))],
+            None => Vec::new(),
+        },
     };
     proto::Profile {
         sample_type,

@@ -208,6 +208,11 @@ fn hold_execs(
     attach: &Attachments,
     wake: OwnedFd,
 ) -> Result<Option<HeldExecs>> {
+    // With --app-sampled no allocator is probed: there is nothing for an exec to wait for. (The
+    // new program's otel_memory sites are attached as its exec is announced.)
+    if attach.usdt().app_sampled() {
+        return Ok(None);
+    }
     let holding = match reach {
         Reach::Targets => return Ok(None),
         Reach::Tree => Holding::Tree(Arc::new(probes.tree_lookup()?)),
