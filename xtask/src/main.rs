@@ -54,8 +54,12 @@ enum Task {
         /// Crates' source folders to read instead, e.g. another checkout's memtrace-user/src
         dirs: Vec<PathBuf>,
     },
-    /// Measure what tracing costs a malloc/free loop, as a ratio from one run
-    Bench,
+    /// Measure what tracing costs a malloc/free loop and real Python work, as ratios from one run
+    Bench {
+        /// Only the Python work (exact, sampled, heaptrack, --app-sampled)
+        #[arg(long)]
+        python: bool,
+    },
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
     Soak {
         minutes: Option<u64>,
@@ -74,7 +78,7 @@ fn main() -> Result<()> {
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
-        Task::Bench => bench::run(&build()?),
+        Task::Bench { python } => bench::run(&build()?, python),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
 }
