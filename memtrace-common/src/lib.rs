@@ -555,8 +555,9 @@ pub const MAX_SUBSYSTEMS: u32 = 16_384;
 pub const MAX_USDT_COUNTERS: u32 = 16_384;
 /// Longest subsystem name kept, including its terminating NUL; longer names are cut.
 pub const SUBSYSTEM_NAME_LEN: usize = 64;
-/// Arguments a spec decodes: the memtrace provider's name and value; `--usdt ...=argN` uses one.
-pub const USDT_SPEC_ARGS: usize = 2;
+/// Arguments a spec decodes: the memtrace provider's name and value; `--usdt ...=argN` uses one;
+/// `otel_memory:alloc` takes three (ptr, size, weighted_bytes).
+pub const USDT_SPEC_ARGS: usize = 3;
 /// Index of the one slot of the `USDT_LOST_EVENTS` array.
 pub const USDT_LOST_SLOT: u32 = 0;
 /// Threads running dump rounds (include/memtrace.h's registered dumpers) at once, over all
@@ -583,6 +584,11 @@ pub mod usdt_action {
     pub const DUMP_BEGIN: u32 = 5;
     /// `memtrace:dump_end(dump_no)`: the thread's round `dump_no` is complete.
     pub const DUMP_END: u32 = 6;
+    /// `otel_memory:alloc(ptr, size, weighted_bytes)` with `--app-sampled`: an allocation the
+    /// allocator sampled, standing for `weighted_bytes` bytes. Handled by `sampled_site`.
+    pub const SAMPLED_ALLOC: u32 = 7;
+    /// `otel_memory:free(ptr)` with `--app-sampled`: a sampled block freed.
+    pub const SAMPLED_FREE: u32 = 8;
 }
 
 /// How an argument's value is found (`UsdtArg::location`).

@@ -17,6 +17,7 @@ mod kernel_stack;
 mod live;
 mod os_memory;
 mod processes;
+mod sampled;
 mod sampling;
 mod scratch;
 mod stacks;

@@ -18,7 +18,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
-        generated::bpf_copy_from_user,
+        generated::{self, bpf_copy_from_user},
     },
     macros::{map, uprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -36,7 +36,7 @@ use crate::{
 };
 
 #[map]
-static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
+pub(crate) static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(MAX_USDT_SPECS, 0);
 
 /// The current value of every subsystem of every process, as last reported, and as of the last
 /// dump rounds that reported it.
@@ -140,7 +140,9 @@ static REPORT_KEYS: PerCpuArray<KeySlot> = PerCpuArray::with_max_entries(KEY_SLO
 
 #[inline(never)]
 fn report(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
-    let (Some(name), Some(value)) = (read_arg(ctx, &spec.args[0]), read_arg(ctx, &spec.args[1])) else {
+    let (Some(name), Some(value)) =
+        (read_arg::<true>(ctx, &spec.args[0]), read_arg::<true>(ctx, &spec.args[1]))
+    else {
         count_loss();
         return;
     };
@@ -236,7 +238,7 @@ fn note_round(entry: *mut SubsystemValue, pid_tgid: u64, value: i64) {
 /// nothing, so a round is complete only when both ends were seen.
 #[inline(never)]
 fn dump_round(ctx: &ProbeContext, spec: &UsdtSpec) {
-    let Some(dump_no) = read_arg(ctx, &spec.args[0]) else {
+    let Some(dump_no) = read_arg::<true>(ctx, &spec.args[0]) else {
         count_loss();
         return;
     };
@@ -266,7 +268,7 @@ fn dump_round(ctx: &ProbeContext, spec: &UsdtSpec) {
 #[inline(never)]
 fn count(ctx: &ProbeContext, tgid: u32, spec: &UsdtSpec) {
     let tracked = if spec.action == usdt_action::TRACK_ARGUMENT {
-        match read_arg(ctx, &spec.args[0]) {
+        match read_arg::<true>(ctx, &spec.args[0]) {
             Some(value) => Some(value),
             None => {
                 count_loss();
@@ -308,7 +310,9 @@ fn register(ctx: &ProbeContext, offset: u16) -> Option<u64> {
 }
 
 /// Evaluates one argument spec; None when a register or the target's memory cannot be read.
-fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> Option<i64> {
+/// `SLEEPABLE`: the program may fault the target's pages in (usdt_site); otherwise a page not
+/// resident fails the read.
+pub(crate) fn read_arg<const SLEEPABLE: bool>(ctx: &ProbeContext, arg: &UsdtArg) -> Option<i64> {
     let raw = match arg.location {
         usdt_location::CONSTANT => return Some(arg.value),
         usdt_location::REGISTER => register(ctx, arg.register_offset)? >> (arg.register_shift & 8),
@@ -321,7 +325,7 @@ fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> Option<i64> {
                 let index = register(ctx, arg.index_offset)?;
                 address = address.wrapping_add(index.wrapping_mul(u64::from(arg.scale)));
             }
-            read_user(address, arg.size)?
+            read_user::<SLEEPABLE>(address, arg.size)?
         }
         _ => return None,
     };
@@ -352,16 +356,21 @@ fn read_name(address: u64, name: &mut [u8; SUBSYSTEM_NAME_LEN]) -> bool {
     false
 }
 
-/// Reads exactly `size` bytes: a wider read could run off the end of a mapping. The copy faults
-/// pages in as the target's own access would.
-fn read_user(address: u64, size: u8) -> Option<u64> {
+/// Reads exactly `size` bytes: a wider read could run off the end of a mapping. A sleepable
+/// program's copy faults pages in as the target's own access would.
+fn read_user<const SLEEPABLE: bool>(address: u64, size: u8) -> Option<u64> {
     let mut value = 0u64;
     let size = match size {
         1 | 2 | 4 => u32::from(size),
         _ => 8,
     };
-    // SAFETY: copies at most 8 bytes into a local u64 (the low bytes, little-endian).
-    let result = unsafe { bpf_copy_from_user((&raw mut value).cast(), size, address as *const _) };
+    let result = if SLEEPABLE {
+        // SAFETY: copies at most 8 bytes into a local u64 (the low bytes, little-endian).
+        unsafe { bpf_copy_from_user((&raw mut value).cast(), size, address as *const _) }
+    } else {
+        // SAFETY: as above; the helper fails rather than faults.
+        unsafe { generated::bpf_probe_read_user((&raw mut value).cast(), size, address as *const _) }
+    };
     (result == 0).then_some(value)
 }
 

@@ -127,6 +127,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub sample: Option<u64>,
 
+    /// Take allocations only from the allocators' own sampled probes (OpenTelemetry's USDT
+    /// otel_memory:alloc and otel_memory:free), never from uprobes on malloc and free: only the
+    /// allocator's samples enter the kernel, so the traced programs pay next to nothing. Byte
+    /// figures become the allocator's estimates; processes without those probes get no heap figures
+    #[arg(long, conflicts_with_all = ["sample", "empty_probes"])]
+    pub app_sampled: bool,
+
     /// Attach programs that do nothing at the same probe points: the floor of exact tracing, for
     /// `cargo xtask bench`; every figure reads zero
     #[arg(long, hide = true)]

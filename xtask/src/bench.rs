@@ -9,7 +9,8 @@
 //! a whole run of `memtrace -- true` takes. Then scale: two threads at once on two cores, traced
 //! (no event may be lost, and each thread's figure is set against the single thread's); and the
 //! collector's own CPU use while 100 quiet processes are traced. Last, bpftrace running a
-//! memleak-style script on the same loop, where bpftrace is installed or can be.
+//! memleak-style script on the same loop, where bpftrace is installed or can be; and real Python
+//! work, exact, sampled, under heaptrack and in the fleet mode (`--app-sampled`): python_work.rs.
 
 use std::{
     io::{BufRead, BufReader},
@@ -21,6 +22,7 @@ use std::{
 use anyhow::{Context, Result};
 
 mod collector;
+mod python_work;
 
 use crate::{as_root, compile_c, workspace_root};
 
@@ -35,7 +37,10 @@ struct Variant {
     best_ns: f64,
 }
 
-pub fn run(memtrace: &Path) -> Result<()> {
+pub fn run(memtrace: &Path, python_only: bool) -> Result<()> {
+    if python_only {
+        return python_work::run(memtrace);
+    }
     let program = compile_c("bench/malloc_loop.c", "bench", &["-pthread"])?;
     let trace = workspace_root().join("target/bench/trace.json");
     let PairCosts { untraced, floor, single } = pair_costs(memtrace, &program, &trace)?;
@@ -92,6 +97,7 @@ pub fn run(memtrace: &Path) -> Result<()> {
          (memtrace.h's default) {nop5:.1} ns, 1-byte nop site (MEMTRACE_ONE_BYTE_SITES, \
          as sdt.h's STAP_PROBE2) {nop1:.1} ns"
     );
+    python_work::run(memtrace)?;
     let whole_run = whole_run_time(memtrace, &trace)?;
     println!(
         "a whole run of `memtrace -- true` (load, attach, detach, outputs): {:.0} ms",

@@ -55,8 +55,12 @@ enum Task {
         /// Crates' source folders to read instead, e.g. another checkout's memtrace-user/src
         dirs: Vec<PathBuf>,
     },
-    /// Measure what tracing costs a malloc/free loop, as a ratio from one run
-    Bench,
+    /// Measure what tracing costs a malloc/free loop and real Python work, as ratios from one run
+    Bench {
+        /// Only the Python work (exact, sampled, heaptrack, --app-sampled)
+        #[arg(long)]
+        python: bool,
+    },
     /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
     /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
     Image,
@@ -78,8 +82,8 @@ fn main() -> Result<()> {
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
-        Task::Bench => bench::run(&build()?),
         Task::Image => image::build(&build()?),
+        Task::Bench { python } => bench::run(&build()?, python),
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
 }

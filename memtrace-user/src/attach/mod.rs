@@ -125,8 +125,12 @@ impl Attachments {
         self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()
     }
 
-    /// Probes `allocator` and its process's mapping calls, each file once per scope.
+    /// Probes `allocator` and its process's mapping calls, each file once per scope; nothing
+    /// with `--app-sampled`, where the allocator's own probes say what it allocates.
     pub fn allocator(&mut self, probes: &mut Probes, allocator: &Allocator, scope: Scope) -> Result<()> {
+        if self.usdt.app_sampled() {
+            return Ok(());
+        }
         self.probe_once(Probed::Allocator(allocator.object.id), scope, || probes.attach(allocator, scope))?;
         if let Some(calls) = &allocator.map_calls {
             self.probe_once(Probed::MapCalls(calls.object.id), scope, || {

@@ -60,6 +60,20 @@ pub fn sampling_note(sampling: Sampling) -> String {
     )
 }
 
+/// What makes a profile's values estimates, said in its comment: `--sample`'s scaling, or the
+/// allocators' own samples (`--app-sampled`); None for exact figures.
+pub fn estimate_note(model: &Model) -> Option<String> {
+    match (model.sampling, model.app_sampled) {
+        (Some(sampling), _) => Some(sampling_note(sampling)),
+        (None, Some(app)) => Some(format!(
+            "memtrace --app-sampled: values are the allocators' own estimates ({}): each sample counts \
+             as the weighted bytes the allocator gave it",
+            app.probes
+        )),
+        (None, None) => None,
+    }
+}
+
 /// The `n` processes of the model with the largest live heaps (the agent's pushes), largest first.
 pub fn largest(model: &Model, n: usize) -> Vec<&Process> {
     let mut processes: Vec<&Process> = model.processes.values().collect();

@@ -10,7 +10,7 @@ use prost::Message;
 
 use super::{
     exporter::Exporter,
-    heap_profile::{self, sampling_note, Processes, DEFAULT_SAMPLE_TYPE, SAMPLE_TYPES},
+    heap_profile::{self, Processes, DEFAULT_SAMPLE_TYPE, SAMPLE_TYPES},
     output_file::OutputFile,
 };
 use crate::model::{frame::Frame, Model, RunEnd};
@@ -66,8 +66,7 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
     }
     let period_type = Some(builder.value_type("space", "bytes"));
     let default_sample_type = builder.string(DEFAULT_SAMPLE_TYPE);
-    let comment =
-        model.sampling.map(|sampling| builder.string(&sampling_note(sampling))).into_iter().collect();
+    let comment = heap_profile::estimate_note(model).map(|note| builder.string(&note)).into_iter().collect();
     proto::Profile {
         sample_type,
         sample: samples,

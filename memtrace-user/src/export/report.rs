@@ -44,6 +44,15 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             sampling.estimated.join(", ")
         );
     }
+    if let Some(app) = model.app_sampled {
+        let _ = writeln!(
+            text,
+            "memtrace: allocations from the allocators' own samples ({}): {} are estimates; {} count samples",
+            app.probes,
+            app.estimated.join(", "),
+            app.samples.join(", ")
+        );
+    }
     let lost = model.lost_events();
     if lost > 0 {
         let _ = writeln!(

@@ -79,8 +79,12 @@ fn parse(text: &str) -> Result<Summary> {
 
 fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
     let frames: Vec<Arc<Frame>> = summary.frame_table.into_iter().map(Arc::new).collect();
-    let mut model =
-        Model { kernel_maps: summary.kernel_maps, sampling: summary.sampling, ..Model::default() };
+    let mut model = Model {
+        kernel_maps: summary.kernel_maps,
+        sampling: summary.sampling,
+        app_sampled: summary.app_sampled,
+        ..Model::default()
+    };
     // A pid that appears again later in the list was a retired process (one that ended before its
     // pid was taken by another): the list gives them first, in the order they ended.
     let mut later_pids = HashSet::new();

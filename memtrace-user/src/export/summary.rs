@@ -20,8 +20,8 @@ use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
     frame::Frame,
     levels::{FreeClass, FreePool, MemoryLevels},
-    FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd, Sampling,
-    StackProfile, TimelinePoint, UsdtProbeCounter,
+    AppSampled, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd,
+    Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
 };
 
 pub const SUMMARY_VERSION: u32 = 1;
@@ -38,6 +38,10 @@ pub struct Summary {
     /// `--sample`: the mean bytes between samples and which figures are estimates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<Sampling>,
+    /// `--app-sampled`: which probes gave the allocations, which figures are estimates and which
+    /// count samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_sampled: Option<AppSampled>,
     /// Every distinct stack frame of the run, once: the `frame_ids` of stacks index it.
     #[serde(default, serialize_with = "one_line_each")]
     pub frame_table: Vec<Frame>,
@@ -189,6 +193,7 @@ impl Summary {
             processes,
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
+            app_sampled: model.app_sampled,
             frame_table: table.frames,
             folded: model.folded_by_count().into_iter().cloned().collect(),
         }

@@ -72,7 +72,7 @@ impl Following {
         let (wakeup, wake) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).context("creating a pipe")?;
         let held = match features.lacks(Feature::SendSignal) || features.lacks(Feature::Btf) {
             true => cannot_hold_execs(&reach),
-            false => hold_execs(probes, &reach)?,
+            false => hold_execs(probes, &reach, usdt.app_sampled())?,
         };
         // A thread of its own reads exec events at once: a short-lived process is gone by the next
         // sample, and with it the /proc entries that name its files; a stopped one waits for it.
@@ -204,7 +204,12 @@ impl Following {
 
 /// Starts holding the execs of followed processes (a tree, or every process); says so when it
 /// cannot, and what that misses.
-fn hold_execs(probes: &Probes, reach: &Reach) -> Result<Option<HeldExecs>> {
+fn hold_execs(probes: &Probes, reach: &Reach, app_sampled: bool) -> Result<Option<HeldExecs>> {
+    // With --app-sampled no allocator is probed: there is nothing for an exec to wait for. (The
+    // new program's otel_memory sites are attached as its exec is announced.)
+    if app_sampled {
+        return Ok(None);
+    }
     match reach {
         Reach::Targets => return Ok(None),
         // A tree's processes are memtrace's own session's, which SIGCONT reaches without CAP_KILL.

@@ -53,14 +53,24 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 const ALLOCATOR_ENTRY: &str = "alloc_enter";
 const ALLOCATOR_RETURN: &str = "alloc_exit";
 const USDT_SITE: &str = "usdt_site";
+/// The allocator's own sampled probes (`--app-sampled`).
+const SAMPLED_SITE: &str = "sampled_site";
 /// Programs that do nothing, on the allocator's probe points: the floor `cargo xtask bench` measures.
 const EMPTY_ENTRY: &str = "empty_enter";
 const EMPTY_RETURN: &str = "empty_exit";
 /// The C library's mapping calls, at entry and at return.
 const MAP_ENTRY: &str = "map_enter";
 const MAP_RETURN: &str = "map_exit";
-const UPROBE_PROGRAMS: [&str; 7] =
-    [ALLOCATOR_ENTRY, ALLOCATOR_RETURN, USDT_SITE, EMPTY_ENTRY, EMPTY_RETURN, MAP_ENTRY, MAP_RETURN];
+const UPROBE_PROGRAMS: [&str; 8] = [
+    ALLOCATOR_ENTRY,
+    ALLOCATOR_RETURN,
+    USDT_SITE,
+    SAMPLED_SITE,
+    EMPTY_ENTRY,
+    EMPTY_RETURN,
+    MAP_ENTRY,
+    MAP_RETURN,
+];
 
 /// Set to `perf` to link every probe site with a perf event of its own, as on kernels without
 /// uprobe_multi (tests compare both routes).
@@ -205,6 +215,8 @@ pub struct Probes {
     follow_mappings: bool,
     /// USDT probe sites attached (one probe per site, whatever it is used for).
     usdt_sites: usize,
+    /// Sites of the allocator's sampled probes attached.
+    sampled_sites: usize,
     /// Whether the exit reader (fentry on do_exit) is attached.
     exit_reader: bool,
     /// Every allocator attached; attachment cookie i + 1 names entry i.
@@ -247,6 +259,7 @@ impl Probes {
             },
             follow_mappings: !config.empty_probes,
             usdt_sites: 0,
+            sampled_sites: 0,
             exit_reader: false,
             allocators: Vec::new(),
             _bpf_log: bpf_log,
@@ -297,9 +310,28 @@ impl Probes {
     /// Attaches the USDT handler at `sites` of one file, each site's cookie indexing its uses in
     /// `USDT_SPECS`.
     pub fn attach_usdt_sites(&mut self, path: &Path, sites: &[Site], scope: Scope) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
         self.attach_sites(USDT_SITE, path, sites, scope, Direction::Entry)?;
         self.usdt_sites += sites.len();
         Ok(())
+    }
+
+    /// Attaches the handler of the allocator's sampled probes at `sites` of one file (each
+    /// site's cookie indexes its spec in `USDT_SPECS`).
+    pub fn attach_sampled_sites(&mut self, path: &Path, sites: &[Site], scope: Scope) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
+        self.attach_sites(SAMPLED_SITE, path, sites, scope, Direction::Entry)?;
+        self.sampled_sites += sites.len();
+        Ok(())
+    }
+
+    /// How many of the allocator's sampled probe sites are attached (`--app-sampled`).
+    pub fn sampled_sites(&self) -> usize {
+        self.sampled_sites
     }
 
     /// How many USDT probe sites are attached (one probe per site, whatever it is used for).

@@ -144,6 +144,8 @@ pub struct Model {
     pub kernel_maps: Option<KernelMaps>,
     /// `--sample`: live figures, frees, peaks and stacks are estimates from sampled allocations.
     pub sampling: Option<Sampling>,
+    /// `--app-sampled`: allocations come from the allocators' own sampled probes.
+    pub app_sampled: Option<AppSampled>,
     /// Exited processes beyond `--keep-exited`, summed per command (folding.rs).
     pub folded: Folded,
     /// The pids of released processes, in the order they were released, for folding.
@@ -170,6 +172,49 @@ pub struct FoldedProcesses {
     pub untracked_frees: u64,
     pub failed_allocations: u64,
     pub lost_events: u64,
+}
+
+/// `--app-sampled`: allocations come only from the allocators' own sampled probes (OpenTelemetry's
+/// `otel_memory:alloc(ptr, size, weighted_bytes)` and `otel_memory:free(ptr)`). Each sample is
+/// recorded as `weighted_bytes`, the bytes it stands for, so every byte figure is the allocator's
+/// estimate; counts of allocations, frees and live blocks count samples.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AppSampled {
+    #[serde(skip_deserializing, default = "AppSampled::probes")]
+    pub probes: &'static str,
+    #[serde(skip_deserializing, default = "AppSampled::estimated")]
+    pub estimated: &'static [&'static str],
+    #[serde(skip_deserializing, default = "AppSampled::samples")]
+    pub samples: &'static [&'static str],
+}
+
+impl Default for AppSampled {
+    fn default() -> Self {
+        Self { probes: Self::probes(), estimated: Self::estimated(), samples: Self::samples() }
+    }
+}
+
+impl AppSampled {
+    fn probes() -> &'static str {
+        "otel_memory:alloc, otel_memory:free"
+    }
+
+    fn estimated() -> &'static [&'static str] {
+        &[
+            "allocated_bytes",
+            "freed_bytes",
+            "live_bytes",
+            "peak_live_bytes",
+            "leaks",
+            "functions",
+            "pprof",
+            "flamegraph",
+        ]
+    }
+
+    fn samples() -> &'static [&'static str] {
+        &["allocations", "frees", "live_allocations"]
+    }
 }
 
 /// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this

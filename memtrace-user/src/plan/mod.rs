@@ -86,6 +86,8 @@ pub struct ProbePlan {
     pub sample: Option<u64>,
     /// `--empty-probes`: programs that do nothing, at the same probe points.
     pub empty_probes: bool,
+    /// `--app-sampled`: allocations from the allocators' otel_memory probes, none from uprobes.
+    pub app_sampled: bool,
     /// `--debug-bpf`: the kernel side's diagnostics on stderr.
     pub debug_bpf: bool,
     /// `--allocator` and `--lib`, in place of the allocator found per process.

@@ -28,6 +28,7 @@ pub fn plan(run: RunArgs, mode: Mode, features: KernelFeatures) -> Result<Plan> 
         tables: Tables { max_allocations: run.max_allocations, max_stacks: run.max_stacks },
         stacks: !run.no_stacks,
         sample: run.sample,
+        app_sampled: run.app_sampled,
         empty_probes: run.empty_probes,
         debug_bpf: run.debug_bpf,
         allocator: Overrides { lib: run.lib, prefix: run.allocator.as_deref().map(Overrides::prefix_for) },

@@ -19,13 +19,13 @@ use self::{
     targets::{processes_to_attach, Targets},
 };
 use crate::{
-    attach::usdt::UsdtProbes,
+    attach::usdt::{OwnSites, UsdtProbes},
     collect::unwind::KernelTables,
     collect::Collector,
     follow::Following,
     kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
-    model::{KernelMaps, Model, Sampling},
+    model::{AppSampled, KernelMaps, Model, Sampling},
     plan::{self, Kernel, Mode, Plan, ProbePlan},
     privileges,
 };
@@ -41,8 +41,9 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let exporters = outputs::open(&outputs, &mode, probe_plan.stacks)?;
     let mut probes = load_probes(&probe_plan, &reach, &kernel)?;
     let mut collector = Collector::new(kernel.features.has(Feature::ExactRssCounters));
-    let mut model = empty_model(&mode, probe_plan.sample);
-    let usdt = UsdtProbes::new(probe_plan.usdt.clone());
+    let mut model = empty_model(&mode, probe_plan.sample, probe_plan.app_sampled);
+    let own_sites = OwnSites { app_sampled: probe_plan.app_sampled };
+    let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone());
     let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt)?;
     let Targets { watched: targets, held, preload } =
         Targets::attach(&wanted, &pids, &mut following, &mut probes, &mut collector, &mut model)?;
@@ -95,9 +96,10 @@ fn refuse_what_cannot_work(wanted: &plan::Targets, reach: &Reach, kernel: &Kerne
 }
 
 /// The model before the first sample, with `--sample`'s mean where allocations are sampled.
-fn empty_model(mode: &Mode, sample: Option<u64>) -> Model {
+fn empty_model(mode: &Mode, sample: Option<u64>, app_sampled: bool) -> Model {
     Model {
         sampling: sample.map(Sampling::new),
+        app_sampled: app_sampled.then(AppSampled::default),
         // The agent shows how full the kernel's tables are while it runs.
         kernel_maps: matches!(mode, Mode::Serve(_)).then(KernelMaps::default),
         ..Model::default()
@@ -120,6 +122,22 @@ fn load_probes(plan: &ProbePlan, reach: &Reach, kernel: &Kernel) -> Result<Probe
 
 /// What "memtrace: tracing ..." names.
 fn describe_reach(wanted: &plan::Targets, following: &Following, probes: &Probes, model: &Model) -> String {
+    let reach = describe_targets(wanted, following, probes, model);
+    match (model.app_sampled, probes.sampled_sites()) {
+        (None, _) => reach,
+        (Some(_), 0) if !wanted.system_wide() => {
+            eprintln!(
+                "memtrace: warning: --app-sampled: no otel_memory:alloc probe in the traced program \
+                 or its libraries yet: its heap is not traced (leave --app-sampled out to trace it \
+                 through malloc and free)"
+            );
+            reach
+        }
+        (Some(_), sites) => format!("{reach}; allocations from {sites} otel_memory probe sites"),
+    }
+}
+
+fn describe_targets(wanted: &plan::Targets, following: &Following, probes: &Probes, model: &Model) -> String {
     if wanted.system_wide() {
         format!(
             "all processes through {} allocator files and {} USDT probe sites",

@@ -38,9 +38,9 @@ use memtrace_common::usdt_action;
 
 use self::{
     notes::ElfProbes,
-    plan::{is_memtrace_site, spec_of, uses_of, write_specs},
+    plan::{is_sampled, spec_of, uses_of, write_specs},
 };
-pub use self::{read::reporting_processes, request::UsdtRequest};
+pub use self::{plan::OwnSites, read::reporting_processes, request::UsdtRequest};
 use crate::{
     kernel::{Probes, Scope, Site},
     model::Model,
@@ -51,6 +51,8 @@ use crate::{
 /// handler's maps needs. The sites themselves are attached through (and counted by) `Probes`.
 #[derive(Default)]
 pub struct UsdtProbes {
+    /// The probes attached whatever `--usdt` asks.
+    own: OwnSites,
     requests: Vec<UsdtRequest>,
     /// Whether each request found at least one site.
     found: Vec<bool>,
@@ -66,8 +68,14 @@ pub struct UsdtProbes {
 }
 
 impl UsdtProbes {
-    pub fn new(requests: Vec<UsdtRequest>) -> Self {
-        Self { found: vec![false; requests.len()], requests, ..Self::default() }
+    pub fn new(own: OwnSites, requests: Vec<UsdtRequest>) -> Self {
+        Self { own, found: vec![false; requests.len()], requests, ..Self::default() }
+    }
+
+    /// Whether allocations come from the allocators' sampled probes alone (`--app-sampled`):
+    /// then no allocator is probed.
+    pub fn app_sampled(&self) -> bool {
+        self.own.app_sampled
     }
 
     /// Reads every subsystem and `--usdt` counter of every process into the model.
@@ -102,7 +110,7 @@ impl UsdtProbes {
             }
         })?;
         let objects = self.take_unscanned(objects, scope);
-        let objects = with_wanted_sites(&self.requests, objects, &named);
+        let objects = with_wanted_sites(self.own, &self.requests, objects, &named);
         self.attach_objects(probes, &objects, &named, scope, false)
     }
 
@@ -119,7 +127,7 @@ impl UsdtProbes {
         let named_objects = self.take_unscanned(named_objects, Scope::AllProcesses);
         self.attach_objects(probes, &named_objects, &named, Scope::AllProcesses, false)?;
         let mapped = self.take_unscanned(mapped, Scope::AllProcesses);
-        let mapped = with_wanted_sites(&self.requests, mapped, &named);
+        let mapped = with_wanted_sites(self.own, &self.requests, mapped, &named);
         self.attach_objects(probes, &mapped, &named, Scope::AllProcesses, true)?;
         for (_, request) in self.missing_requests() {
             eprintln!(
@@ -139,7 +147,7 @@ impl UsdtProbes {
     /// stderr.
     pub fn attach_exec_objects(&mut self, probes: &mut Probes, objects: Vec<ObjectFile>, scope: Scope) {
         let objects = self.take_unscanned(objects, scope);
-        let objects = with_wanted_sites(&self.requests, objects, &self.named);
+        let objects = with_wanted_sites(self.own, &self.requests, objects, &self.named);
         if objects.is_empty() {
             return;
         }
@@ -207,11 +215,14 @@ impl UsdtProbes {
         let Some(elf) = read_probes(object, named)? else {
             return Ok(());
         };
-        let (sites, counters) = self.plan_sites(probes, object, &elf, explicit, lenient)?;
-        probes
-            .attach_usdt_sites(&object.host_path, &sites, scope)
+        let planned = self.plan_sites(probes, object, &elf, explicit, lenient)?;
+        let attach = |probes: &mut Probes| -> Result<()> {
+            probes.attach_usdt_sites(&object.host_path, &planned.sites, scope)?;
+            probes.attach_sampled_sites(&object.host_path, &planned.sampled, scope)
+        };
+        attach(probes)
             .with_context(|| format!("attaching to the USDT probes of {}", object.path.display()))?;
-        for counter in counters {
+        for counter in planned.counters {
             self.found[counter as usize] = true;
         }
         Ok(())
@@ -226,11 +237,10 @@ impl UsdtProbes {
         elf: &ElfProbes,
         explicit: &[FileId],
         lenient: bool,
-    ) -> Result<(Vec<Site>, Vec<u32>)> {
-        let mut sites = Vec::new();
-        let mut counters = Vec::new();
+    ) -> Result<PlannedSites> {
+        let mut planned = PlannedSites::default();
         for site in &elf.sites {
-            let uses = uses_of(&self.requests, site, object, explicit);
+            let uses = uses_of(self.own, &self.requests, site, object, explicit);
             let mut specs = Vec::with_capacity(uses.len());
             for site_use in &uses {
                 match spec_of(&self.requests, object, elf, site, site_use) {
@@ -240,19 +250,26 @@ impl UsdtProbes {
                     Err(err) => return Err(err),
                 }
             }
-            if let Some(cookie) = write_specs(probes, &mut self.next_spec, &mut specs)? {
-                sites.push(Site { offset: site.offset, cookie, semaphore: site.semaphore_offset });
-                counters.extend(
-                    specs
-                        .iter()
-                        .filter(|spec| {
-                            matches!(spec.action, usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT)
-                        })
-                        .map(|s| s.counter),
-                );
+            planned.counters.extend(
+                specs
+                    .iter()
+                    .filter(|spec| {
+                        matches!(spec.action, usdt_action::COUNT_HITS | usdt_action::TRACK_ARGUMENT)
+                    })
+                    .map(|s| s.counter),
+            );
+            // The allocator's sampled probes have a program of their own; a site may serve both.
+            let (mut sampled, mut others): (Vec<_>, Vec<_>) =
+                specs.into_iter().partition(|spec| is_sampled(spec.action));
+            let to_site = |cookie| Site { offset: site.offset, cookie, semaphore: site.semaphore_offset };
+            if let Some(cookie) = write_specs(probes, &mut self.next_spec, &mut others)? {
+                planned.sites.push(to_site(cookie));
+            }
+            if let Some(cookie) = write_specs(probes, &mut self.next_spec, &mut sampled)? {
+                planned.sampled.push(to_site(cookie));
             }
         }
-        Ok((sites, counters))
+        Ok(planned)
     }
 
     /// Fails, naming the probe and the fix, when a `--usdt` option matched no site in any target;
@@ -287,18 +304,28 @@ impl UsdtProbes {
     }
 }
 
+/// One object's sites to attach: for usdt_site, for sampled_site, and the `--usdt` counters
+/// they serve.
+#[derive(Default)]
+struct PlannedSites {
+    sites: Vec<Site>,
+    sampled: Vec<Site>,
+    counters: Vec<u32>,
+}
+
 /// The objects that may have a probe site memtrace would attach: one of memtrace's own, or one a
 /// `--usdt` option asks for, or any in a file an option names by path. Only the notes are read
 /// (crate::process::SparseImage), so a 200 MB library whose notes are someone else's (libLLVM's
 /// libstdcxx:throw) is never read whole. A file whose notes cannot be read is kept, for the
 /// attachment to judge and report.
 fn with_wanted_sites(
+    own: OwnSites,
     requests: &[UsdtRequest],
     objects: Vec<ObjectFile>,
     named: &[FileId],
 ) -> Vec<ObjectFile> {
     let wanted = |provider: &str, name: &str| {
-        is_memtrace_site(provider, name)
+        own.action(provider, name).is_some()
             || requests.iter().any(|request| request.provider == provider && request.name == name)
     };
     let has_wanted_site = |object: &ObjectFile| -> bool {

@@ -23,24 +23,37 @@ const REPORT_DELTA: &str = "report_delta";
 const DUMP_BEGIN: &str = "dump_begin";
 const DUMP_END: &str = "dump_end";
 
-/// Whether a probe is one of memtrace's own (subsystem reports, dump rounds), which every run
-/// attaches.
-pub(super) fn is_memtrace_site(provider: &str, name: &str) -> bool {
-    memtrace_action(provider, name).is_some()
+/// OpenTelemetry's memory-profiling probes, which an allocator that samples inside itself fires
+/// for its samples (`--app-sampled`).
+const OTEL_PROVIDER: &str = "otel_memory";
+const OTEL_ALLOC: &str = "alloc";
+const OTEL_FREE: &str = "free";
+
+/// The probes every run attaches, whatever `--usdt` asks: memtrace's own (subsystem reports, dump
+/// rounds) and, with `--app-sampled`, the allocator's sampled ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnSites {
+    pub app_sampled: bool,
 }
 
-/// What the handler does at one of memtrace's own probes.
-fn memtrace_action(provider: &str, name: &str) -> Option<u32> {
-    if provider != MEMTRACE_PROVIDER {
-        return None;
+impl OwnSites {
+    /// What the handler does at a probe every run attaches; None for any other.
+    pub(super) fn action(self, provider: &str, name: &str) -> Option<u32> {
+        match (provider, name) {
+            (MEMTRACE_PROVIDER, REPORT_TOTAL) => Some(usdt_action::REPORT_TOTAL),
+            (MEMTRACE_PROVIDER, REPORT_DELTA) => Some(usdt_action::REPORT_DELTA),
+            (MEMTRACE_PROVIDER, DUMP_BEGIN) => Some(usdt_action::DUMP_BEGIN),
+            (MEMTRACE_PROVIDER, DUMP_END) => Some(usdt_action::DUMP_END),
+            (OTEL_PROVIDER, OTEL_ALLOC) if self.app_sampled => Some(usdt_action::SAMPLED_ALLOC),
+            (OTEL_PROVIDER, OTEL_FREE) if self.app_sampled => Some(usdt_action::SAMPLED_FREE),
+            _ => None,
+        }
     }
-    match name {
-        REPORT_TOTAL => Some(usdt_action::REPORT_TOTAL),
-        REPORT_DELTA => Some(usdt_action::REPORT_DELTA),
-        DUMP_BEGIN => Some(usdt_action::DUMP_BEGIN),
-        DUMP_END => Some(usdt_action::DUMP_END),
-        _ => None,
-    }
+}
+
+/// Whether a use is the allocator's sampled probe, handled by its own program (`sampled_site`).
+pub(super) fn is_sampled(action: u32) -> bool {
+    matches!(action, usdt_action::SAMPLED_ALLOC | usdt_action::SAMPLED_FREE)
 }
 
 /// What one site is attached for.
@@ -77,13 +90,14 @@ pub(super) fn write_specs(
 }
 
 pub(super) fn uses_of(
+    own: OwnSites,
     requests: &[UsdtRequest],
     site: &ProbeSite,
     object: &ObjectFile,
     explicit: &[FileId],
 ) -> Vec<Use> {
     let mut uses = Vec::new();
-    if let Some(action) = memtrace_action(&site.provider, &site.name) {
+    if let Some(action) = own.action(&site.provider, &site.name) {
         uses.push(Use { action, counter: 0, argument: None });
     }
     for (index, request) in requests.iter().enumerate() {
@@ -148,6 +162,21 @@ pub(super) fn spec_of(
                 return Ok(None);
             };
             spec.args[0] = dump_no.to_bpf(&context).with_context(where_)?;
+        }
+        usdt_action::SAMPLED_ALLOC | usdt_action::SAMPLED_FREE => {
+            let wanted = if site_use.action == usdt_action::SAMPLED_ALLOC { 3 } else { 1 };
+            if specs.len() < wanted {
+                eprintln!(
+                    "memtrace: warning: skipping {}: it has {} arguments, not {}",
+                    where_(),
+                    specs.len(),
+                    if wanted == 3 { "(ptr, size, weighted_bytes)" } else { "(ptr)" }
+                );
+                return Ok(None);
+            }
+            for (slot, arg) in spec.args.iter_mut().zip(&specs) {
+                *slot = arg.to_bpf(&context).with_context(where_)?;
+            }
         }
         usdt_action::TRACK_ARGUMENT => {
             let index = site_use.argument.unwrap_or(0);
