@@ -24,8 +24,11 @@ const BPF_PACKAGES: &[&str] =
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
-/// `memtrace top` drive it in.
+/// `memtrace top` drive it in; runc and busybox-static, the container runtime and the container's
+/// root file system the tests of containers run a fixture in.
 const FIXTURE_PACKAGES: &[&str] = &[
+    "runc",
+    "busybox-static",
     "python3",
     "prometheus",
     "golang-go",
