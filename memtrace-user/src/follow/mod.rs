@@ -165,13 +165,12 @@ impl Following {
         if filter.cgroups.is_empty() {
             return Ok(());
         }
-        let new: Vec<u64> = filter
-            .cgroups
-            .matching_ids()?
-            .into_iter()
-            .filter(|id| self.allowed_cgroups.insert(*id))
-            .collect();
-        probes.allow_cgroups(new)
+        let mut new = filter.cgroups.matching()?;
+        new.retain(|id, _| self.allowed_cgroups.insert(*id));
+        for path in new.values() {
+            eprintln!("memtrace: following cgroup {path}");
+        }
+        probes.allow_cgroups(new.into_keys())
     }
 
     /// Who process `pid` is, as it enters the model (`ProcessIdentity::read`), with what the

@@ -108,8 +108,13 @@ fn container_id_in(component: &str) -> Option<String> {
 /// `kubepods-QOS-podUID_WITH_UNDERSCORES.slice` (systemd driver).
 fn pod_uid_in(component: &str) -> Option<String> {
     let name = component.strip_suffix(".slice").unwrap_or(component);
-    let uid = name.rsplit('-').next().filter(|_| name.contains("kubepods") || name.starts_with("pod"))?;
-    let uid = uid.strip_prefix("pod")?.replace('_', "-");
+    // cgroupfs: the uid keeps its dashes; systemd: the slice's name nests with dashes, the uid's
+    // own dashes are underscores.
+    let uid = match name.strip_prefix("pod") {
+        Some(uid) => uid.to_owned(),
+        None if name.starts_with("kubepods") => name.rsplit_once("-pod")?.1.replace('_', "-"),
+        None => return None,
+    };
     let well_formed = uid.len() == 36
         && uid.bytes().enumerate().all(|(i, b)| {
             matches!(i, 8 | 13 | 18 | 23) == (b == b'-') && (b == b'-' || b.is_ascii_hexdigit())
