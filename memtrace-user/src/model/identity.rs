@@ -72,20 +72,22 @@ impl ProcessIdentity {
         }
     }
 
-    /// The labels a series or a sample of this process carries (serve's metrics, pprof), empty
-    /// where unknown so that every series has the same label names. The container id is cut to
-    /// 12 hex digits and the pod uid left out, to keep what varies per series small.
+    /// The labels a series or a sample of this process carries (serve's metrics, pprof): pid and
+    /// comm always, the container's where known (an empty label is no label to Prometheus, so a
+    /// process outside containers keeps the series it had). The container id is cut to 12 hex
+    /// digits and the pod uid left out, to keep what varies per series small.
     pub fn labels(&self) -> Vec<(&'static str, String)> {
-        let container = self.container.as_ref();
-        let text = |field: Option<&String>| field.cloned().unwrap_or_default();
-        vec![
-            ("pid", self.pid.to_string()),
-            ("comm", self.comm.clone()),
-            ("container_id", container.and_then(Container::short_id).unwrap_or_default().to_owned()),
-            ("pod", text(container.and_then(|c| c.pod.as_ref()))),
-            ("namespace", text(container.and_then(|c| c.namespace.as_ref()))),
-            ("container", text(container.and_then(|c| c.name.as_ref()))),
-        ]
+        let mut labels = vec![("pid", self.pid.to_string()), ("comm", self.comm.clone())];
+        if let Some(container) = &self.container {
+            let known = [
+                ("container_id", container.short_id().map(str::to_owned)),
+                ("pod", container.pod.clone()),
+                ("namespace", container.namespace.clone()),
+                ("container", container.name.clone()),
+            ];
+            labels.extend(known.into_iter().filter_map(|(name, value)| Some((name, value?))));
+        }
+        labels
     }
 
     /// Takes the cgroup path (and the container it names), unless one is known already.
@@ -117,6 +119,7 @@ mod tests {
         let labels = identity.labels();
         assert_eq!(labels[2], ("container_id", "4f5e8c3a2b1d".to_owned()));
         assert_eq!(labels[5], ("container", "app".to_owned()));
+        assert_eq!(ProcessIdentity::new(8, "host".into()).labels().len(), 2, "none outside containers");
         // The first path seen stays.
         identity.set_cgroup("/other".into());
         assert_eq!(identity.cgroup.as_deref().map(|c| c.starts_with("/kubepods")), Some(true));

@@ -12,13 +12,13 @@ use prometheus_client::{
 };
 
 use super::shared::Snapshot;
-use crate::model::{identity::ProcessIdentity, levels::MemoryLevels, KernelMaps, Process};
+use crate::model::{levels::MemoryLevels, KernelMaps, Process};
 
 /// The `Content-Type` of the response.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Which process a series is of: its identity's labels (`ProcessIdentity::labels`), and its
-/// allocator; all but comm are empty for comm="other".
+/// allocator; pid and allocator are empty for comm="other".
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProcessLabels {
     #[prometheus(flatten)]
@@ -32,10 +32,7 @@ impl ProcessLabels {
     }
 
     fn other() -> Self {
-        let mut identity = ProcessIdentity::default().labels();
-        for (name, value) in &mut identity {
-            *value = if *name == "comm" { "other".to_owned() } else { String::new() };
-        }
+        let identity = vec![("pid", String::new()), ("comm", "other".to_owned())];
         Self { identity, allocator: String::new() }
     }
 }
@@ -304,13 +301,11 @@ mod tests {
         let snapshot = snapshot(&[(10, "small", 5), (11, "big", 500), (12, "mid", 50), (13, "tiny", 1)]);
         let limits = Limits { max_series: 2, max_allocations: 1000, push_failures: Some(1) };
         let text = exposition(&snapshot, &mut HashSet::new(), &limits);
-        // No process here runs in a container: its labels are there, empty.
-        let none = r#"container_id="",pod="",namespace="",container="""#;
         for series in [
-            format!(r#"memtrace_heap_live_bytes{{pid="11",comm="big",{none},allocator="glibc"}} 500"#),
-            format!(r#"memtrace_heap_live_bytes{{pid="12",comm="mid",{none},allocator="glibc"}} 50"#),
-            format!(r#"memtrace_heap_live_bytes{{pid="",comm="other",{none},allocator=""}} 6"#),
-            format!(r#"memtrace_allocations_total{{pid="",comm="other",{none},allocator=""}} 4"#),
+            r#"memtrace_heap_live_bytes{pid="11",comm="big",allocator="glibc"} 500"#,
+            r#"memtrace_heap_live_bytes{pid="12",comm="mid",allocator="glibc"} 50"#,
+            r#"memtrace_heap_live_bytes{pid="",comm="other",allocator=""} 6"#,
+            r#"memtrace_allocations_total{pid="",comm="other",allocator=""} 4"#,
         ] {
             assert!(text.contains(&format!("{series}\n")), "{series} in {text}");
         }
