@@ -93,12 +93,24 @@ fn bundle(dir: &Path, pod: &Pod) -> PathBuf {
     bundle
 }
 
+/// A runc container's name, deleted (whatever state it is in) when the test ends, passed or not.
+struct Deleted(String);
+
+impl Drop for Deleted {
+    fn drop(&mut self) {
+        let _ = Command::new("runc").args(["delete", "--force", &self.0]).output();
+    }
+}
+
 /// Runs the pod's container under runc; it waits for a line before it runs the fixture.
-fn start_container(dir: &Path, pod: &Pod) -> Spawned {
+fn start_container(dir: &Path, pod: &Pod) -> (Spawned, Deleted) {
     let bundle = bundle(dir, pod);
+    let name = Deleted(format!("memtrace-test-{}", &pod.container_id[..12]));
+    // One left by a test that was killed.
+    let _ = Command::new("runc").args(["delete", "--force", &name.0]).output();
     let mut command = Command::new("runc");
-    command.arg("run").arg("--bundle").arg(&bundle).arg(format!("memtrace-test-{}", &pod.container_id[..12]));
-    Spawned::spawn(command)
+    command.arg("run").arg("--bundle").arg(&bundle).arg(&name.0);
+    (Spawned::spawn(command), name)
 }
 
 /// Lets the container run its fixture, waits until memtrace has it in its trace (adopted while
@@ -167,7 +179,7 @@ fn all_labels_a_kubelet_container_and_counts_it_exactly() {
     let scratch = tempfile::tempdir().unwrap();
     let mut memtrace = Memtrace::new().arg("--all").spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
-    let mut container = start_container(scratch.path(), &pod);
+    let (mut container, _deleted) = start_container(scratch.path(), &pod);
     run_fixture(&mut memtrace, &mut container, &pod);
     let outside = run_outside();
     memtrace.interrupt();
@@ -195,7 +207,7 @@ fn container_and_cgroup_targets_trace_only_that_container_started_later() {
         };
         let mut memtrace = Memtrace::new().args(&target).spawn();
         memtrace.wait_for_stderr("memtrace: tracing");
-        let mut container = start_container(scratch.path(), &pod);
+        let (mut container, _deleted) = start_container(scratch.path(), &pod);
         if by_container {
             // The container's cgroup is found at the sample after runc made it.
             memtrace.wait_for_stderr_containing(&format!("following cgroup {}", pod.container_cgroup()));
