@@ -49,7 +49,7 @@ fn folded_stacks(model: &Model) -> Vec<String> {
     let mut lines = Vec::new();
     for process in model.every_process() {
         for stack in process.stacks.iter().filter(|s| s.totals.live_bytes > 0) {
-            let mut names = vec![format!("{} ({})", process.identity.comm, process.identity.pid)];
+            let mut names = vec![format!("{} ({})", process.identity.display_name(), process.identity.pid)];
             names.extend(stack.frames.iter().rev().map(|f| f.name().replace(';', ":")));
             lines.push(format!("{} {}", names.join(";"), stack.totals.live_bytes));
         }

@@ -108,7 +108,7 @@ fn counter_tracks(
         uuid: process_uuid,
         process: Some(proto::ProcessDescriptor {
             pid: process.identity.pid as i32,
-            process_name: process.identity.comm.clone(),
+            process_name: process.identity.display_name(),
         }),
         ..Default::default()
     }))?;

@@ -76,12 +76,10 @@ fn series_name(host: &str, process: &Process) -> String {
     let clean = |text: &str| -> String {
         text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
     };
-    format!(
-        "memtrace.heap{{host={},pid={},comm={}}}",
-        clean(host),
-        process.identity.pid,
-        clean(&process.identity.comm)
-    )
+    // The identity's labels (pid, comm, and the container's where known), as serve's metrics.
+    let labels: Vec<String> =
+        process.identity.labels().iter().map(|(name, value)| format!("{name}={}", clean(value))).collect();
+    format!("memtrace.heap{{host={},{}}}", clean(host), labels.join(","))
 }
 
 async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {
