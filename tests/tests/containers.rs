@@ -3,7 +3,8 @@
 //! cgroup path the kubelet's cgroupfs driver gives a pod's container. Checked: the summary's
 //! `container` (id, pod uid, cgroup) and the trace's process name under --all, with the fixture's
 //! exact figures; `--container ID-PREFIX` and `--cgroup POD-PATH` tracing that container, started
-//! after memtrace, and nothing outside it.
+//! after memtrace, and nothing outside it; `memtrace serve --cgroup` labelling the container's series
+//! with its id and counting it exactly.
 
 use std::{
     fs,
@@ -232,4 +233,61 @@ fn bad_container_ids_and_cgroup_paths_are_usage_errors() {
         outcome.assert_exit_code(2);
         outcome.assert_stderr_mentions(&[args[1]]);
     }
+}
+
+/// `GET /metrics` of the agent at `port`, the body only.
+fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+#[test]
+fn serve_labels_a_containers_series() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let pod = Pod::new(4);
+    let _cgroups = PodCgroups::make(&pod);
+    let scratch = tempfile::tempdir().unwrap();
+    let mut memtrace = Memtrace::new()
+        .without_default_outputs()
+        .args(["serve", "--listen", "127.0.0.1:0", "-i", "100ms", "--cgroup", &pod.pod_cgroup()])
+        .spawn();
+    let serving = memtrace.wait_for_stderr("memtrace: serving http://127.0.0.1:");
+    let port: u16 = serving["memtrace: serving http://127.0.0.1:".len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {serving:?}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let (mut container, _deleted) = start_container(scratch.path(), &pod);
+    container.send(b"go\n");
+    assert_eq!(container.wait_for_stdout("ran"), "ran 0");
+    // The fixture's final figures, with its container's id (12 hex digits) as a label; polled
+    // until a sample has read them, for at most the harness's deadline.
+    let series =
+        format!(r#"comm="malloc_free",container_id="{}",allocator="glibc"}} "#, &pod.container_id[..12]);
+    let deadline = std::time::Instant::now() + memtrace_tests::DEADLINE;
+    let body = loop {
+        let body = metrics(port);
+        if body.lines().any(|line| line.starts_with("memtrace_allocations_total{") && line.contains(&series))
+        {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "no series with {series} in:\n{body}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let value = |metric: &str| {
+        body.lines()
+            .find(|line| line.starts_with(&format!("{metric}{{")) && line.contains(&series))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert_eq!(value("memtrace_allocations_total"), Some(MALLOC_FREE.allocations), "{body}");
+    assert_eq!(value("memtrace_frees_total"), Some(MALLOC_FREE.frees), "{body}");
+    container.send(b"done\n");
+    assert!(container.wait().success());
+    memtrace.interrupt();
+    assert!(memtrace.wait().success());
 }
