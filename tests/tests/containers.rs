@@ -177,6 +177,7 @@ fn assert_labelled(process: &Value, pod: &Pod) {
 fn all_labels_a_kubelet_container_and_counts_it_exactly() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let pod = Pod::new(1);
+    let _cgroups = PodCgroups::make(&pod);
     let scratch = tempfile::tempdir().unwrap();
     let mut memtrace = Memtrace::new().arg("--all").spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
