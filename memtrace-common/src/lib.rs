@@ -134,6 +134,9 @@ pub struct ProcessStats {
     pub program_mapped_bytes: i64,
     /// What the kernel's own counters said as the process exited; zero before.
     pub exit_memory: ExitMemory,
+    /// The cgroup (v2) the process was in at its first event: the cgroup directory's inode number,
+    /// as `bpf_get_current_cgroup_id` gives it, so that a process that lived 30 ms is still named.
+    pub cgroup_id: u64,
 }
 
 /// A process's memory as the kernel counted it when the process exited (sched_process_exit runs
@@ -240,6 +243,10 @@ pub const EXEC_EVENTS_BYTES: u32 = 64 * 1024;
 pub const MAX_EXCLUDED_PIDS: u32 = 1024;
 /// Command names `--comm` may name at once.
 pub const MAX_COMMS: u32 = 64;
+/// The most cgroups `--container` and `--cgroup` name, their descendants included.
+pub const MAX_CGROUPS: u32 = 4096;
+/// How deep in the cgroup tree the filter looks for a wanted ancestor of a process's cgroup.
+pub const MAX_CGROUP_DEPTH: i32 = 16;
 /// The most entries the kernel accepts in a hash map (`--max-stacks`): it rounds the entries up to
 /// a power of two buckets of 16 bytes whose total must fit in 32 bits (E2BIG beyond). Also the
 /// bound of `--max-allocations`, whose table (`live_table_slots`) then takes 12 GiB.

@@ -11,7 +11,8 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     exec_hold, reach, ExecEvent, ImageKey, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES,
-    GLOBAL_LOST_SLOT, MAX_COMMS, MAX_EXCLUDED_PIDS, MAX_KNOWN_IMAGES, MAX_PROCESSES,
+    GLOBAL_LOST_SLOT, MAX_CGROUPS, MAX_CGROUP_DEPTH, MAX_COMMS, MAX_EXCLUDED_PIDS, MAX_KNOWN_IMAGES,
+    MAX_PROCESSES,
 };
 
 use crate::{
@@ -35,6 +36,15 @@ pub(crate) static SELF_TGID: u32 = 0;
 /// Set when `--comm` names commands: only processes whose command name is in ALLOWED_COMMS count.
 #[no_mangle]
 pub(crate) static FILTER_COMMS: u8 = 0;
+
+/// Set when `--container` or `--cgroup` names cgroups: only processes in one of ALLOWED_CGROUPS,
+/// or below one, count.
+#[no_mangle]
+pub(crate) static FILTER_CGROUPS: u8 = 0;
+
+/// The cgroup (v2) ids `--container` and `--cgroup` name, with the descendants userspace found.
+#[map]
+pub(crate) static ALLOWED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_CGROUPS, 0);
 
 /// The command names of `--comm`, NUL-padded to 16 bytes as bpf_get_current_comm returns them.
 #[map]
@@ -91,6 +101,7 @@ pub(crate) fn stats_of(tgid: u32) -> Option<&'static ProcessStats> {
         unsafe {
             generated::bpf_get_current_comm((&raw mut (*stats).comm).cast(), 16);
             (*stats).started_ns = now_ns();
+            (*stats).cgroup_id = generated::bpf_get_current_cgroup_id();
         }
     }
     Some(map_value(stats))
@@ -124,10 +135,29 @@ fn is_traced_system_wide(tgid: u32) -> bool {
     if tgid == loaded(&SELF_TGID) || EXCLUDED_PIDS.get_ptr(tgid).is_some() {
         return false;
     }
+    if loaded(&FILTER_CGROUPS) != 0 && !in_allowed_cgroup() {
+        return false;
+    }
     if loaded(&FILTER_COMMS) == 0 {
         return true;
     }
     bpf_get_current_comm().is_ok_and(|comm| ALLOWED_COMMS.get_ptr(&comm).is_some())
+}
+
+/// Whether the current task's cgroup, or one of its ancestors, is one `--container` or `--cgroup`
+/// names: a cgroup made after the run began below a named one counts from its first event.
+fn in_allowed_cgroup() -> bool {
+    for level in 0..MAX_CGROUP_DEPTH {
+        // SAFETY: the helper takes a level and reads the current task's cgroup; 0 past its depth.
+        let id = unsafe { generated::bpf_get_current_ancestor_cgroup_id(level) };
+        if id == 0 {
+            return false;
+        }
+        if ALLOWED_CGROUPS.get_ptr(&id).is_some() {
+            return true;
+        }
+    }
+    false
 }
 
 /// The calling thread's slot if its process is traced. The common case is one array lookup, with

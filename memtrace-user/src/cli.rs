@@ -34,9 +34,9 @@ pub struct Cli {
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 #[command(
-    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms"]).multiple(true)),
-    // --comm implies --all; --pid, --all and a command exclude each other.
-    group(ArgGroup::new("system_wide").args(["all", "comms"]).multiple(true)),
+    group(ArgGroup::new("target").required(true).args(["pids", "command", "all", "comms", "containers", "cgroups"]).multiple(true)),
+    // --comm, --container and --cgroup imply --all; --pid, --all and a command exclude each other.
+    group(ArgGroup::new("system_wide").args(["all", "comms", "containers", "cgroups"]).multiple(true)),
 )]
 pub struct RunArgs {
     /// Attach to a running process (repeatable)
@@ -61,6 +61,16 @@ pub struct RunArgs {
     /// Trace only processes with this command name, as `ps -o comm` shows it (repeatable; implies --all)
     #[arg(long = "comm", value_name = "NAME", conflicts_with = "command", value_parser = parse_comm)]
     pub comms: Vec<String>,
+
+    /// Trace only the processes of this container, also those it starts later: its id, or a
+    /// prefix of at least 12 hex digits as `docker ps` shows it (repeatable; implies --all)
+    #[arg(long = "container", value_name = "ID", conflicts_with = "command", value_parser = parse_container_id)]
+    pub containers: Vec<String>,
+
+    /// Trace only the processes in this cgroup and below it, as /proc/PID/cgroup shows its path
+    /// (e.g. /kubepods/besteffort/pod<UID>), also those started there later (repeatable; implies --all)
+    #[arg(long = "cgroup", value_name = "PATH", conflicts_with = "command", value_parser = parse_cgroup_path)]
+    pub cgroups: Vec<String>,
 
     /// With --all or --comm: leave this process out (repeatable)
     #[arg(long = "exclude-pid", value_name = "PID", requires = "system_wide")]
@@ -164,6 +174,27 @@ pub struct RunArgs {
     /// Command to run and trace from its first instruction
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// A container id or a prefix of one: 12 to 64 hex digits, kept in lower case.
+fn parse_container_id(text: &str) -> Result<String, String> {
+    let hex = text.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex || !(12..=64).contains(&text.len()) {
+        return Err(format!(
+            "{text:?} is not a container id: give 12 to 64 hex digits, as `docker ps` or `crictl ps` shows it"
+        ));
+    }
+    Ok(text.to_ascii_lowercase())
+}
+
+/// A cgroup path as /proc/PID/cgroup shows it: absolute, without `..`.
+fn parse_cgroup_path(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') || text.split('/').any(|part| part == "..") {
+        return Err(format!(
+            "{text:?} is not a cgroup path: give it as /proc/PID/cgroup shows it, e.g. /kubepods/besteffort/pod<UID>"
+        ));
+    }
+    Ok(text.trim_end_matches('/').to_owned()).map(|path| if path.is_empty() { "/".to_owned() } else { path })
 }
 
 impl RunArgs {

@@ -95,6 +95,9 @@ const PLAN: &[(&str, &[&str])] = &[
     ),
     // 8 threads on 2 vCPUs beside an untraced busy neighbour
     ("preemption", &[]),
+    // the cgroup id each process's figures record at its first event, and the cgroup filter in
+    // BPF (bpf_get_current_ancestor_cgroup_id): a runc container under --all, --container, --cgroup
+    ("containers", &[]),
 ];
 
 /// Tests at once inside a VM (it has 2 vCPUs).

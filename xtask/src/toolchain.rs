@@ -24,11 +24,15 @@ const BPF_PACKAGES: &[&str] =
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
-/// `memtrace top` drive it in; runc and mmdebstrap, which run the Kubernetes agent's image with its
-/// manifest's securityContext (tests/tests/deploy.rs); python3-venv, for the venvs of the schema
-/// validator of its manifests (PyPI's kubernetes-validate) and of the OTLP tests' decoder (PyPI's
-/// opentelemetry-proto, in target/otlp-venv).
+/// `memtrace top` drive it in; runc and busybox-static, the container runtime and the container's
+/// root file system the tests of containers run a fixture in; runc and mmdebstrap, which run the
+/// Kubernetes agent's image with its manifest's securityContext (tests/tests/deploy.rs);
+/// python3-venv, for the venvs of the schema validator of its manifests (PyPI's
+/// kubernetes-validate) and of the OTLP tests' decoder (PyPI's opentelemetry-proto, in
+/// target/otlp-venv).
 const FIXTURE_PACKAGES: &[&str] = &[
+    "runc",
+    "busybox-static",
     "python3",
     "python3-venv",
     "prometheus",
@@ -42,7 +46,6 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "systemtap-sdt-dev",
     "protobuf-compiler",
     "tmux",
-    "runc",
     "mmdebstrap",
 ];
 

@@ -89,9 +89,9 @@ impl Collector {
                 continue;
             }
             let previous_peak = process.stats.peak_live_bytes;
-            process.stats = probes.stats(process.pid)?;
+            process.stats = probes.stats(process.identity.pid)?;
             if let Some(estimates) = &estimates {
-                let live = estimates.get(&process.pid).copied().unwrap_or_default();
+                let live = estimates.get(&process.identity.pid).copied().unwrap_or_default();
                 apply_estimate(&mut process.stats, live, previous_peak);
             }
             if process.stats.exited != 0 {
@@ -99,7 +99,7 @@ impl Collector {
             }
             // The kernel names the process as it first allocated after its last exec, and at exit.
             if let Some(comm) = crate::model::kernel_comm(&process.stats) {
-                process.comm = comm;
+                process.identity.comm = comm;
             }
             self.read_levels(process, estimates.is_none(), &mut seen, probes);
         }
@@ -121,7 +121,7 @@ impl Collector {
     fn read_levels(&mut self, process: &mut Process, exact: bool, seen: &mut SeenMappings, probes: &Probes) {
         let whole = exact && every_block_seen(process);
         if process.exited {
-            let owners = self.owners.last(process.pid, whole);
+            let owners = self.owners.last(process.identity.pid, whole);
             // What the kernel counted as it exited, else what was last seen.
             if let Some(memory) = MemoryLevels::at_exit(&process.stats, procfs::page_size(), owners) {
                 process.memory = memory;
@@ -129,18 +129,19 @@ impl Collector {
             return;
         }
         // The process may exit between the reads; keep what was last seen.
-        let os = procfs::os_memory(process.pid);
-        let brk_heap_bytes = match os.and_then(|os| self.maps_unchanged(process.pid, os)) {
+        let os = procfs::os_memory(process.identity.pid);
+        let brk_heap_bytes = match os.and_then(|os| self.maps_unchanged(process.identity.pid, os)) {
             Some(brk_heap_bytes) => Some(brk_heap_bytes),
             None => self.read_mappings_of(process, os),
         };
         if let (Some(os), Some(brk_heap_bytes)) = (os, brk_heap_bytes) {
-            let owners = self.owners.read(process.pid, os, whole, || seen.of(probes, process.pid));
+            let owners =
+                self.owners.read(process.identity.pid, os, whole, || seen.of(probes, process.identity.pid));
             process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes, owners);
-            process.free_pool = self.owners.free_pool(process.pid).filter(|_| whole).cloned();
+            process.free_pool = self.owners.free_pool(process.identity.pid).filter(|_| whole).cloned();
         }
-        if let Some(comm) = procfs::comm(process.pid) {
-            process.comm = comm;
+        if let Some(comm) = procfs::comm(process.identity.pid) {
+            process.identity.comm = comm;
         }
     }
 
@@ -159,7 +160,7 @@ impl Collector {
             .processes
             .values()
             .filter(|p| !p.exited && !p.released && every_block_seen(p))
-            .map(|p| (p.pid, p.stats.started_ns))
+            .map(|p| (p.identity.pid, p.stats.started_ns))
             .collect();
         if wanted.is_empty() {
             return Ok(());
@@ -197,7 +198,7 @@ impl Collector {
     pub fn read_mappings(&mut self, model: &mut Model) -> bool {
         let mut young = false;
         for process in model.processes.values_mut().filter(|p| !p.exited && !p.released) {
-            let first_read = self.maps_first_read.entry(process.pid).or_insert_with(Instant::now);
+            let first_read = self.maps_first_read.entry(process.identity.pid).or_insert_with(Instant::now);
             if first_read.elapsed() < YOUNG {
                 young = true;
                 self.read_mappings_of(process, None);
@@ -218,11 +219,12 @@ impl Collector {
     /// A process's mappings as /proc shows them now, their new files indexed for symbols; the
     /// last ones seen stay when the process has gone. Returns the size of its brk heap.
     fn read_mappings_of(&mut self, process: &mut Process, os: Option<OsMemory>) -> Option<u64> {
-        let maps = procfs::maps(process.pid).ok()?;
+        let maps = procfs::maps(process.identity.pid).ok()?;
         if let Some(os) = os {
-            self.maps_read.insert(process.pid, (os.address_space_bytes, Instant::now(), maps.brk_heap_bytes));
+            self.maps_read
+                .insert(process.identity.pid, (os.address_space_bytes, Instant::now(), maps.brk_heap_bytes));
         }
-        self.index_mappings(process.pid, &maps.files);
+        self.index_mappings(process.identity.pid, &maps.files);
         process.mappings = maps.files;
         Some(maps.brk_heap_bytes)
     }
@@ -331,8 +333,8 @@ impl Collector {
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
         let sampling = model.sampling;
-        for process in model.processes.values_mut().filter(|p| of_process(p.pid)) {
-            let Some(raw) = self.peaks.peak_of(process.pid, process.stats.started_ns) else {
+        for process in model.processes.values_mut().filter(|p| of_process(p.identity.pid)) {
+            let Some(raw) = self.peaks.peak_of(process.identity.pid, process.stats.started_ns) else {
                 continue;
             };
             let mut consumers = Vec::with_capacity(raw.stacks.len());

@@ -37,8 +37,10 @@ impl PeakTracker {
         let mut higher: HashMap<u32, RawPeak> = HashMap::new();
         for process in model.processes.values().filter(|p| !p.released && p.stats.live_bytes > 0) {
             let stats = &process.stats;
-            let previous =
-                self.peaks.get(&process.pid).filter(|peak| peak.image_started_ns == stats.started_ns);
+            let previous = self
+                .peaks
+                .get(&process.identity.pid)
+                .filter(|peak| peak.image_started_ns == stats.started_ns);
             if previous.is_some_and(|peak| peak.heap_live_bytes >= stats.live_bytes) {
                 continue;
             }
@@ -48,7 +50,7 @@ impl PeakTracker {
                 image_started_ns: stats.started_ns,
                 stacks: Vec::new(),
             };
-            higher.insert(process.pid, peak);
+            higher.insert(process.identity.pid, peak);
         }
         for (key, totals) in live {
             match higher.get_mut(&key.tgid) {
@@ -89,7 +91,7 @@ mod tests {
     #[test]
     fn a_peak_is_kept_until_a_sample_sees_a_higher_heap() {
         let mut model = Model::default();
-        model.add_process(7, "p".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(7, "p".into()), "/libc".into());
         let process = model.processes.get_mut(&7).unwrap();
         process.stats.started_ns = 5;
         process.stats.live_bytes = 300;

@@ -34,12 +34,12 @@ impl SkippedExits {
         for process in model.processes.values_mut().filter(|p| !p.released) {
             // /proc first: process_exit runs before a process becomes a zombie, so one that has
             // ended by now and whose exit the kernel has not marked was skipped.
-            if !self.recovered.contains(&process.pid)
-                && procfs::has_ended(process.pid)
-                && probes.saw_exit(process.pid)? == Some(false)
+            if !self.recovered.contains(&process.identity.pid)
+                && procfs::has_ended(process.identity.pid)
+                && probes.saw_exit(process.identity.pid)? == Some(false)
             {
                 process.exited = true;
-                self.recovered.insert(process.pid);
+                self.recovered.insert(process.identity.pid);
             }
         }
         Ok(())

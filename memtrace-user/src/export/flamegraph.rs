@@ -49,7 +49,7 @@ fn folded_stacks(model: &Model) -> Vec<String> {
     let mut lines = Vec::new();
     for process in model.every_process() {
         for stack in process.stacks.iter().filter(|s| s.totals.live_bytes > 0) {
-            let mut names = vec![format!("{} ({})", process.comm, process.pid)];
+            let mut names = vec![format!("{} ({})", process.identity.display_name(), process.identity.pid)];
             names.extend(stack.frames.iter().rev().map(|f| f.name().replace(';', ":")));
             lines.push(format!("{} {}", names.join(";"), stack.totals.live_bytes));
         }
@@ -67,7 +67,7 @@ mod tests {
     #[test]
     fn stacks_fold_outermost_first() {
         let mut model = Model::default();
-        model.add_process(5, "app".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(5, "app".into()), "/libc".into());
         let frame = |name: &str| {
             std::sync::Arc::new(Frame {
                 function: Some(name.into()),

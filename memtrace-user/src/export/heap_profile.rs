@@ -35,7 +35,9 @@ pub struct StackSample<'a> {
 
 /// The processes `processes` names, in the model's order.
 pub fn chosen(model: &Model, processes: Processes) -> impl Iterator<Item = &Process> {
-    model.every_process().filter(move |p| processes == Processes::All || processes == Processes::One(p.pid))
+    model
+        .every_process()
+        .filter(move |p| processes == Processes::All || processes == Processes::One(p.identity.pid))
 }
 
 /// A process's call stacks as samples.
@@ -77,7 +79,7 @@ pub fn estimate_note(model: &Model) -> Option<String> {
 /// The `n` processes of the model with the largest live heaps (the agent's pushes), largest first.
 pub fn largest(model: &Model, n: usize) -> Vec<&Process> {
     let mut processes: Vec<&Process> = model.processes.values().collect();
-    processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.pid));
+    processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.identity.pid));
     processes.truncate(n);
     processes
 }

@@ -107,8 +107,8 @@ fn counter_tracks(
     write(descriptor_packet(proto::TrackDescriptor {
         uuid: process_uuid,
         process: Some(proto::ProcessDescriptor {
-            pid: process.pid as i32,
-            process_name: process.comm.clone(),
+            pid: process.identity.pid as i32,
+            process_name: process.identity.display_name(),
         }),
         ..Default::default()
     }))?;
@@ -163,7 +163,7 @@ fn heap_profile(model: &Model, end_ns: u64) -> Option<proto::TracePacket> {
             add_stack(&mut samples[at], stack);
         }
         dumps.push(proto::ProcessHeapSamples {
-            pid: u64::from(process.pid),
+            pid: u64::from(process.identity.pid),
             samples,
             timestamp: end_ns,
             heap_name: HEAP_NAME.into(),
@@ -307,7 +307,10 @@ mod tests {
 
     fn model() -> Model {
         let mut model = Model::default();
-        model.add_process(7, "app".into(), "/lib/libc.so.6".into());
+        model.add_process(
+            crate::model::identity::ProcessIdentity::new(7, "app".into()),
+            "/lib/libc.so.6".into(),
+        );
         let process = model.processes.get_mut(&7).unwrap();
         let memory =
             |live| MemoryLevels { heap_live_bytes: live, rss_anon_bytes: 1 << 20, ..Default::default() };

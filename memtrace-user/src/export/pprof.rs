@@ -13,7 +13,7 @@ use super::{
     heap_profile::{self, Processes, DEFAULT_SAMPLE_TYPE, SAMPLE_TYPES},
     output_file::OutputFile,
 };
-use crate::model::{frame::Frame, Model, RunEnd};
+use crate::model::{frame::Frame, identity::ProcessIdentity, Model, RunEnd};
 
 pub struct PprofFile {
     file: OutputFile,
@@ -48,19 +48,14 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
     let mut builder = ProfileBuilder::default();
     builder.string(""); // string_table[0] must be empty
     let sample_type = SAMPLE_TYPES.map(|(kind, unit)| builder.value_type(kind, unit)).to_vec();
-    let pid_key = builder.string("pid");
-    let comm_key = builder.string("comm");
     let mut samples = Vec::new();
     for process in heap_profile::chosen(model, processes) {
-        let comm = builder.string(&process.comm);
+        let labels = labels_of(&mut builder, &process.identity);
         for stack in heap_profile::samples(process) {
             samples.push(proto::Sample {
                 location_id: stack.frames.iter().map(|f| builder.location(f)).collect(),
                 value: stack.values.to_vec(),
-                label: vec![
-                    proto::Label { key: pid_key, num: i64::from(process.pid), ..Default::default() },
-                    proto::Label { key: comm_key, str: comm, ..Default::default() },
-                ],
+                label: labels.clone(),
             });
         }
     }
@@ -79,6 +74,22 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
         comment,
         default_sample_type,
     }
+}
+
+/// A process's labels on its samples: the identity's, the pid as a number, the rest as strings
+/// where known.
+fn labels_of(builder: &mut ProfileBuilder, identity: &ProcessIdentity) -> Vec<proto::Label> {
+    identity
+        .labels()
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| match key {
+            "pid" => {
+                proto::Label { key: builder.string(key), num: i64::from(identity.pid), ..Default::default() }
+            }
+            _ => proto::Label { key: builder.string(key), str: builder.string(&value), ..Default::default() },
+        })
+        .collect()
 }
 
 /// Interns strings, functions and locations, as the format wants them referenced by index or id.
@@ -246,7 +257,7 @@ mod tests {
     #[test]
     fn profile_round_trips_with_interned_strings_and_locations() {
         let mut model = Model::default();
-        model.add_process(9, "app".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(9, "app".into()), "/libc".into());
         let frame = |name: &str, offset| {
             std::sync::Arc::new(Frame {
                 function: Some(name.into()),

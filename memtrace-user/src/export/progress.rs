@@ -73,8 +73,8 @@ mod tests {
     #[test]
     fn the_line_counts_processes_events_and_losses() {
         let mut model = Model::default();
-        model.add_process(7, "a".into(), "/libc".into());
-        model.add_process(8, "b".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(7, "a".into()), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(8, "b".into()), "/libc".into());
         let process = model.processes.get_mut(&7).unwrap();
         process.stats.allocations = 30;
         process.stats.frees = 12;

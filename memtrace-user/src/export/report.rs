@@ -90,12 +90,17 @@ fn write_figures(text: &mut String, process: &Process) {
     let _ = writeln!(
         text,
         "  pid {} ({}){} via {} ({})",
-        process.pid,
-        process.comm,
+        process.identity.pid,
+        process.identity.display_name(),
         if process.exited { ", exited" } else { "" },
         process.allocator_kind,
         process.allocator.display()
     );
+    if let Some(container) = &process.identity.container {
+        let id = container.id.as_deref().unwrap_or("-");
+        let pod = container.pod_uid.as_deref().unwrap_or("-");
+        let _ = writeln!(text, "    container {id}, pod uid {pod}, cgroup {}", container.cgroup);
+    }
     let _ = writeln!(
         text,
         "    live {} in {} allocations, peak {}, rss {}",
@@ -304,7 +309,10 @@ mod tests {
     #[test]
     fn report_names_each_process_and_any_loss() {
         let mut model = Model::default();
-        model.add_process(7, "server".into(), "/lib/libc.so.6".into());
+        model.add_process(
+            crate::model::identity::ProcessIdentity::new(7, "server".into()),
+            "/lib/libc.so.6".into(),
+        );
         model.processes.get_mut(&7).unwrap().stats.untracked_frees = 3;
         model.processes.get_mut(&7).unwrap().allocator_kind = "glibc".into();
         let end = RunEnd { duration: Duration::from_secs(2) };

@@ -12,7 +12,10 @@ use super::{
     summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
 };
 use crate::{
-    model::{frame::Frame, HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures},
+    model::{
+        frame::Frame, identity::ProcessIdentity, HeapPeak, Model, PeakConsumer, Process, RunEnd,
+        StackProfile, UsdtFigures,
+    },
     plan::ReportFiles,
 };
 
@@ -99,7 +102,7 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
         if retired {
             model.retired.push(process);
         } else {
-            model.processes.insert(process.pid, process);
+            model.processes.insert(process.identity.pid, process);
         }
     }
     for folded in summary.folded {
@@ -153,9 +156,16 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         .map(|peak| peak_of(peak, frames))
         .transpose()
         .with_context(|| format!("the peak of pid {pid}"))?;
-    Ok(Process {
+    let identity = ProcessIdentity {
         pid,
         comm: saved.comm,
+        executable: saved.executable,
+        cgroup: saved.cgroup,
+        container: saved.container,
+        ..ProcessIdentity::default()
+    };
+    Ok(Process {
+        identity,
         allocator: saved.allocator,
         allocator_kind: saved.allocator_kind,
         stats,
@@ -253,7 +263,7 @@ mod tests {
         };
         for (comm, leaf) in [("old", "grow"), ("new", "cache")] {
             model.retire(9);
-            model.add_process(9, comm.into(), "/libc".into());
+            model.add_process(crate::model::identity::ProcessIdentity::new(9, comm.into()), "/libc".into());
             let process = model.processes.get_mut(&9).unwrap();
             process.stats.allocations = 4;
             process.stats.live_bytes = 100;
@@ -296,7 +306,7 @@ mod tests {
         assert_eq!(loaded_end.duration, end.duration);
         assert_eq!(loaded.lost_events(), model.lost_events());
         assert_eq!(loaded.sampling, model.sampling);
-        let comms: Vec<&str> = loaded.every_process().map(|p| p.comm.as_str()).collect();
+        let comms: Vec<&str> = loaded.every_process().map(|p| p.identity.comm.as_str()).collect();
         assert_eq!(comms, ["old", "new"], "the retired process stays first");
         for (before, after) in model.every_process().zip(loaded.every_process()) {
             assert_eq!(after.stats.allocations, before.stats.allocations);

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
     frame::Frame,
+    identity::Container,
     levels::{FreeClass, FreePool, MemoryLevels},
     AppSampled, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd,
     Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
@@ -54,6 +55,16 @@ pub struct Summary {
 pub struct ProcessSummary {
     pub pid: u32,
     pub comm: String,
+    /// The program file, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executable: Option<PathBuf>,
+    /// Its cgroup path, where known (model/identity.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The container and pod its cgroup names: `id`, `pod_uid`, `cgroup`, and `pod`,
+    /// `namespace`, `name` where the container runtime said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
     pub allocator: PathBuf,
     pub allocator_kind: String,
     /// Whether the process ended during the run (its figures are final).
@@ -204,8 +215,11 @@ impl ProcessSummary {
     fn of(process: &Process, top: usize, table: &mut FrameTable) -> Self {
         let stats = &process.stats;
         Self {
-            pid: process.pid,
-            comm: process.comm.clone(),
+            pid: process.identity.pid,
+            comm: process.identity.comm.clone(),
+            executable: process.identity.executable.clone(),
+            cgroup: process.identity.cgroup.clone(),
+            container: process.identity.container.clone(),
             allocator: process.allocator.clone(),
             allocator_kind: process.allocator_kind.clone(),
             exited: process.exited,
@@ -357,7 +371,10 @@ mod tests {
     #[test]
     fn summary_has_the_contract_fields() {
         let mut model = Model::default();
-        model.add_process(7, "server".into(), "/lib/libc.so.6".into());
+        model.add_process(
+            crate::model::identity::ProcessIdentity::new(7, "server".into()),
+            "/lib/libc.so.6".into(),
+        );
         let process = model.processes.get_mut(&7).unwrap();
         process.stats.allocations = 10;
         process.stats.live_bytes = 100;

@@ -128,15 +128,15 @@ impl Exporter for TraceFile {
     fn sample(&mut self, model: &Model, sample: Sample) -> Result<()> {
         let mut events = Vec::new();
         for process in model.every_process() {
-            if self.closed.contains(&process.pid) {
+            if self.closed.contains(&process.identity.pid) {
                 continue;
             }
-            if self.named.insert(process.pid) {
+            if self.named.insert(process.identity.pid) {
                 events.push(process_name(process));
             }
             events.extend(process_events(process, sample, &self.heap_subsystems));
             if process.exited {
-                self.closed.insert(process.pid);
+                self.closed.insert(process.identity.pid);
             }
         }
         events.extend(self.unattributed_losses(model, sample));
@@ -155,12 +155,12 @@ impl Exporter for TraceFile {
 }
 
 fn process_name(process: &Process) -> Value {
-    json!({"name": "process_name", "ph": "M", "pid": process.pid, "tid": process.pid,
-           "args": {"name": process.comm}})
+    json!({"name": "process_name", "ph": "M", "pid": process.identity.pid, "tid": process.identity.pid,
+           "args": {"name": process.identity.display_name()}})
 }
 
 fn counter(process: &Process, ts_us: u64, name: &str, args: Value) -> Value {
-    json!({"name": name, "ph": "C", "ts": ts_us, "pid": process.pid, "tid": process.pid, "args": args})
+    json!({"name": name, "ph": "C", "ts": ts_us, "pid": process.identity.pid, "tid": process.identity.pid, "args": args})
 }
 
 /// The known levels; the allocator's free pool only at a sample that measured it (it is measured
@@ -218,7 +218,7 @@ fn memory_dump(
     let (allocators, edges) = allocators(process, live_bytes, live_allocations, heap_subsystems);
     json!({
         "name": "periodic_interval", "cat": "disabled-by-default-memory-infra", "ph": "v",
-        "ts": sample.ts_us, "pid": process.pid, "tid": process.pid, "id": format!("0x{:x}", sample.dump_id),
+        "ts": sample.ts_us, "pid": process.identity.pid, "tid": process.identity.pid, "id": format!("0x{:x}", sample.dump_id),
         "args": {"dumps": {
             "level_of_detail": "detailed",
             "process_totals": {"resident_set_bytes": hex(process.memory.rss_bytes())},
@@ -239,7 +239,7 @@ fn allocators(
     live_allocations: u64,
     heap_subsystems: &BTreeSet<String>,
 ) -> (Value, Vec<Value>) {
-    let malloc_guid = dump_guid(process.pid, "malloc");
+    let malloc_guid = dump_guid(process.identity.pid, "malloc");
     let mut allocators = serde_json::Map::new();
     allocators.insert(
         "malloc".into(),
@@ -252,7 +252,7 @@ fn allocators(
     let mut edges = Vec::new();
     for (name, &bytes) in &process.usdt.subsystems {
         let path = subsystem_dump_path(name);
-        let guid = dump_guid(process.pid, &path);
+        let guid = dump_guid(process.identity.pid, &path);
         // MemoryInfra sizes are unsigned; a subsystem reported below zero shows as empty.
         let size = scalar(bytes.max(0) as u64, "bytes");
         allocators.insert(path, json!({"guid": guid, "attrs": {"size": size}}));
@@ -306,7 +306,10 @@ mod tests {
 
     fn model() -> Model {
         let mut model = Model::default();
-        model.add_process(42, "demo".into(), "/lib/libc.so.6".into());
+        model.add_process(
+            crate::model::identity::ProcessIdentity::new(42, "demo".into()),
+            "/lib/libc.so.6".into(),
+        );
         let process = model.processes.get_mut(&42).unwrap();
         process.stats.live_bytes = 4096;
         process.stats.live_allocations = 2;
@@ -421,7 +424,10 @@ mod tests {
 
     fn with_subsystems(names: &[(&str, i64)]) -> Model {
         let mut model = model();
-        model.add_process(43, "other".into(), "/lib/libc.so.6".into());
+        model.add_process(
+            crate::model::identity::ProcessIdentity::new(43, "other".into()),
+            "/lib/libc.so.6".into(),
+        );
         for pid in [42, 43] {
             let process = model.processes.get_mut(&pid).unwrap();
             process.usdt.subsystems = names.iter().map(|&(n, b)| (n.to_owned(), b)).collect();

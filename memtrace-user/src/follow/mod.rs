@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
-use memtrace_common::{exec_hold, ExecEvent, ImageKey};
+use memtrace_common::{exec_hold, ExecEvent, ImageKey, ProcessStats};
 use nix::{
     fcntl::OFlag,
     poll::{poll, PollFd, PollFlags, PollTimeout},
@@ -31,9 +31,9 @@ use crate::{
     attach::Attachments,
     kernel::features::{Feature, KernelFeatures},
     kernel::{Probes, Reach},
-    model::Model,
+    model::{identity::ProcessIdentity, Model},
     process::allocator::{Allocator, Overrides},
-    process::procfs,
+    process::{cgroup::CgroupNames, procfs},
     process::{FileCache, ObjectFile, ProcessImage},
 };
 
@@ -53,6 +53,10 @@ pub struct Following {
     held: Option<HeldExecs>,
     /// Processes seen to exec during the run: their images ran under the probes from the start.
     execed: HashSet<u32>,
+    /// The paths of the cgroups processes were in, by the id the kernel recorded.
+    cgroups: CgroupNames,
+    /// The cgroups `--container` and `--cgroup` let the kernel trace, so far.
+    allowed_cgroups: HashSet<u64>,
 }
 
 impl Following {
@@ -82,8 +86,21 @@ impl Following {
             .spawn(move || watcher.run(exec_events, |exec| sender.send(exec).is_ok()))
             .context("starting the exec watcher")?;
         let attach = Attachments::new(overrides, cache, usdt);
-        let mut this = Self { reach, attach, execs, wakeup: wakeup.into(), held, execed: HashSet::new() };
-        if let Reach::AllProcesses(_) = this.reach {
+        let mut this = Self {
+            reach,
+            attach,
+            execs,
+            wakeup: wakeup.into(),
+            held,
+            execed: HashSet::new(),
+            cgroups: CgroupNames::default(),
+            allowed_cgroups: HashSet::new(),
+        };
+        if let Reach::AllProcesses(filter) = &this.reach {
+            for (flag, name) in filter.cgroups.unmatched() {
+                eprintln!("memtrace: no cgroup matches {flag} {name} yet; traced once it exists (looked for at each sample)");
+            }
+            this.allow_cgroups(probes)?;
             this.attach.every_process(probes)?;
         }
         Ok(this)
@@ -142,9 +159,31 @@ impl Following {
         Ok(objects)
     }
 
+    /// Lets the kernel trace the cgroups `--container` and `--cgroup` name that exist now (a new
+    /// cgroup below one named is traced by the kernel from its first event; a container made
+    /// later is found here, at the next sample).
+    pub fn allow_cgroups(&mut self, probes: &mut Probes) -> Result<()> {
+        let Reach::AllProcesses(filter) = &self.reach else { return Ok(()) };
+        if filter.cgroups.is_empty() {
+            return Ok(());
+        }
+        let mut new = filter.cgroups.matching()?;
+        new.retain(|id, _| self.allowed_cgroups.insert(*id));
+        for path in new.values() {
+            eprintln!("memtrace: following cgroup {path}");
+        }
+        probes.allow_cgroups(new.into_keys())
+    }
+
+    /// Who process `pid` is, as it enters the model (`ProcessIdentity::read`), with what the
+    /// kernel recorded at its first event where it has figures.
+    pub fn identify(&mut self, pid: u32, comm: String, stats: Option<&ProcessStats>) -> ProcessIdentity {
+        ProcessIdentity::read(pid, comm, stats, &mut self.cgroups)
+    }
+
     /// Adds the processes the kernel has seen allocate or report through USDT since the last
     /// sample to the model.
-    pub fn adopt_new_processes(&self, probes: &Probes, model: &mut Model) -> Result<()> {
+    pub fn adopt_new_processes(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
         for (pid, stats) in probes.traced_processes()? {
             let allocator = probes.allocator_named(stats.allocator).cloned().unwrap_or_default();
             // The kernel forgot a released process: figures under its pid are a new process's.
@@ -152,7 +191,8 @@ impl Following {
                 model.retire(pid);
             }
             if !model.processes.contains_key(&pid) {
-                model.add_process(pid, crate::model::kernel_comm(&stats).unwrap_or_default(), PathBuf::new());
+                let comm = crate::model::kernel_comm(&stats).unwrap_or_default();
+                model.add_process(self.identify(pid, comm, Some(&stats)), PathBuf::new());
             }
             let Some(process) = model.processes.get_mut(&pid) else { continue };
             // Its figures restart at exec: from then on, every block went through the probes.
@@ -167,7 +207,8 @@ impl Following {
         // ones it could not (the table of processes was full).
         for pid in crate::attach::usdt::reporting_processes(probes)? {
             if !model.processes.contains_key(&pid) {
-                model.add_process(pid, procfs::comm(pid).unwrap_or_default(), PathBuf::new());
+                let identity = self.identify(pid, procfs::comm(pid).unwrap_or_default(), None);
+                model.add_process(identity, PathBuf::new());
             }
         }
         // The kernel marks a process exited in its figures; a process without any (it has not
@@ -175,7 +216,7 @@ impl Following {
         // again after its exit (a thread that allocated after its leader exited), is seen to be
         // gone here.
         for process in model.processes.values_mut() {
-            if !process.exited && !Path::new(&format!("/proc/{}", process.pid)).exists() {
+            if !process.exited && !Path::new(&format!("/proc/{}", process.identity.pid)).exists() {
                 process.exited = true;
             }
         }

@@ -29,7 +29,7 @@ use aya::{
 use memtrace_common::{
     reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, KernelLayout, ProbeCookie,
     ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS,
-    GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_COMMS, MAX_PROCESSES,
+    GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS, MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -43,7 +43,7 @@ use crate::{
     kernel::features::{KernelFeatures, LinkKind},
     kernel::log::BpfLog,
     kernel::sys::prog_info,
-    process::{allocator::Allocator, map_calls::MapCalls},
+    process::{allocator::Allocator, cgroup::CgroupFilter, map_calls::MapCalls},
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
@@ -133,6 +133,8 @@ pub struct ProcessFilter {
     pub excluded_pids: Vec<u32>,
     /// Trace only processes with one of these command names (`--comm`); all when empty.
     pub only_comms: Vec<String>,
+    /// Trace only processes in these cgroups or below them (`--container`, `--cgroup`).
+    pub cgroups: CgroupFilter,
 }
 
 /// How many entries the kernel's tables hold, to show they stay bounded.
@@ -235,8 +237,13 @@ impl Probes {
         };
         let only_comms = filter.only_comms.iter().map(|comm| comm_bytes(comm)).collect::<Result<Vec<_>>>()?;
         let live_size = TableSize::for_records(config.max_allocations);
-        let globals =
-            Globals { config, layout, self_tgid: filter.self_tgid, filter_comms: !only_comms.is_empty() };
+        let globals = Globals {
+            config,
+            layout,
+            self_tgid: filter.self_tgid,
+            filter_comms: !only_comms.is_empty(),
+            filter_cgroups: !filter.cgroups.is_empty(),
+        };
         let mut ebpf = load_object(&globals, &live_size)?;
         let multi = load_multi(&ebpf, link_kind)?;
         load_programs(&mut ebpf, multi.is_some())?;
@@ -652,6 +659,7 @@ struct Globals<'a> {
     layout: &'a KernelLayout,
     self_tgid: u32,
     filter_comms: bool,
+    filter_cgroups: bool,
 }
 
 /// Creates the object's maps, sized as the run asks, and sets its globals; the programs are
@@ -669,6 +677,7 @@ fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
         .override_global("KERNEL_LAYOUT", globals.layout, true)
         .override_global("SELF_TGID", &globals.self_tgid, true)
         .override_global("FILTER_COMMS", &u8::from(globals.filter_comms), true)
+        .override_global("FILTER_CGROUPS", &u8::from(globals.filter_cgroups), true)
         .override_global("AYA_LOG_LEVEL", &crate::kernel::log::kernel_level(config.debug_bpf), true)
         .load(BPF_OBJECT)
         .with_context(|| loading_failed(live_size))?;
@@ -690,6 +699,18 @@ fn load_programs(ebpf: &mut Ebpf, multi: bool) -> Result<()> {
         .with_context(|| format!("verifying BPF program {name}"))?;
     }
     Ok(())
+}
+
+impl Probes {
+    /// Lets the processes of cgroups `--container` and `--cgroup` name be traced (ids as
+    /// `bpf_get_current_cgroup_id` gives them; the kernel checks their ancestors too).
+    pub fn allow_cgroups(&mut self, ids: impl IntoIterator<Item = u64>) -> Result<()> {
+        let mut allowed = tables::ALLOWED_CGROUPS.writable(&mut self.ebpf)?;
+        for id in ids {
+            allowed.insert(id, 1, 0).with_context(|| format!("more than {MAX_CGROUPS} cgroups to trace"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Writes the pids `--exclude-pid` leaves out and the command names `--comm` allows.

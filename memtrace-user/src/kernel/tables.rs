@@ -34,6 +34,8 @@ pub const TARGETS: Table<u32, u8> = Table::new("TARGETS", "the map of traced pro
 pub const EXCLUDED_PIDS: Table<u32, u8> = Table::new("EXCLUDED_PIDS", "the map of excluded pids");
 /// The command names `--comm` allows.
 pub const ALLOWED_COMMS: Table<[u8; 16], u8> = Table::new("ALLOWED_COMMS", "the map of --comm names");
+/// The cgroup ids `--container` and `--cgroup` allow, with their descendants.
+pub const ALLOWED_CGROUPS: Table<u64, u8> = Table::new("ALLOWED_CGROUPS", "the map of traced cgroups");
 /// Stacks in build-ID form, by hash.
 pub const STACKS: Table<u64, StackFrames> = Table::new("STACKS", "the stack map");
 /// What each (process, stack) allocated and still holds.

@@ -36,7 +36,7 @@ impl Model {
             let Some(pid) = self.released_order.pop_front() else { break };
             // The oldest exited process of that pid: retired (its pid was taken again) before any
             // still in the table.
-            let process = match self.retired.iter().position(|p| p.pid == pid) {
+            let process = match self.retired.iter().position(|p| p.identity.pid == pid) {
                 Some(index) => Some(self.retired.remove(index)),
                 None => match self.processes.get(&pid) {
                     Some(process) if process.released => self.processes.remove(&pid),
@@ -44,8 +44,10 @@ impl Model {
                 },
             };
             if let Some(process) = process {
-                let folded = self.folded.entry(process.comm.clone()).or_default();
-                folded.comm.clone_from(&process.comm);
+                // A command in each container folds apart: what a pod's processes did stays its own.
+                let folded = self.folded.entry(process.identity.display_name()).or_default();
+                folded.comm.clone_from(&process.identity.comm);
+                folded.container = process.identity.container_name();
                 folded.add(&process);
             }
         }
@@ -64,7 +66,7 @@ mod tests {
     use super::*;
 
     fn exited(model: &mut Model, pid: u32, comm: &str, allocations: u64) {
-        model.add_process(pid, comm.into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(pid, comm.into()), "/libc".into());
         let process = model.processes.get_mut(&pid).unwrap();
         process.stats.allocations = allocations;
         process.stats.lost_events = 1;
@@ -88,13 +90,13 @@ mod tests {
         assert_eq!(folded.len(), 1);
         assert_eq!((folded[0].comm.as_str(), folded[0].processes, folded[0].allocations), ("cc1", 2, 12));
         // Kept: the two released last, with reports of their own.
-        let kept: Vec<&str> = model.every_process().map(|p| p.comm.as_str()).collect();
+        let kept: Vec<&str> = model.every_process().map(|p| p.identity.comm.as_str()).collect();
         assert_eq!(kept, ["as", "ld"]);
         assert_eq!(model.lost_events(), 4, "folded losses still count");
         // A running process is never folded.
-        model.add_process(13, "make".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(13, "make".into()), "/libc".into());
         model.fold_exited(0);
-        assert_eq!(model.every_process().map(|p| p.pid).collect::<Vec<_>>(), [13]);
+        assert_eq!(model.every_process().map(|p| p.identity.pid).collect::<Vec<_>>(), [13]);
         assert_eq!(model.folded_by_count()[0].processes, 2);
     }
 }

@@ -5,6 +5,7 @@
 
 mod folding;
 pub mod frame;
+pub mod identity;
 pub mod levels;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
@@ -13,12 +14,13 @@ use memtrace_common::{ProcessStats, StackTotals};
 
 use crate::process::procfs::Mapping;
 use frame::Frame;
+use identity::ProcessIdentity;
 use levels::{FreePool, MemoryLevels};
 
 #[derive(Debug, Clone)]
 pub struct Process {
-    pub pid: u32,
-    pub comm: String,
+    /// Who it is: pid, command, executable, cgroup, container.
+    pub identity: ProcessIdentity,
     /// The object whose allocator entry points are probed.
     pub allocator: PathBuf,
     /// Which allocator that is: "glibc", "jemalloc", ...
@@ -152,13 +154,16 @@ pub struct Model {
     pub released_order: std::collections::VecDeque<u32>,
 }
 
-/// Folded totals by command name (see folding.rs).
+/// Folded totals by command name and container (`ProcessIdentity::display_name`, see folding.rs).
 pub type Folded = BTreeMap<String, FoldedProcesses>;
 
 /// What the folded exited processes of one command did, summed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FoldedProcesses {
     pub comm: String,
+    /// The container they ran in (`ProcessIdentity::container_name`), where they ran in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     pub processes: u64,
     pub allocations: u64,
     pub frees: u64,
@@ -288,12 +293,12 @@ pub struct KernelMaps {
 }
 
 impl Model {
-    pub fn add_process(&mut self, pid: u32, comm: String, allocator: PathBuf) {
+    /// The one place a process enters the model, with its identity (`ProcessIdentity::read`).
+    pub fn add_process(&mut self, identity: ProcessIdentity, allocator: PathBuf) {
         self.processes.insert(
-            pid,
+            identity.pid,
             Process {
-                pid,
-                comm,
+                identity,
                 allocator,
                 allocator_kind: String::new(),
                 stats: ProcessStats::default(),
@@ -436,7 +441,7 @@ mod tests {
     #[test]
     fn inclusive_and_exclusive_bytes_per_function() {
         let mut model = Model::default();
-        model.add_process(1, "p".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(1, "p".into()), "/libc".into());
         let process = model.processes.get_mut(&1).unwrap();
         process.stacks = vec![
             stack(&["leaf_a", "middle", "main"], 100, 300),

@@ -14,7 +14,7 @@ use crate::{
     cli::{ReportOutputs, RunArgs, ServeArgs},
     kernel::features::KernelFeatures,
     kernel::ProcessFilter,
-    process::allocator::Overrides,
+    process::{allocator::Overrides, cgroup::CgroupFilter},
 };
 
 /// The plan of a run of `mode` with the options `run`, on a kernel with `features`.
@@ -83,11 +83,12 @@ pub fn report_files(reports: ReportOutputs) -> ReportFiles {
 /// What the target options name: --pid, --all and a command exclude each other (clap has
 /// checked), and --comm implies --all.
 fn targets(run: &RunArgs) -> Targets {
-    if run.all || !run.comms.is_empty() {
+    if run.all || !run.comms.is_empty() || !run.containers.is_empty() || !run.cgroups.is_empty() {
         Targets::System(ProcessFilter {
             self_tgid: std::process::id(),
             excluded_pids: run.exclude_pids.clone(),
             only_comms: run.comms.clone(),
+            cgroups: CgroupFilter { containers: run.containers.clone(), paths: run.cgroups.clone() },
         })
     } else if run.command.is_empty() {
         Targets::Pids { pids: run.pids.clone(), children: run.children }

@@ -10,10 +10,11 @@
 //! `image` (a process's objects), and above them `allocator` and `map_calls`, which choose per
 //! process what to probe. Beside them, what /proc and the process's memory say of its pages:
 //! `smaps` (mappings with their resident bytes), `pagemap` (which pages are present) and `remote`
-//! (reading words of its memory). Each imports from the file that defines what it uses; the `pub use`
+//! (reading words of its memory), and `cgroup` (which cgroup, container and pod it is in). Each imports from the file that defines what it uses; the `pub use`
 //! below is for the rest of memtrace.
 
 pub mod allocator;
+pub mod cgroup;
 pub mod elf;
 mod entry_points;
 mod facts;

@@ -1,6 +1,7 @@
 //! `GET /metrics`: the Prometheus text exposition (format 0.0.4) of one snapshot, written by the
-//! prometheus-client crate. Per process (labels pid, comm, allocator) for the largest processes by
-//! live heap, the rest summed under comm="other"; and memtrace's own figures.
+//! prometheus-client crate. Per process (labels pid, comm, container_id, pod, namespace, container:
+//! the identity's, model/identity.rs; and allocator) for the largest processes by live heap, the
+//! rest summed under comm="other"; and memtrace's own figures.
 
 use std::collections::HashSet;
 
@@ -16,25 +17,23 @@ use crate::model::{levels::MemoryLevels, KernelMaps, Process};
 /// The `Content-Type` of the response.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
-/// Which process a series is of; pid and allocator are empty for comm="other".
+/// Which process a series is of: its identity's labels (`ProcessIdentity::labels`), and its
+/// allocator; pid and allocator are empty for comm="other".
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProcessLabels {
-    pid: String,
-    comm: String,
+    #[prometheus(flatten)]
+    identity: Vec<(&'static str, String)>,
     allocator: String,
 }
 
 impl ProcessLabels {
     fn of(process: &Process) -> Self {
-        Self {
-            pid: process.pid.to_string(),
-            comm: process.comm.clone(),
-            allocator: process.allocator_kind.clone(),
-        }
+        Self { identity: process.identity.labels(), allocator: process.allocator_kind.clone() }
     }
 
     fn other() -> Self {
-        Self { pid: String::new(), comm: "other".to_owned(), allocator: String::new() }
+        let identity = vec![("pid", String::new()), ("comm", "other".to_owned())];
+        Self { identity, allocator: String::new() }
     }
 }
 
@@ -153,15 +152,15 @@ pub fn exposition(snapshot: &Snapshot, shown_exits: &mut HashSet<u32>, limits: &
         .model
         .processes
         .values()
-        .filter(|process| !(process.exited && shown_exits.contains(&process.pid)))
+        .filter(|process| !(process.exited && shown_exits.contains(&process.identity.pid)))
         .collect();
-    processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.pid));
+    processes.sort_by_key(|process| (std::cmp::Reverse(process.stats.live_bytes), process.identity.pid));
     for (rank, process) in processes.iter().enumerate() {
         let labels =
             if rank < limits.max_series { ProcessLabels::of(process) } else { ProcessLabels::other() };
         families.add(&labels, process);
         if process.exited {
-            shown_exits.insert(process.pid);
+            shown_exits.insert(process.identity.pid);
         }
     }
     let traced = processes.iter().filter(|process| !process.exited).count();
@@ -280,7 +279,7 @@ mod tests {
     fn snapshot(sizes: &[(u32, &str, i64)]) -> Snapshot {
         let mut model = Model::default();
         for &(pid, comm, live_bytes) in sizes {
-            model.add_process(pid, comm.into(), "/libc".into());
+            model.add_process(crate::model::identity::ProcessIdentity::new(pid, comm.into()), "/libc".into());
             let process = model.processes.get_mut(&pid).unwrap();
             process.allocator_kind = "glibc".into();
             process.stats.live_bytes = live_bytes;
@@ -302,22 +301,14 @@ mod tests {
         let snapshot = snapshot(&[(10, "small", 5), (11, "big", 500), (12, "mid", 50), (13, "tiny", 1)]);
         let limits = Limits { max_series: 2, max_allocations: 1000, push_failures: Some(1) };
         let text = exposition(&snapshot, &mut HashSet::new(), &limits);
-        assert!(
-            text.contains("memtrace_heap_live_bytes{pid=\"11\",comm=\"big\",allocator=\"glibc\"} 500\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("memtrace_heap_live_bytes{pid=\"12\",comm=\"mid\",allocator=\"glibc\"} 50\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("memtrace_heap_live_bytes{pid=\"\",comm=\"other\",allocator=\"\"} 6\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("memtrace_allocations_total{pid=\"\",comm=\"other\",allocator=\"\"} 4\n"),
-            "{text}"
-        );
+        for series in [
+            r#"memtrace_heap_live_bytes{pid="11",comm="big",allocator="glibc"} 500"#,
+            r#"memtrace_heap_live_bytes{pid="12",comm="mid",allocator="glibc"} 50"#,
+            r#"memtrace_heap_live_bytes{pid="",comm="other",allocator=""} 6"#,
+            r#"memtrace_allocations_total{pid="",comm="other",allocator=""} 4"#,
+        ] {
+            assert!(text.contains(&format!("{series}\n")), "{series} in {text}");
+        }
         assert!(!text.contains("comm=\"small\""), "{text}");
         for owner in ["allocator_resident", "mapped_anon_resident", "stack", "static", "dark"] {
             assert!(text.contains(&format!("# TYPE memtrace_{owner}_bytes gauge\n")), "{text}");

@@ -105,7 +105,7 @@ impl Agent {
             self.departed_lost += self.lost_by_process.remove(&pid).unwrap_or(0);
         }
         for process in model.processes.values() {
-            self.lost_by_process.insert(process.pid, process.stats.lost_events);
+            self.lost_by_process.insert(process.identity.pid, process.stats.lost_events);
         }
         self.departed_lost + model.lost_events()
     }
@@ -177,8 +177,7 @@ enum Stacks {
 /// profile.
 fn copy(process: &Process, stacks: Stacks) -> Process {
     Process {
-        pid: process.pid,
-        comm: process.comm.clone(),
+        identity: process.identity.clone(),
         allocator: process.allocator.clone(),
         allocator_kind: process.allocator_kind.clone(),
         stats: process.stats,
@@ -214,8 +213,8 @@ impl Departures {
         let gone = &self.gone;
         self.departing.retain(|pid, _| !gone.contains(pid));
         self.gone.retain(|pid| model.processes.get(pid).is_some_and(|process| process.exited));
-        for process in model.processes.values().filter(|p| p.exited && !self.gone.contains(&p.pid)) {
-            self.departing.insert(process.pid, copy(process, Stacks::Left));
+        for process in model.processes.values().filter(|p| p.exited && !self.gone.contains(&p.identity.pid)) {
+            self.departing.insert(process.identity.pid, copy(process, Stacks::Left));
         }
         while self.departing.len() > MAX_DEPARTING {
             self.departing.pop_first();
@@ -228,8 +227,8 @@ impl Departures {
         let mut processes: BTreeMap<u32, Process> = model
             .processes
             .values()
-            .filter(|process| !(process.exited && self.gone.contains(&process.pid)))
-            .map(|process| (process.pid, copy(process, stacks)))
+            .filter(|process| !(process.exited && self.gone.contains(&process.identity.pid)))
+            .map(|process| (process.identity.pid, copy(process, stacks)))
             .collect();
         for (pid, process) in &self.departing {
             processes.entry(*pid).or_insert_with(|| process.clone());
@@ -253,8 +252,8 @@ mod tests {
     #[test]
     fn exited_processes_stay_until_shown_once() {
         let mut model = Model::default();
-        model.add_process(1, "a".into(), "/libc".into());
-        model.add_process(2, "b".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(1, "a".into()), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(2, "b".into()), "/libc".into());
         model.processes.get_mut(&2).unwrap().exited = true;
         let mut departures = Departures::default();
         departures.update(&model, HashSet::new());

@@ -42,7 +42,8 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
         let (mut failures, mut last_error) = (0, String::new());
         for process in &processes {
             let name = series_name(&host, process);
-            let profile = build_profile(&snapshot.profile, snapshot.traced_for, Processes::One(process.pid));
+            let profile =
+                build_profile(&snapshot.profile, snapshot.traced_for, Processes::One(process.identity.pid));
             let mut gzipped = Vec::new();
             if let Err(err) = write_gzipped(&profile, &mut gzipped) {
                 (failures, last_error) = (failures + 1, err.to_string());
@@ -63,7 +64,10 @@ fn series_name(host: &str, process: &Process) -> String {
     let clean = |text: &str| -> String {
         text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
     };
-    format!("memtrace.heap{{host={},pid={},comm={}}}", clean(host), process.pid, clean(&process.comm))
+    // The identity's labels (pid, comm, and the container's where known), as serve's metrics.
+    let labels: Vec<String> =
+        process.identity.labels().iter().map(|(name, value)| format!("{name}={}", clean(value))).collect();
+    format!("memtrace.heap{{host={},{}}}", clean(host), labels.join(","))
 }
 
 async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {
@@ -103,7 +107,7 @@ mod tests {
     #[test]
     fn series_names_carry_host_and_process() {
         let mut model = crate::model::Model::default();
-        model.add_process(42, "my app".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(42, "my app".into()), "/libc".into());
         let name = series_name("web-1", &model.processes[&42]);
         assert_eq!(name, "memtrace.heap{host=web-1,pid=42,comm=my_app}");
         assert_eq!(percent_encode("a{b=c,d}"), "a%7Bb%3Dc%2Cd%7D");

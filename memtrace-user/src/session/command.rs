@@ -28,7 +28,7 @@ impl RunningCommand {
     pub fn of(pid: u32, model: &Model) -> Self {
         // Its name now: it may have exec'd since it was last sampled.
         let name = procfs::comm(pid)
-            .or_else(|| model.processes.get(&pid).map(|p| p.comm.clone()))
+            .or_else(|| model.processes.get(&pid).map(|p| p.identity.comm.clone()))
             .unwrap_or_default();
         Self { pid, name }
     }

@@ -155,7 +155,15 @@ fn describe(model: &Model) -> String {
     let processes: Vec<String> = model
         .processes
         .values()
-        .map(|p| format!("pid {} ({}) via {} ({})", p.pid, p.comm, p.allocator_kind, p.allocator.display()))
+        .map(|p| {
+            format!(
+                "pid {} ({}) via {} ({})",
+                p.identity.pid,
+                p.identity.comm,
+                p.allocator_kind,
+                p.allocator.display()
+            )
+        })
         .collect();
     processes.join(", ")
 }

@@ -20,6 +20,7 @@ impl Run {
             self.model.processes.retain(|_, process| !process.released);
             self.model.retired.clear();
         }
+        self.following.allow_cgroups(&mut self.probes)?;
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
         let ts_us = self.started.elapsed().as_micros() as u64;
         self.collector.sample(&self.probes, self.following.usdt(), &mut self.model, ts_us)?;
@@ -38,8 +39,9 @@ impl Run {
             .iter_mut()
             .fold(stacks != StacksWanted::None, |wanted, exporter| exporter.wants_occupancy() | wanted);
         if stacks != StacksWanted::None {
-            let wanted = self.model.processes.values().filter(|p| !p.released && stacks.includes(p.pid));
-            let wanted = wanted.map(|p| p.pid).collect();
+            let wanted =
+                self.model.processes.values().filter(|p| !p.released && stacks.includes(p.identity.pid));
+            let wanted = wanted.map(|p| p.identity.pid).collect();
             self.read_stacks(&wanted)?;
         }
         if occupancy {
@@ -96,8 +98,13 @@ impl Run {
         let maps = self.model.kernel_maps.get_or_insert_with(KernelMaps::default);
         let tracked = self.model.processes.values().filter(|p| !p.released).count();
         maps.peak_processes = maps.peak_processes.max(tracked);
-        let exited: HashSet<u32> =
-            self.model.processes.values().filter(|p| p.exited && !p.released).map(|p| p.pid).collect();
+        let exited: HashSet<u32> = self
+            .model
+            .processes
+            .values()
+            .filter(|p| p.exited && !p.released)
+            .map(|p| p.identity.pid)
+            .collect();
         if exited.is_empty() {
             return Ok(());
         }
@@ -163,7 +170,8 @@ impl Run {
         self.sample()?;
         // The agent has nothing left to show them to.
         if !self.retention.forget_released {
-            let unreleased = self.model.processes.values().filter(|p| !p.released).map(|p| p.pid).collect();
+            let unreleased =
+                self.model.processes.values().filter(|p| !p.released).map(|p| p.identity.pid).collect();
             self.read_stacks(&unreleased)?;
             self.record_occupancy()?;
         }

@@ -21,7 +21,7 @@ use crate::{
         Following,
     },
     kernel::Probes,
-    model::Model,
+    model::{identity::ProcessIdentity, Model},
     plan,
     process::allocator::Allocator,
     process::procfs,
@@ -72,7 +72,8 @@ impl Targets {
             let image = ProcessImage::of_process(pid, following.cache())?;
             let allocator = following.add_target(probes, pid, &image)?;
             watched.push(Watched::new(pid, false)?);
-            add_traced(model, pid, procfs::comm(pid).unwrap_or_default(), &allocator);
+            let identity = following.identify(pid, procfs::comm(pid).unwrap_or_default(), None);
+            add_traced(model, identity, &allocator);
         }
         // The targets are in the kernel's tree already, so what they fork from now on is followed;
         // what they forked before is found here.
@@ -81,7 +82,7 @@ impl Targets {
             let added = ProcessImage::of_process(pid, following.cache())
                 .and_then(|image| following.add_target(probes, pid, &image));
             match added {
-                Ok(allocator) => add_traced(model, pid, comm, &allocator),
+                Ok(allocator) => add_traced(model, following.identify(pid, comm, None), &allocator),
                 // It may have exited meanwhile, or use no allocator memtrace knows.
                 Err(err) => eprintln!("memtrace: warning: pid {pid} ({comm}) is not traced: {err:#}"),
             }
@@ -109,7 +110,10 @@ impl Targets {
         let allocator = following.add_target(probes, held.pid, &image)?;
         collector.index_object(&allocator.object);
         let watched = vec![Watched::new(held.pid, true)?];
-        add_traced(model, held.pid, command_name(&program), &allocator);
+        let mut identity = following.identify(held.pid, command_name(&program), None);
+        // Held before its exec: /proc names memtrace's own file yet.
+        identity.executable = Some(program.clone());
+        add_traced(model, identity, &allocator);
         // Held before its first instruction: every block it makes goes through the probes.
         if let Some(process) = model.processes.get_mut(&held.pid) {
             process.seen_from_start = true;
@@ -141,8 +145,9 @@ pub fn processes_to_attach(pids: &[u32]) -> Result<Vec<u32>> {
     Ok(processes)
 }
 
-fn add_traced(model: &mut Model, pid: u32, comm: String, allocator: &Allocator) {
-    model.add_process(pid, comm, allocator.path.clone());
+fn add_traced(model: &mut Model, identity: ProcessIdentity, allocator: &Allocator) {
+    let pid = identity.pid;
+    model.add_process(identity, allocator.path.clone());
     if let Some(process) = model.processes.get_mut(&pid) {
         process.allocator_kind = allocator.kind.clone();
     }

@@ -31,7 +31,8 @@ pub struct Snapshot {
 #[derive(Debug, Clone)]
 pub struct Row {
     pub pid: u32,
-    pub comm: String,
+    /// Its command, and the container it runs in (`ProcessIdentity::display_name`).
+    pub name: String,
     pub allocator_kind: String,
     pub stats: ProcessStats,
     pub memory: MemoryLevels,
@@ -75,7 +76,7 @@ impl Growth {
         let now: HashMap<FiguresOf, i64> = model
             .processes
             .values()
-            .map(|p| (FiguresOf { pid: p.pid, started_ns: p.stats.started_ns }, p.stats.live_bytes))
+            .map(|p| (FiguresOf { pid: p.identity.pid, started_ns: p.stats.started_ns }, p.stats.live_bytes))
             .collect();
         let growth = now
             .iter()
@@ -100,10 +101,10 @@ impl Snapshot {
         let rows = model
             .processes
             .values()
-            .map(|process| Row::of(process, growth.get(&process.pid).copied().unwrap_or(0)))
+            .map(|process| Row::of(process, growth.get(&process.identity.pid).copied().unwrap_or(0)))
             .collect();
         let detail = opened.and_then(|pid| model.processes.get(&pid)).map(|process| Detail {
-            pid: process.pid,
+            pid: process.identity.pid,
             stacks_read: stacks_read || process.released,
             stacks: heaviest_stacks(process),
             functions: process.function_totals().into_iter().take(DETAIL_ENTRIES).collect(),
@@ -116,8 +117,8 @@ impl Snapshot {
 impl Row {
     fn of(process: &Process, growth_bytes: i64) -> Self {
         Self {
-            pid: process.pid,
-            comm: process.comm.clone(),
+            pid: process.identity.pid,
+            name: process.identity.display_name(),
             allocator_kind: process.allocator_kind.clone(),
             stats: process.stats,
             memory: process.memory,
@@ -193,7 +194,7 @@ mod tests {
     fn row(pid: u32, live: i64, growth: i64, rss_anon: u64, dark: u64) -> Row {
         Row {
             pid,
-            comm: format!("p{pid}"),
+            name: format!("p{pid}"),
             allocator_kind: "glibc".into(),
             stats: ProcessStats { live_bytes: live, ..ProcessStats::default() },
             memory: MemoryLevels { rss_anon_bytes: rss_anon, dark_bytes: dark, ..MemoryLevels::default() },
@@ -235,7 +236,7 @@ mod tests {
     #[test]
     fn growth_is_the_change_since_the_previous_sample() {
         let mut model = Model::default();
-        model.add_process(7, "a".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(7, "a".into()), "/libc".into());
         let mut growth = Growth::default();
         let set = |model: &mut Model, live: i64, started: u64| {
             let process = model.processes.get_mut(&7).unwrap();

@@ -244,7 +244,7 @@ impl App {
         let lines = match (row, detail) {
             (Some(row), Some(detail)) => detail_lines(row, detail, self.no_stacks),
             (Some(row), None) => {
-                vec![Line::raw(format!("pid {} ({}): reading at the next sample...", row.pid, row.comm))]
+                vec![Line::raw(format!("pid {} ({}): reading at the next sample...", row.pid, row.name))]
             }
             (None, _) => vec![Line::raw("this process is no longer traced; Esc goes back")],
         };
@@ -255,7 +255,7 @@ impl App {
 fn list_cells(row: &Row) -> Vec<String> {
     vec![
         row.pid.to_string(),
-        row.comm.clone(),
+        row.name.clone(),
         format_signed_bytes(row.stats.live_bytes, false),
         format_signed_bytes(row.growth_bytes, true),
         row.stats.live_allocations.to_string(),
@@ -286,7 +286,7 @@ fn figure_lines<'a>(row: &Row) -> Vec<Line<'a>> {
     let stats = &row.stats;
     let exited = if row.exited { ", exited" } else { "" };
     let mut lines = vec![
-        Line::styled(format!("pid {} {} via {}{exited}", row.pid, row.comm, row.allocator_kind), BOLD),
+        Line::styled(format!("pid {} {} via {}{exited}", row.pid, row.name, row.allocator_kind), BOLD),
         Line::raw(format!(
             "live heap {} in {} blocks · growth {} · allocated {} in {} · freed {} in {}",
             format_signed_bytes(stats.live_bytes, false),
@@ -414,7 +414,7 @@ mod tests {
     fn row(pid: u32, live: i64) -> Row {
         Row {
             pid,
-            comm: format!("p{pid}"),
+            name: format!("p{pid}"),
             allocator_kind: "glibc".into(),
             stats: ProcessStats { live_bytes: live, live_allocations: 2, ..ProcessStats::default() },
             memory: MemoryLevels::default(),

@@ -129,17 +129,18 @@ impl KernelTables {
         }
         let mut gone: HashSet<u32> = self.processes.keys().copied().collect();
         for process in model.processes.values().filter(|p| !p.exited && !p.released) {
-            gone.remove(&process.pid);
+            gone.remove(&process.identity.pid);
             let executable: Vec<Mapping> =
                 process.mappings.iter().filter(|m| m.executable).cloned().collect();
             if executable.is_empty() {
                 continue;
             }
-            let changed = self.processes.get(&process.pid).is_none_or(|table| table.mappings != executable);
+            let changed =
+                self.processes.get(&process.identity.pid).is_none_or(|table| table.mappings != executable);
             if changed {
-                self.write_mappings(probes, process.pid, executable)?;
+                self.write_mappings(probes, process.identity.pid, executable)?;
             }
-            self.announce_if_ready(process.pid);
+            self.announce_if_ready(process.identity.pid);
         }
         if !gone.is_empty() {
             let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;

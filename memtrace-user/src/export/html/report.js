@@ -71,7 +71,15 @@
     if (!f) return '';
     return f.file ? f.file + (f.line ? ':' + f.line : '') : f.module + '+0x' + Number(f.offset).toString(16);
   }
-  function label(p) { return p.comm + ' (' + p.pid + ')'; }
+  function label(p) { return p.comm + where(p) + ' (' + p.pid + ')'; }
+  // The container a process ran in, as model/identity.rs's display_name says it.
+  function where(p) {
+    var c = p.container;
+    if (!c) return '';
+    var pod = c.pod ? (c.namespace ? c.namespace + '/' : '') + c.pod : (c.pod_uid ? 'pod ' + c.pod_uid : '');
+    var name = c.name || (c.id ? c.id.slice(0, 12) : '');
+    return ' [' + [pod, name].filter(Boolean).join('/') + ']';
+  }
   function hashHue(text) {
     let h = 2166136261;
     for (let i = 0; i < text.length; i++) { h ^= text.charCodeAt(i); h = Math.imul(h, 16777619); }
@@ -147,7 +155,7 @@
     shown.map(i => {
       const p = PROCS[i];
       const row = el('tr', { class: 'pick', onclick: () => choose(i) },
-        el('td', { text: p.pid }), el('td', { class: 'text', text: p.comm + (p.exited ? ' (exited)' : '') }),
+        el('td', { text: p.pid }), el('td', { class: 'text', text: p.comm + where(p) + (p.exited ? ' (exited)' : '') }),
         el('td', { text: bytes(p.live_bytes) }), el('td', { text: bytes(p.peak_live_bytes) }),
         el('td', { text: bytes(p.allocated_bytes) }), el('td', { text: count(p.allocations) }),
         el('td', { text: count(p.temporary_allocations) }), el('td', { text: bytes(p.rss_bytes) }),

@@ -150,7 +150,7 @@ fn process_profiles(
         ..InstrumentationScope::default()
     };
     ResourceProfiles {
-        resource: Some(resource::resource(process, host, None)),
+        resource: Some(resource::resource(process, host)),
         scope_profiles: vec![ScopeProfiles { scope: Some(scope), profiles, schema_url: String::new() }],
         schema_url: String::new(),
     }

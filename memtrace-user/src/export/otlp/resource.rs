@@ -7,31 +7,20 @@ use opentelemetry_proto::tonic::{
     resource::v1::Resource,
 };
 
-use crate::model::Process;
+use crate::model::{identity::ProcessIdentity, Process};
 
-/// What names a process's container, where known.
-///
-/// MERGE POINT (issue 27, part 1 "one identity per process"): this is to be filled from the
-/// process identity's container labels (`id`, `pod`, `namespace`, `name`); until that type exists,
-/// every caller passes None and only the process and host attributes are written.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ContainerLabels {
-    pub id: Option<String>,
-    pub pod: Option<String>,
-    pub namespace: Option<String>,
-    pub name: Option<String>,
-}
-
-/// The resource of `process` on `host`.
-pub fn resource(process: &Process, host: &str, container: Option<&ContainerLabels>) -> Resource {
+/// The resource of `process` on `host`: its identity's pid, executable (the command name where
+/// the executable is unknown) and container.
+pub fn resource(process: &Process, host: &str) -> Resource {
+    let identity: &ProcessIdentity = &process.identity;
+    let executable =
+        identity.executable.as_ref().and_then(|path| path.file_name()).map(|name| name.to_string_lossy());
     let mut attributes = vec![
-        int("process.pid", i64::from(process.pid)),
-        // The model keeps the command name (comm) only; the identity type of part 1 brings the
-        // executable's base name, which belongs here.
-        string("process.executable.name", &process.comm),
+        int("process.pid", i64::from(identity.pid)),
+        string("process.executable.name", executable.as_deref().unwrap_or(&identity.comm)),
         string("host.name", host),
     ];
-    if let Some(container) = container {
+    if let Some(container) = &identity.container {
         let labels = [
             ("container.id", &container.id),
             ("k8s.pod.name", &container.pod),
@@ -71,14 +60,17 @@ mod tests {
     #[test]
     fn container_attributes_appear_only_where_known() {
         let mut model = crate::model::Model::default();
-        model.add_process(42, "app".into(), "/libc".into());
-        let process = &model.processes[&42];
-        let plain = resource(process, "node-1", None);
+        model.add_process(ProcessIdentity::new(42, "app".into()), "/libc".into());
+        let plain = resource(&model.processes[&42], "node-1");
         assert_eq!(keys(&plain), ["process.pid", "process.executable.name", "host.name"]);
         assert_eq!(plain.attributes[0].value, Some(AnyValue { value: Some(Value::IntValue(42)) }));
-        let labels =
-            ContainerLabels { id: Some("abc".into()), pod: Some("web-0".into()), ..Default::default() };
-        let labelled = resource(process, "node-1", Some(&labels));
+        let process = model.processes.get_mut(&42).unwrap();
+        process.identity.container = Some(crate::process::cgroup::Container {
+            id: Some("abc".into()),
+            pod: Some("web-0".into()),
+            ..Default::default()
+        });
+        let labelled = resource(process, "node-1");
         assert_eq!(keys(&labelled)[3..], ["container.id", "k8s.pod.name"]);
     }
 }
