@@ -178,7 +178,10 @@ pub struct KernelLayout {
     pub percpu_counter_count: u32,
     /// sizeof(struct percpu_counter); 8 (an atomic_long_t) on 6.1.
     pub percpu_counter_size: u32,
-    pub _pad: u32,
+    /// Non-zero where oom:mark_victim passes the victim's `struct task_struct *` (6.8 and later:
+    /// `TP_PROTO(struct task_struct *task, uid_t uid)`); zero where it passes its pid
+    /// (`TP_PROTO(int pid)`, 6.1).
+    pub oom_victim_is_task: u32,
 }
 
 /// A process that began running a new program (sched_process_exec), for system-wide tracing to
@@ -188,6 +191,27 @@ pub struct KernelLayout {
 pub struct ExecEvent {
     pub tgid: u32,
 }
+
+/// The kernel's OOM killer chose a victim (oom:mark_victim, global or a memory cgroup's): sent for
+/// every victim, traced or not (they are rare); userspace keeps those it traces.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomEvent {
+    /// The victim's thread id, as the tracepoint names it (its process's leader, but for a process
+    /// whose leader has exited).
+    pub pid: u32,
+    /// The victim's process id where the kernel says it (the task, or the OOM invoker is the
+    /// victim); 0 where only `pid` is known.
+    pub tgid: u32,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC) at the kill.
+    pub at_ns: u64,
+    /// The victim's memory counters at the kill, before the OOM reaper or its exit frees them
+    /// (`read` is 0 where the victim's task could not be read: 6.1, killed by another task).
+    pub memory: ExitMemory,
+}
+
+/// Capacity of the OOM victim ring buffer in bytes (a page: 56 victims in one burst).
+pub const OOM_EVENTS_BYTES: u32 = 4096;
 
 /// Which processes the probes' events count for: the loader sets the BPF global `REACH`.
 pub mod reach {
@@ -484,6 +508,7 @@ pub struct PendingCall {
 mod pod {
     // SAFETY: all of these are #[repr(C)] plain integers without padding holes that matter to the kernel.
     unsafe impl aya::Pod for super::ProcessStats {}
+    unsafe impl aya::Pod for super::OomEvent {}
     unsafe impl aya::Pod for super::AllocationKey {}
     unsafe impl aya::Pod for super::Allocation {}
     unsafe impl aya::Pod for super::LiveSlot {}

@@ -1,5 +1,5 @@
 //! Reading the running kernel's own structs, at the offsets the loader found in its BTF (aya-ebpf
-//! has no CO-RE): a forked child's tgid, an exiting process's memory counters.
+//! has no CO-RE): a forked child's tgid, an exiting (or OOM-killed) process's memory counters.
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use memtrace_common::{mm_counter, ExitMemory, KernelLayout};
@@ -14,7 +14,7 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     mm_brk: 0,
     percpu_counter_count: 0,
     percpu_counter_size: 0,
-    _pad: 0,
+    oom_victim_is_task: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -42,11 +42,16 @@ pub(crate) fn current_task() -> u64 {
 /// The kernel's memory counters of the exiting process, read before its memory is released: its
 /// resident and swapped pages as /proc/PID/status shows them, and the size of its brk heap.
 pub(crate) fn exit_memory() -> Option<ExitMemory> {
+    task_memory(current_task())
+}
+
+/// The memory counters of the process whose `struct task_struct` is at `task`, as `exit_memory`.
+pub(crate) fn task_memory(task: u64) -> Option<ExitMemory> {
     let layout = layout();
     if layout.task_mm == 0 {
         return None;
     }
-    let mm: u64 = read_at(current_task(), layout.task_mm)?;
+    let mm: u64 = read_at(task, layout.task_mm)?;
     let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
     for counter in
         [mm_counter::FILE_PAGES, mm_counter::ANON_PAGES, mm_counter::SWAP_ENTRIES, mm_counter::SHMEM_PAGES]

@@ -300,6 +300,11 @@ pub struct ServeArgs {
     /// How often to push with --push
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_interval, requires = "push")]
     pub push_interval: Duration,
+
+    /// Keep the heap profile (gzipped pprof) of every traced process the kernel's OOM killer ends
+    /// as a file in this directory (made if missing); with --push it also goes in the next push
+    #[arg(long, value_name = "DIR")]
+    pub oom_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

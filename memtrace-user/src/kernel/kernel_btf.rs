@@ -37,7 +37,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             mm_brk: btf.member_offset(mm, "brk")?,
             percpu_counter_count,
             percpu_counter_size,
-            _pad: 0,
+            oom_victim_is_task: u32::from(oom_victim_is_task(&btf)),
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))
@@ -59,6 +59,14 @@ fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32)> {
     }
     let counter = btf.find_struct("percpu_counter")?;
     Ok((btf.member_offset(counter, "count")?, btf.size(counter)?))
+}
+
+/// Whether oom:mark_victim passes the victim's task (6.8 and later) rather than its pid (6.1): the
+/// change came with the event's new fields (comm, total_vm, the RSS counters, uid), so its record
+/// struct having `total_vm` tells the two apart.
+fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
+    btf.find_struct("trace_event_raw_mark_victim")
+        .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
 }
 
 /// A struct or union of the BTF, by the byte offset of its type record.

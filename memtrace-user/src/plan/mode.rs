@@ -28,6 +28,8 @@ pub struct ServeOptions {
     pub max_allocations: u32,
     /// `--push`: where heap profiles go, and how often.
     pub push: Option<PushTarget>,
+    /// `--oom-dir`: where the heap profile at each OOM kill is kept.
+    pub oom_dir: Option<std::path::PathBuf>,
 }
 
 /// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server.

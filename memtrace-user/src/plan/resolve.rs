@@ -65,6 +65,7 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         interval: args.run.interval,
         max_allocations: args.run.max_allocations,
         push: args.push.map(|base| PushTarget { base, interval: args.push_interval }),
+        oom_dir: args.oom_dir,
     };
     (args.run, Mode::Serve(options))
 }

@@ -2,7 +2,8 @@
 //! a Pyroscope-compatible ingest endpoint: `POST /ingest?name=memtrace.heap{host=..,pid=..,comm=..}
 //! &from=..&until=..&format=pprof`, the gzipped profile in the multipart field `profile`. Each push
 //! is tried three times with backoff; a push that still fails is counted (memtrace_push_failures_total)
-//! and said on stderr. It runs on the server's thread: it never blocks tracing.
+//! and said on stderr. The heap at each OOM kill since the last push (serve/oom.rs) goes too, once, as
+//! `memtrace.oom_heap{host=..,pid=..,comm=..}`. It runs on the server's thread: it never blocks tracing.
 
 use std::{
     sync::{atomic::Ordering, Arc},
@@ -57,6 +58,18 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
                 (failures, last_error) = (failures + 1, format!("{err:#}"));
             }
         }
+        // The heap at each OOM kill since the last push, once.
+        for kill in super::oom::waiting(&shared) {
+            let name = format!(
+                "memtrace.oom_heap{{host={},pid={},comm={}}}",
+                clean(&host),
+                kill.pid,
+                clean(&kill.comm)
+            );
+            if let Err(err) = push_with_retries(&target.base, &name, from, until, kill.gzipped).await {
+                (failures, last_error) = (failures + 1, format!("{err:#}"));
+            }
+        }
         if failures > 0 {
             failed(&shared, &target, failures, last_error);
         }
@@ -72,10 +85,12 @@ fn failed(shared: &Shared, target: &PushTarget, failures: u64, error: String) {
 
 /// `memtrace.heap{host=..,pid=..,comm=..}`, label values cut to what Pyroscope accepts.
 fn series_name(host: &str, process: &Process) -> String {
-    let clean = |text: &str| -> String {
-        text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
-    };
     format!("memtrace.heap{{host={},pid={},comm={}}}", clean(host), process.pid, clean(&process.comm))
+}
+
+/// A label value cut to what Pyroscope accepts.
+fn clean(text: &str) -> String {
+    text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
 async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {

@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub profile_ticket: u64,
     /// Events lost over the whole run, including those of processes that have left the model.
     pub lost_events: u64,
+    /// Processes the kernel's OOM killer ended during the run (serve/oom.rs).
+    pub oom_kills: u64,
     /// memtrace's own resident set size and CPU time.
     pub agent_rss_bytes: u64,
     pub agent_cpu_seconds: f64,
@@ -47,6 +49,8 @@ pub struct Shared {
     pub(super) profile_wait: Duration,
     /// `--push`: pushes that failed (None without --push).
     pub(super) push_failures: Option<AtomicU64>,
+    /// The heap profiles at OOM kills that the next push sends (serve/oom.rs).
+    pub(super) oom_profiles: Mutex<Vec<super::oom::KillProfile>>,
 }
 
 impl Shared {

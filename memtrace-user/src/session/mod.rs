@@ -3,6 +3,7 @@
 //! results to every exporter and wait for a launched command that outlives the trace (`command`).
 
 mod command;
+mod oom;
 mod outputs;
 mod poll;
 mod sample;
@@ -21,7 +22,7 @@ use self::{
 use crate::{
     attach::usdt::UsdtProbes,
     collect::unwind::KernelTables,
-    collect::Collector,
+    collect::{oom::OomWatch, Collector},
     follow::Following,
     kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
@@ -43,6 +44,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let mut collector = Collector::new(kernel.features.has(Feature::ExactRssCounters));
     let mut model = empty_model(&mode, probe_plan.sample);
     let usdt = UsdtProbes::new(probe_plan.usdt.clone());
+    let oom = OomWatch::start(&mut probes);
     let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt)?;
     let Targets { watched: targets, held, preload } =
         Targets::attach(&wanted, &pids, &mut following, &mut probes, &mut collector, &mut model)?;
@@ -67,6 +69,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
         exporters,
         targets,
         following,
+        oom,
         signals,
         started: Instant::now(),
         samples: 0,
