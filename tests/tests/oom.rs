@@ -155,6 +155,9 @@ fn an_oom_killed_command_is_recorded_with_its_heap_at_the_kill() {
         kill["live_allocations"]
     );
     assert!(outcome.stderr.contains(&stack_line), "no {stack_line:?} on stderr:\n{}", outcome.stderr);
+    // And the text report at the end says it too.
+    let report = format!("    OOM-killed at {at_s:.2} s in memory cgroup {} (limit ", cgroup.path);
+    assert!(outcome.stderr.contains(&report), "no {report:?} in the report:\n{}", outcome.stderr);
     // The trace has an instant event at the kill, on the process's track.
     let events: Vec<&Value> =
         outcome.trace().phase("i").filter(|event| event["name"] == "oom_kill").collect();

@@ -88,6 +88,9 @@ const PLAN: &[(&str, &[&str])] = &[
     ),
     // 8 threads on 2 vCPUs beside an untraced busy neighbour
     ("preemption", &[]),
+    // OOM kills: oom:mark_victim (its pid on 6.1, its task on 6.8+), a memory cgroup on v2, the
+    // heap and stacks at the kill (serve's --oom-dir reads the same record; it stays on the host)
+    ("oom", &["an_oom_killed_command_is_recorded_with_its_heap_at_the_kill"]),
 ];
 
 /// Tests at once inside a VM (it has 2 vCPUs).

@@ -30,7 +30,7 @@ use crate::{
     model::{
         frame::Frame,
         levels::{MemoryLevels, OsMemory},
-        oom::OOM_STACKS,
+        oom::{KillStack, OOM_STACKS},
         HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
     },
     process::procfs::{self, Mapping},
@@ -362,7 +362,14 @@ impl Collector {
             // Stacks cut short before the unwind tables were loaded join the whole ones they
             // begin, among the kill's own (the process's stacks are read at its release).
             let whole = stacks.iter().map(|stack| stack.frames.clone()).collect();
-            kill.stacks = merge_into_whole(stacks, whole);
+            kill.stacks = merge_into_whole(stacks, whole)
+                .into_iter()
+                .map(|PeakConsumer { frames, live_bytes, live_allocations }| KillStack {
+                    frames,
+                    live_bytes,
+                    live_allocations,
+                })
+                .collect();
             kill.read = true;
         }
         Ok(())

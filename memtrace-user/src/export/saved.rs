@@ -15,7 +15,9 @@ use super::{
 };
 use crate::{
     model::{
-        frame::Frame, oom::OomKill, HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures,
+        frame::Frame,
+        oom::{KillStack, OomKill},
+        HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures,
     },
     plan::ReportFiles,
 };
@@ -201,7 +203,14 @@ fn oom_kill_of(saved: OomKillSummary, frames: &[Arc<Frame>]) -> Result<OomKill> 
         rss_bytes: saved.rss_bytes,
         live_bytes: saved.live_bytes,
         live_allocations: saved.live_allocations,
-        stacks: consumers_of(saved.stacks, frames)?,
+        stacks: consumers_of(saved.stacks, frames)?
+            .into_iter()
+            .map(|PeakConsumer { frames, live_bytes, live_allocations }| KillStack {
+                frames,
+                live_bytes,
+                live_allocations,
+            })
+            .collect(),
         read: true,
     })
 }

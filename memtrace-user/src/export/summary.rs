@@ -268,7 +268,13 @@ impl OomKillSummary {
             live_bytes: kill.live_bytes,
             live_allocations: kill.live_allocations,
             rss_bytes: kill.rss_bytes,
-            stacks: kill.stacks.iter().map(|consumer| PeakStack::of(consumer, table)).collect(),
+            stacks: kill
+                .stacks
+                .iter()
+                .map(|stack| {
+                    PeakStack::of_frames(&stack.frames, stack.live_bytes, stack.live_allocations, table)
+                })
+                .collect(),
         }
     }
 }
@@ -297,11 +303,20 @@ impl PeakSummary {
 
 impl PeakStack {
     fn of(consumer: &PeakConsumer, table: &mut FrameTable) -> Self {
+        Self::of_frames(&consumer.frames, consumer.live_bytes, consumer.live_allocations, table)
+    }
+
+    fn of_frames(
+        frames: &[Arc<Frame>],
+        live_bytes: i64,
+        live_allocations: i64,
+        table: &mut FrameTable,
+    ) -> Self {
         Self {
-            live_bytes: consumer.live_bytes,
-            live_allocations: consumer.live_allocations,
-            stack: consumer.frames.iter().map(|frame| frame.name()).collect(),
-            frame_ids: table.ids(&consumer.frames),
+            live_bytes,
+            live_allocations,
+            stack: frames.iter().map(|frame| frame.name()).collect(),
+            frame_ids: table.ids(frames),
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{frame::Frame, PeakConsumer};
+use super::frame::Frame;
 
 /// The most stacks an OOM kill keeps, most live bytes first.
 pub const OOM_STACKS: usize = 20;
@@ -27,9 +27,18 @@ pub struct OomKill {
     pub live_bytes: i64,
     pub live_allocations: i64,
     /// The stacks that held the most at the kill, most first (empty with --no-stacks).
-    pub stacks: Vec<PeakConsumer>,
+    pub stacks: Vec<KillStack>,
     /// The collector has read the live heap and the stacks at the kill.
     pub read: bool,
+}
+
+/// One stack's share of the heap at the kill.
+#[derive(Debug, Clone)]
+pub struct KillStack {
+    /// Innermost first, as in `StackProfile`.
+    pub frames: Vec<Arc<Frame>>,
+    pub live_bytes: i64,
+    pub live_allocations: i64,
 }
 
 impl OomKill {

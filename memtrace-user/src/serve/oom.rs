@@ -6,14 +6,13 @@
 use std::{
     collections::HashSet,
     path::{Path, PathBuf},
-    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
 use memtrace_common::StackTotals;
 
-use super::shared::Shared;
+use super::shared::{KillProfile, Shared};
 use crate::{
     export::pprof::{build_profile, write_gzipped, Processes},
     model::{oom::OomKill, Model, Process, StackProfile},
@@ -21,14 +20,6 @@ use crate::{
 
 /// At most this many kill profiles wait for a push (a push target down for long).
 const MAX_WAITING: usize = 100;
-
-/// A kill's heap profile on its way to the next push.
-pub struct KillProfile {
-    pub pid: u32,
-    pub comm: String,
-    /// The gzipped profile.proto.
-    pub gzipped: Vec<u8>,
-}
 
 /// The kills seen, by process (pid and image start), while the process is in the model.
 pub struct OomKeeper {
@@ -141,9 +132,4 @@ fn file_name(process: &Process) -> String {
         .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
         .collect();
     format!("oom-{now}-{}-{comm}.pb.gz", process.pid)
-}
-
-/// Takes the kill profiles waiting for a push.
-pub fn waiting(shared: &Arc<Shared>) -> Vec<KillProfile> {
-    std::mem::take(&mut *shared.oom_profiles.lock().unwrap_or_else(|e| e.into_inner()))
 }

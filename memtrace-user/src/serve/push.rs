@@ -59,7 +59,7 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
             }
         }
         // The heap at each OOM kill since the last push, once.
-        for kill in super::oom::waiting(&shared) {
+        for kill in shared.take_oom_profiles() {
             let name = format!(
                 "memtrace.oom_heap{{host={},pid={},comm={}}}",
                 clean(&host),

@@ -50,10 +50,23 @@ pub struct Shared {
     /// `--push`: pushes that failed (None without --push).
     pub(super) push_failures: Option<AtomicU64>,
     /// The heap profiles at OOM kills that the next push sends (serve/oom.rs).
-    pub(super) oom_profiles: Mutex<Vec<super::oom::KillProfile>>,
+    pub(super) oom_profiles: Mutex<Vec<KillProfile>>,
+}
+
+/// A kill's heap profile on its way to the next push.
+pub struct KillProfile {
+    pub pid: u32,
+    pub comm: String,
+    /// The gzipped profile.proto.
+    pub gzipped: Vec<u8>,
 }
 
 impl Shared {
+    /// Takes the heap profiles at OOM kills waiting for a push.
+    pub fn take_oom_profiles(&self) -> Vec<KillProfile> {
+        std::mem::take(&mut *self.oom_profiles.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The first snapshot whose stacks were read after this call, or None if none comes in time.
     pub async fn fresh_snapshot(&self) -> Option<Arc<Snapshot>> {
         let ticket = self.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;
