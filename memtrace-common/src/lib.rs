@@ -182,6 +182,16 @@ pub struct KernelLayout {
     /// `TP_PROTO(struct task_struct *task, uid_t uid)`); zero where it passes its pid
     /// (`TP_PROTO(int pid)`, 6.1).
     pub oom_victim_is_task: u32,
+    /// The way from a task to the id of its memory cgroup, for an OOM victim (its kernfs node id,
+    /// the inode number of the cgroup's directory): `task_struct.cgroups` (a css_set),
+    /// `css_set.subsys` (an array of css pointers), `memory_cgrp_id + 1` (0 where the kernel has
+    /// no memory controller), `cgroup_subsys_state.cgroup`, `cgroup.kn`, `kernfs_node.id`.
+    pub task_cgroups: u32,
+    pub css_set_subsys: u32,
+    pub memory_subsys_slot: u32,
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
 }
 
 /// A process that began running a new program (sched_process_exec), for system-wide tracing to
@@ -208,6 +218,9 @@ pub struct OomEvent {
     /// The victim's memory counters at the kill, before the OOM reaper or its exit frees them
     /// (`read` is 0 where the victim's task could not be read: 6.1, killed by another task).
     pub memory: ExitMemory,
+    /// The id of the victim's memory cgroup (the inode number of its directory in the memory
+    /// controller's hierarchy, v1 or v2), read at the kill; 0 where unread.
+    pub memcg_id: u64,
 }
 
 /// Capacity of the OOM victim ring buffer in bytes (a page: 56 victims in one burst).

@@ -15,6 +15,12 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     percpu_counter_count: 0,
     percpu_counter_size: 0,
     oom_victim_is_task: 0,
+    task_cgroups: 0,
+    css_set_subsys: 0,
+    memory_subsys_slot: 0,
+    css_cgroup: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -43,6 +49,21 @@ pub(crate) fn current_task() -> u64 {
 /// resident and swapped pages as /proc/PID/status shows them, and the size of its brk heap.
 pub(crate) fn exit_memory() -> Option<ExitMemory> {
     task_memory(current_task())
+}
+
+/// The id of the memory cgroup of the task at `task` (its kernfs node id); None where the kernel
+/// has no memory controller or a pointer on the way cannot be read.
+pub(crate) fn memcg_id(task: u64) -> Option<u64> {
+    let layout = layout();
+    if layout.memory_subsys_slot == 0 {
+        return None;
+    }
+    let css_set: u64 = read_at(task, layout.task_cgroups)?;
+    let slot = layout.css_set_subsys + (layout.memory_subsys_slot - 1) * 8;
+    let css: u64 = read_at(css_set, slot)?;
+    let cgroup: u64 = read_at(css, layout.css_cgroup)?;
+    let node: u64 = read_at(cgroup, layout.cgroup_kn)?;
+    read_at(node, layout.kernfs_node_id)
 }
 
 /// The memory counters of the process whose `struct task_struct` is at `task`, as `exit_memory`.

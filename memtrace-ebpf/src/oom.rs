@@ -9,7 +9,7 @@ use memtrace_common::{ExitMemory, OomEvent, OOM_EVENTS_BYTES};
 
 use crate::{
     helpers::now_ns,
-    kernel::{current_task, layout, read_at, task_memory},
+    kernel::{current_task, layout, memcg_id, read_at, task_memory},
     processes::{caller, count_global_loss, Caller},
 };
 
@@ -38,6 +38,8 @@ pub fn oom_victim(ctx: RawTracePointContext) -> u32 {
         })
     };
     event.memory = task.and_then(task_memory).unwrap_or(ExitMemory::default());
+    // Read here: once the victim is exiting, /proc shows cgroup v1 paths as `/`.
+    event.memcg_id = task.and_then(memcg_id).unwrap_or(0);
     if OOM_EVENTS.output::<OomEvent>(event, 0).is_err() {
         count_global_loss();
     }

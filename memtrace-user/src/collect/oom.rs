@@ -61,7 +61,10 @@ impl OomWatch {
             if process.released || process.oom_kill.is_some() {
                 continue;
             }
-            let cgroup = memcg::memory_cgroup(tgid);
+            // The kernel's reading at the kill, else /proc now (on v1 that says `/` once the
+            // victim is exiting).
+            let by_id = (event.memcg_id != 0).then(|| memcg::memory_cgroup_by_id(event.memcg_id));
+            let cgroup = by_id.flatten().or_else(|| memcg::memory_cgroup(tgid));
             process.oom_kill = Some(OomKill::heard(
                 ts_us(event.at_ns, run_started),
                 cgroup.as_ref().map(|cgroup| cgroup.path.clone()),

@@ -13,6 +13,7 @@ const HEADER_LEN: usize = 24;
 const TYPE_LEN: usize = 12;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 
 /// Where the running kernel keeps what the BPF programs read (`memtrace_common::KernelLayout`),
 /// from the BTF file at `path`.
@@ -38,6 +39,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             percpu_counter_count,
             percpu_counter_size,
             oom_victim_is_task: u32::from(oom_victim_is_task(&btf)),
+            ..memcg_layout(&btf).unwrap_or_default()
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))
@@ -67,6 +69,22 @@ fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32)> {
 fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
     btf.find_struct("trace_event_raw_mark_victim")
         .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
+}
+
+/// The way from a task to its memory cgroup's id (`KernelLayout::task_cgroups` ...); an error
+/// where the kernel has no memory controller (then none is read).
+fn memcg_layout(btf: &Btf<'_>) -> Result<KernelLayout> {
+    let (task, css_set) = (btf.find_struct("task_struct")?, btf.find_struct("css_set")?);
+    let (css, cgroup) = (btf.find_struct("cgroup_subsys_state")?, btf.find_struct("cgroup")?);
+    Ok(KernelLayout {
+        task_cgroups: btf.member_offset(task, "cgroups")?,
+        css_set_subsys: btf.member_offset(css_set, "subsys")?,
+        memory_subsys_slot: btf.enum_value("memory_cgrp_id")? + 1,
+        css_cgroup: btf.member_offset(css, "cgroup")?,
+        cgroup_kn: btf.member_offset(cgroup, "kn")?,
+        kernfs_node_id: btf.member_offset(btf.find_struct("kernfs_node")?, "id")?,
+        ..KernelLayout::default()
+    })
 }
 
 /// A struct or union of the BTF, by the byte offset of its type record.
@@ -116,6 +134,23 @@ impl<'a> Btf<'a> {
             }
         }
         bail!("the kernel's BTF has no struct {name}")
+    }
+
+    /// The value of the enumerator `name` of any enum.
+    fn enum_value(&self, name: &str) -> Result<u32> {
+        for &at in &self.offsets[1..] {
+            let info = u32_at(self.types, at + 4)?;
+            if (info >> 24) & 0x1f != KIND_ENUM {
+                continue;
+            }
+            for index in 0..(info & 0xffff) as usize {
+                let entry = at + TYPE_LEN + index * 8;
+                if self.string(u32_at(self.types, entry)?)? == name.as_bytes() {
+                    return u32_at(self.types, entry + 4);
+                }
+            }
+        }
+        bail!("the kernel's BTF has no enumerator {name}")
     }
 
     fn size(&self, composite: Composite) -> Result<u32> {

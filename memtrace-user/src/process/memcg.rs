@@ -1,7 +1,9 @@
 //! A process's memory cgroup and the limit it lives under: its path from /proc/PID/cgroup (the
 //! memory controller's line on cgroup v1, the unified line on v2), and the lowest `memory.max`
 //! (v2) or `memory.limit_in_bytes` (v1) on that cgroup and its ancestors, read where
-//! /proc/self/mountinfo says the hierarchy is mounted.
+//! /proc/self/mountinfo says the hierarchy is mounted. Or from the cgroup's id, as the kernel read it
+//! at an OOM kill (`memory_cgroup_by_id`): once a task is exiting, /proc/PID/cgroup shows its v1
+//! cgroups as `/`.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +34,38 @@ pub fn memory_cgroup(pid: u32) -> Option<MemoryCgroup> {
         lowest_limit(&mount, relative, hierarchy)
     });
     Some(MemoryCgroup { path, limit_bytes })
+}
+
+/// The memory cgroup whose id (the kernel's kernfs node id: the inode number of its directory) is
+/// `id`, found in the hierarchy that holds the memory controller (v1's where it is on v1, else
+/// v2's); None where no directory has it (the cgroup was removed).
+pub fn memory_cgroup_by_id(id: u64) -> Option<MemoryCgroup> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let (mount, hierarchy) = match mount_point(&mountinfo, Hierarchy::V1) {
+        Some((mount, _)) => (mount, Hierarchy::V1),
+        None => (mount_point(&mountinfo, Hierarchy::V2)?.0, Hierarchy::V2),
+    };
+    let dir = find_inode(&mount, id, 0)?;
+    let relative = dir.strip_prefix(&mount).ok()?;
+    let path = format!("/{}", relative.display());
+    let limit_bytes = lowest_limit(&mount, &path, hierarchy);
+    Some(MemoryCgroup { path, limit_bytes })
+}
+
+/// The directory at or below `dir` whose inode number is `inode` (cgroup trees are shallow).
+fn find_inode(dir: &Path, inode: u64, depth: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(dir).ok()?.ino() == inode {
+        return Some(dir.to_owned());
+    }
+    if depth >= 32 {
+        return None;
+    }
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+        .find_map(|entry| find_inode(&entry.path(), inode, depth + 1))
 }
 
 /// The memory cgroup's path in /proc/PID/cgroup: v1's `N:...memory...:/path` line where the memory
