@@ -334,7 +334,10 @@ mod tests {
         assert!(text.contains("# TYPE memtrace_allocations_total counter\n"), "{text}");
         assert!(text.contains("memtrace_lost_events_total 3\n"), "{text}");
         assert!(text.contains("memtrace_traced_processes 4\n"), "{text}");
-        assert!(text.contains("# TYPE memtrace_oom_kills counter\nmemtrace_oom_kills_total 1\n"), "{text}");
+        assert!(
+            text.contains("# TYPE memtrace_oom_kills_total counter\nmemtrace_oom_kills_total 1\n"),
+            "{text}"
+        );
         assert!(text.contains("memtrace_other_processes 2\n"), "{text}");
         assert!(text.contains("process_resident_memory_bytes 4096\n"), "{text}");
         assert!(text.contains("memtrace_kernel_table_capacity{table=\"live_allocations\"} 1000\n"), "{text}");
