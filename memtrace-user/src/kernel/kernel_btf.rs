@@ -259,6 +259,20 @@ mod tests {
         assert!(!has_struct(Path::new(VMLINUX_BTF), "task_rss_stat").unwrap());
     }
 
+    /// This machine's kernel (6.18) passes oom:mark_victim the victim's task, and its memory
+    /// controller's id is its place in /proc/cgroups, which lists the controllers in id order.
+    #[test]
+    fn the_oom_victim_and_its_memory_cgroup_are_reachable() {
+        let layout = kernel_layout(Path::new(VMLINUX_BTF)).unwrap();
+        assert_eq!(layout.oom_victim_is_task, 1, "{layout:?}");
+        let controllers = std::fs::read_to_string("/proc/cgroups").unwrap();
+        let memory = controllers.lines().skip(1).position(|line| line.starts_with("memory\t")).unwrap();
+        assert_eq!(layout.memory_subsys_slot, memory as u32 + 1, "{controllers}");
+        // css_set begins with its subsys array, cgroup_subsys_state with its cgroup pointer.
+        assert_eq!((layout.css_set_subsys, layout.css_cgroup), (0, 0), "{layout:?}");
+        assert!(layout.task_cgroups > 0 && layout.cgroup_kn > 0 && layout.kernfs_node_id > 0, "{layout:?}");
+    }
+
     /// mm_struct keeps its fields in an anonymous struct; brk follows start_brk, and the counters
     /// are an array of struct percpu_counter whose `count` follows a 4-byte lock.
     #[test]
