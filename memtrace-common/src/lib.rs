@@ -188,6 +188,20 @@ pub struct KernelLayout {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    /// Non-zero where oom:mark_victim passes the victim's `struct task_struct *` (6.8 and later:
+    /// `TP_PROTO(struct task_struct *task, uid_t uid)`); zero where it passes its pid
+    /// (`TP_PROTO(int pid)`, 6.1).
+    pub oom_victim_is_task: u32,
+    /// The way from a task to the id of its memory cgroup, for an OOM victim (its kernfs node id,
+    /// the inode number of the cgroup's directory): `task_struct.cgroups` (a css_set),
+    /// `css_set.subsys` (an array of css pointers), `memory_cgrp_id + 1` (0 where the kernel has
+    /// no memory controller), `cgroup_subsys_state.cgroup`, `cgroup.kn`, `kernfs_node.id`.
+    pub task_cgroups: u32,
+    pub css_set_subsys: u32,
+    pub memory_subsys_slot: u32,
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
 }
 
 /// A program file as the kernel names it at exec: its file system's device (the kernel's own
@@ -224,6 +238,30 @@ pub mod exec_hold {
 
 /// Program files whose execs need no stop (their allocators are probed), remembered at most.
 pub const MAX_KNOWN_IMAGES: u32 = 4096;
+
+/// The kernel's OOM killer chose a victim (oom:mark_victim, global or a memory cgroup's): sent for
+/// every victim, traced or not (they are rare); userspace keeps those it traces.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomEvent {
+    /// The victim's thread id, as the tracepoint names it (its process's leader, but for a process
+    /// whose leader has exited).
+    pub pid: u32,
+    /// The victim's process id where the kernel says it (the task, or the OOM invoker is the
+    /// victim); 0 where only `pid` is known.
+    pub tgid: u32,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC) at the kill.
+    pub at_ns: u64,
+    /// The victim's memory counters at the kill, before the OOM reaper or its exit frees them
+    /// (`read` is 0 where the victim's task could not be read: 6.1, killed by another task).
+    pub memory: ExitMemory,
+    /// The id of the victim's memory cgroup (the inode number of its directory in the memory
+    /// controller's hierarchy, v1 or v2), read at the kill; 0 where unread.
+    pub memcg_id: u64,
+}
+
+/// Capacity of the OOM victim ring buffer in bytes (a page: 56 victims in one burst).
+pub const OOM_EVENTS_BYTES: u32 = 4096;
 
 /// Which processes the probes' events count for: the loader sets the BPF global `REACH`.
 pub mod reach {
@@ -524,6 +562,7 @@ pub struct PendingCall {
 mod pod {
     // SAFETY: all of these are #[repr(C)] plain integers without padding holes that matter to the kernel.
     unsafe impl aya::Pod for super::ProcessStats {}
+    unsafe impl aya::Pod for super::OomEvent {}
     unsafe impl aya::Pod for super::AllocationKey {}
     unsafe impl aya::Pod for super::Allocation {}
     unsafe impl aya::Pod for super::LiveSlot {}

@@ -1,5 +1,6 @@
 //! Reading the running kernel's own structs, at the offsets the loader found in its BTF (aya-ebpf
-//! has no CO-RE): a forked child's tgid, an exiting process's memory counters, an exec'd file.
+//! has no CO-RE): a forked child's tgid, an exiting (or OOM-killed) process's memory counters, an
+//! exec'd file.
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use memtrace_common::{mm_counter, ExitMemory, ImageKey, KernelLayout};
@@ -19,6 +20,13 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     inode_ino: 0,
     inode_sb: 0,
     sb_dev: 0,
+    oom_victim_is_task: 0,
+    task_cgroups: 0,
+    css_set_subsys: 0,
+    memory_subsys_slot: 0,
+    css_cgroup: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -62,11 +70,31 @@ pub(crate) fn current_task() -> u64 {
 /// The kernel's memory counters of the exiting process, read before its memory is released: its
 /// resident and swapped pages as /proc/PID/status shows them, and the size of its brk heap.
 pub(crate) fn exit_memory() -> Option<ExitMemory> {
+    task_memory(current_task())
+}
+
+/// The id of the memory cgroup of the task at `task` (its kernfs node id); None where the kernel
+/// has no memory controller or a pointer on the way cannot be read.
+pub(crate) fn memcg_id(task: u64) -> Option<u64> {
+    let layout = layout();
+    if layout.memory_subsys_slot == 0 {
+        return None;
+    }
+    let css_set: u64 = read_at(task, layout.task_cgroups)?;
+    let slot = layout.css_set_subsys + (layout.memory_subsys_slot - 1) * 8;
+    let css: u64 = read_at(css_set, slot)?;
+    let cgroup: u64 = read_at(css, layout.css_cgroup)?;
+    let node: u64 = read_at(cgroup, layout.cgroup_kn)?;
+    read_at(node, layout.kernfs_node_id)
+}
+
+/// The memory counters of the process whose `struct task_struct` is at `task`, as `exit_memory`.
+pub(crate) fn task_memory(task: u64) -> Option<ExitMemory> {
     let layout = layout();
     if layout.task_mm == 0 {
         return None;
     }
-    let mm: u64 = read_at(current_task(), layout.task_mm)?;
+    let mm: u64 = read_at(task, layout.task_mm)?;
     let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
     for counter in
         [mm_counter::FILE_PAGES, mm_counter::ANON_PAGES, mm_counter::SWAP_ENTRIES, mm_counter::SHMEM_PAGES]

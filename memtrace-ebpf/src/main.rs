@@ -15,6 +15,7 @@ mod helpers;
 mod kernel;
 mod kernel_stack;
 mod live;
+mod oom;
 mod os_memory;
 mod processes;
 mod sampled;

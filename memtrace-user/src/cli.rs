@@ -356,6 +356,11 @@ pub struct ServeArgs {
     /// the node's name from the downward API, e.g. --host-name $(NODE_NAME)
     #[arg(long, value_name = "NAME", value_parser = parse_host_name)]
     pub host_name: Option<String>,
+
+    /// Keep the heap profile (gzipped pprof) of every traced process the kernel's OOM killer ends
+    /// as a file in this directory (made if missing); with --push it also goes in the next push
+    #[arg(long, value_name = "DIR")]
+    pub oom_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -98,6 +98,9 @@ const PLAN: &[(&str, &[&str])] = &[
     // the cgroup id each process's figures record at its first event, and the cgroup filter in
     // BPF (bpf_get_current_ancestor_cgroup_id): a runc container under --all, --container, --cgroup
     ("containers", &[]),
+    // OOM kills: oom:mark_victim (its pid on 6.1, its task on 6.8+), a memory cgroup on v2, the
+    // heap and stacks at the kill (serve's --oom-dir reads the same record; it stays on the host)
+    ("oom", &["an_oom_killed_command_is_recorded_with_its_heap_at_the_kill"]),
 ];
 
 /// Tests at once inside a VM (it has 2 vCPUs).

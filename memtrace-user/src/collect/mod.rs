@@ -1,6 +1,7 @@
 //! Reads the kernel's maps and /proc into the model, for every process at one moment, and at the end
 //! of the run turns the kernel's stacks into symbolized per-stack profiles.
 
+pub mod oom;
 pub mod owners;
 pub mod peaks;
 pub mod skipped_exits;
@@ -29,6 +30,7 @@ use crate::{
     model::{
         frame::Frame,
         levels::{MemoryLevels, OsMemory},
+        oom::{KillStack, OOM_STACKS},
         HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
     },
     process::procfs::{self, Mapping},
@@ -107,6 +109,7 @@ impl Collector {
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
         self.peaks.record(model, &live, ts_us);
+        self.read_oom_kills(probes, model, &live)?;
         // Read once for the sample: each program's statistics are a syscall.
         let skipped = probes.skipped_runs()?;
         self.skipped_exits.recover(probes, skipped.exits(), model)?;
@@ -325,6 +328,57 @@ impl Collector {
         self.symbolize_peaks(probes, model, of_process)
     }
 
+    /// Gives each OOM victim whose heap is yet to be read its live heap and the stacks that held
+    /// the most, from `live` as just read: the victim ran no allocator call after the kill, so its
+    /// live blocks are those it had then, kept in the kernel's tables until its release.
+    fn read_oom_kills(
+        &mut self,
+        probes: &Probes,
+        model: &mut Model,
+        live: &[(StackKey, StackTotals)],
+    ) -> Result<()> {
+        let sampling = model.sampling;
+        for process in model.processes.values_mut() {
+            let Some(kill) = process.oom_kill.as_mut().filter(|kill| !kill.read) else { continue };
+            let image_start = process.stats.started_ns;
+            let mut held: Vec<&(StackKey, StackTotals)> = live
+                .iter()
+                .filter(|(key, totals)| {
+                    key.tgid == process.identity.pid
+                        && totals.live_bytes > 0
+                        && totals.started_ns >= image_start
+                })
+                .collect();
+            held.sort_by_key(|(_, totals)| std::cmp::Reverse(totals.live_bytes));
+            held.truncate(OOM_STACKS);
+            let mut stacks = Vec::with_capacity(held.len());
+            for (key, totals) in held {
+                let Some(frames) = self.stacks.frames(probes, key.stack)? else { continue };
+                let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
+                stacks.push(PeakConsumer {
+                    frames: self.symbolizer.resolve(&frames, &process.mappings),
+                    live_bytes: totals.live_bytes,
+                    live_allocations: totals.live_allocations,
+                });
+            }
+            kill.live_bytes = process.stats.live_bytes;
+            kill.live_allocations = process.stats.live_allocations;
+            // Stacks cut short before the unwind tables were loaded join the whole ones they
+            // begin, among the kill's own (the process's stacks are read at its release).
+            let whole = stacks.iter().map(|stack| stack.frames.clone()).collect();
+            kill.stacks = merge_into_whole(stacks, whole)
+                .into_iter()
+                .map(|PeakConsumer { frames, live_bytes, live_allocations }| KillStack {
+                    frames,
+                    live_bytes,
+                    live_allocations,
+                })
+                .collect();
+            kill.read = true;
+        }
+        Ok(())
+    }
+
     /// Gives each process the heap peak the samples saw, its stacks symbolized.
     fn symbolize_peaks(
         &mut self,
@@ -527,7 +581,14 @@ fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
 /// a consumer whose frames begin exactly one longer stack of the process is that stack. Most
 /// live bytes first.
 fn merge_cut_consumers(consumers: Vec<PeakConsumer>, stacks: &[StackProfile]) -> Vec<PeakConsumer> {
-    let mut whole: Vec<&[Arc<Frame>]> = stacks.iter().map(|stack| stack.frames.as_slice()).collect();
+    let whole: Vec<Vec<Arc<Frame>>> = stacks.iter().map(|stack| stack.frames.clone()).collect();
+    merge_into_whole(consumers, whole)
+}
+
+/// Folds each of `consumers` whose frames begin exactly one of `whole` into it (see
+/// `merge_cut_consumers`); most live bytes first.
+fn merge_into_whole(consumers: Vec<PeakConsumer>, whole: Vec<Vec<Arc<Frame>>>) -> Vec<PeakConsumer> {
+    let mut whole: Vec<&[Arc<Frame>]> = whole.iter().map(Vec::as_slice).collect();
     whole.sort();
     let mut merged: Vec<PeakConsumer> = Vec::with_capacity(consumers.len());
     for mut consumer in consumers {
@@ -567,7 +628,7 @@ fn scale_totals(sampling: Sampling, totals: StackTotals) -> StackTotals {
 }
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-fn monotonic_now_ns() -> u64 {
+pub(crate) fn monotonic_now_ns() -> u64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes only the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };

@@ -31,6 +31,7 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
     for process in model.every_process() {
         write_figures(&mut text, process);
         write_memory(&mut text, process);
+        write_oom_kill(&mut text, process);
         write_usdt(&mut text, process);
         write_stacks(&mut text, process, top);
     }
@@ -228,6 +229,28 @@ fn write_memory(text: &mut String, process: &Process) {
             ))
         );
     }
+}
+
+/// The kernel's OOM killer ended the process: when, where, and what held the most then.
+fn write_oom_kill(text: &mut String, process: &Process) {
+    let Some(kill) = &process.oom_kill else { return };
+    let limit =
+        kill.limit_bytes.map_or_else(|| "no limit".to_owned(), |limit| format!("limit {}", bytes(limit)));
+    let _ = writeln!(
+        text,
+        "    OOM-killed at {:.2} s in memory cgroup {} ({limit}): live heap {} in {} blocks, rss {}{}",
+        kill.ts_us as f64 / 1e6,
+        kill.cgroup.as_deref().unwrap_or("unknown"),
+        bytes(kill.live_bytes.max(0) as u64),
+        kill.live_allocations,
+        kill.rss_bytes.map_or_else(|| "unknown".to_owned(), bytes),
+        kill.stacks.first().map_or(String::new(), |top| format!(
+            ", most from {} ({} in {} blocks)",
+            top.frames.first().map_or_else(|| "[unknown]".to_owned(), |frame| frame.name()),
+            bytes(top.live_bytes.max(0) as u64),
+            top.live_allocations
+        ))
+    );
 }
 
 fn write_usdt(text: &mut String, process: &Process) {

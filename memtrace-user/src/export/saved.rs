@@ -9,12 +9,16 @@ use memtrace_common::{unwind_stop, ProcessStats};
 
 use super::{
     report::TextReport,
-    summary::{PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION},
+    summary::{
+        OomKillSummary, PeakStack, PeakSummary, ProcessSummary, StackSummary, Summary, SUMMARY_VERSION,
+    },
 };
 use crate::{
     model::{
-        frame::Frame, identity::ProcessIdentity, HeapPeak, Model, PeakConsumer, Process, RunEnd,
-        StackProfile, UsdtFigures,
+        frame::Frame,
+        identity::ProcessIdentity,
+        oom::{KillStack, OomKill},
+        HeapPeak, Model, PeakConsumer, Process, RunEnd, StackProfile, UsdtFigures,
     },
     plan::ReportFiles,
 };
@@ -156,6 +160,11 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         .map(|peak| peak_of(peak, frames))
         .transpose()
         .with_context(|| format!("the peak of pid {pid}"))?;
+    let oom_kill = saved
+        .oom_kill
+        .map(|kill| oom_kill_of(kill, frames))
+        .transpose()
+        .with_context(|| format!("the OOM kill of pid {pid}"))?;
     let identity = ProcessIdentity {
         pid,
         comm: saved.comm,
@@ -179,6 +188,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         mappings: Vec::new(),
         stacks,
         usdt,
+        oom_kill,
     })
 }
 
@@ -193,8 +203,32 @@ fn stack_of(saved: StackSummary, frames: &[Arc<Frame>]) -> Result<StackProfile> 
 }
 
 fn peak_of(saved: PeakSummary, frames: &[Arc<Frame>]) -> Result<HeapPeak> {
-    let consumers = saved
-        .stacks
+    let consumers = consumers_of(saved.stacks, frames)?;
+    Ok(HeapPeak { ts_us: micros(saved.at_s), heap_live_bytes: saved.live_bytes, consumers })
+}
+
+fn oom_kill_of(saved: OomKillSummary, frames: &[Arc<Frame>]) -> Result<OomKill> {
+    Ok(OomKill {
+        ts_us: micros(saved.at_s),
+        cgroup: saved.cgroup,
+        limit_bytes: saved.limit_bytes,
+        rss_bytes: saved.rss_bytes,
+        live_bytes: saved.live_bytes,
+        live_allocations: saved.live_allocations,
+        stacks: consumers_of(saved.stacks, frames)?
+            .into_iter()
+            .map(|PeakConsumer { frames, live_bytes, live_allocations }| KillStack {
+                frames,
+                live_bytes,
+                live_allocations,
+            })
+            .collect(),
+        read: true,
+    })
+}
+
+fn consumers_of(stacks: Vec<PeakStack>, frames: &[Arc<Frame>]) -> Result<Vec<PeakConsumer>> {
+    stacks
         .into_iter()
         .map(|stack| {
             Ok(PeakConsumer {
@@ -203,9 +237,12 @@ fn peak_of(saved: PeakSummary, frames: &[Arc<Frame>]) -> Result<HeapPeak> {
                 live_allocations: stack.live_allocations,
             })
         })
-        .collect::<Result<_>>()?;
-    let ts_us = (saved.at_s.max(0.0) * 1e6).round() as u64;
-    Ok(HeapPeak { ts_us, heap_live_bytes: saved.live_bytes, consumers })
+        .collect()
+}
+
+/// Seconds since tracing began, as the model keeps them.
+fn micros(at_s: f64) -> u64 {
+    (at_s.max(0.0) * 1e6).round() as u64
 }
 
 /// The frames a stack's `frame_ids` name in the frame table.

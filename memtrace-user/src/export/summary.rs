@@ -21,6 +21,7 @@ use crate::model::{
     frame::Frame,
     identity::Container,
     levels::{FreeClass, FreePool, MemoryLevels},
+    oom::OomKill,
     AppSampled, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd,
     Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
 };
@@ -109,6 +110,28 @@ pub struct ProcessSummary {
     /// When its live heap was highest at a sample, and the stacks that held it then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak: Option<PeakSummary>,
+    /// The kernel's OOM killer ended it: when, where, and what it held then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kill: Option<OomKillSummary>,
+}
+
+/// A process the kernel's OOM killer ended (model/oom.rs).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OomKillSummary {
+    /// Seconds since tracing began.
+    pub at_s: f64,
+    /// Its memory cgroup (path in the memory controller's hierarchy); null where unread.
+    pub cgroup: Option<String>,
+    /// The lowest memory limit on that cgroup or an ancestor; null where none is set.
+    pub limit_bytes: Option<u64>,
+    /// The live heap at the kill.
+    pub live_bytes: i64,
+    pub live_allocations: i64,
+    /// Resident bytes at the kill; null where unread.
+    pub rss_bytes: Option<u64>,
+    /// The stacks that held the most at the kill, most first.
+    #[serde(serialize_with = "one_line_each")]
+    pub stacks: Vec<PeakStack>,
 }
 
 /// A process's memory levels, and its allocator's free pool by size class where it was measured.
@@ -250,6 +273,27 @@ impl ProcessSummary {
             stacks: process.stacks.iter().map(|stack| StackSummary::of(stack, table)).collect(),
             timeline: process.timeline.clone(),
             peak: process.peak.as_ref().map(|peak| PeakSummary::of(peak, table)),
+            oom_kill: process.oom_kill.as_ref().map(|kill| OomKillSummary::of(kill, table)),
+        }
+    }
+}
+
+impl OomKillSummary {
+    fn of(kill: &OomKill, table: &mut FrameTable) -> Self {
+        Self {
+            at_s: kill.ts_us as f64 / 1e6,
+            cgroup: kill.cgroup.clone(),
+            limit_bytes: kill.limit_bytes,
+            live_bytes: kill.live_bytes,
+            live_allocations: kill.live_allocations,
+            rss_bytes: kill.rss_bytes,
+            stacks: kill
+                .stacks
+                .iter()
+                .map(|stack| {
+                    PeakStack::of_frames(&stack.frames, stack.live_bytes, stack.live_allocations, table)
+                })
+                .collect(),
         }
     }
 }
@@ -278,11 +322,20 @@ impl PeakSummary {
 
 impl PeakStack {
     fn of(consumer: &PeakConsumer, table: &mut FrameTable) -> Self {
+        Self::of_frames(&consumer.frames, consumer.live_bytes, consumer.live_allocations, table)
+    }
+
+    fn of_frames(
+        frames: &[Arc<Frame>],
+        live_bytes: i64,
+        live_allocations: i64,
+        table: &mut FrameTable,
+    ) -> Self {
         Self {
-            live_bytes: consumer.live_bytes,
-            live_allocations: consumer.live_allocations,
-            stack: consumer.frames.iter().map(|frame| frame.name()).collect(),
-            frame_ids: table.ids(&consumer.frames),
+            live_bytes,
+            live_allocations,
+            stack: frames.iter().map(|frame| frame.name()).collect(),
+            frame_ids: table.ids(frames),
         }
     }
 }

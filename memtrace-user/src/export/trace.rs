@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use super::exporter::Exporter;
-use crate::model::{Model, Process, RunEnd, Sample};
+use crate::model::{oom::OomKill, Model, Process, RunEnd, Sample};
 
 pub struct TraceFile {
     path: PathBuf,
@@ -33,6 +33,8 @@ pub struct TraceFile {
     named: BTreeSet<u32>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
+    /// Processes whose OOM kill is already in the trace.
+    oom_kills_shown: BTreeSet<u32>,
     /// `--heap-subsystem`: subsystems whose memory comes out of malloc.
     heap_subsystems: BTreeSet<String>,
 }
@@ -51,6 +53,7 @@ impl TraceFile {
             finished: false,
             named: BTreeSet::new(),
             closed: BTreeSet::new(),
+            oom_kills_shown: BTreeSet::new(),
             heap_subsystems: BTreeSet::new(),
         };
         // On failure (a full disk) the file goes again as `trace` drops.
@@ -135,6 +138,11 @@ impl Exporter for TraceFile {
                 events.push(process_name(process));
             }
             events.extend(process_events(process, sample, &self.heap_subsystems));
+            if let Some(kill) = process.oom_kill.as_ref().filter(|kill| kill.read) {
+                if self.oom_kills_shown.insert(process.identity.pid) {
+                    events.push(oom_kill_event(process, kill));
+                }
+            }
             if process.exited {
                 self.closed.insert(process.identity.pid);
             }
@@ -157,6 +165,16 @@ impl Exporter for TraceFile {
 fn process_name(process: &Process) -> Value {
     json!({"name": "process_name", "ph": "M", "pid": process.identity.pid, "tid": process.identity.pid,
            "args": {"name": process.identity.display_name()}})
+}
+
+/// An instant event at the OOM kill, on the process's track: what it held then, and the stack
+/// that held the most.
+fn oom_kill_event(process: &Process, kill: &OomKill) -> Value {
+    let stack: Vec<String> = kill.top_frames().unwrap_or_default().iter().map(|frame| frame.name()).collect();
+    json!({"name": "oom_kill", "ph": "i", "s": "p", "ts": kill.ts_us, "pid": process.identity.pid, "tid": process.identity.pid,
+           "args": {"cgroup": kill.cgroup, "limit_bytes": kill.limit_bytes, "live_bytes": kill.live_bytes,
+                    "live_allocations": kill.live_allocations, "rss_bytes": kill.rss_bytes,
+                    "top_stack": stack}})
 }
 
 fn counter(process: &Process, ts_us: u64, name: &str, args: Value) -> Value {

@@ -16,6 +16,7 @@ const HEADER_LEN: usize = 24;
 const TYPE_LEN: usize = 12;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 
 /// Where the running kernel keeps what the BPF programs read (`memtrace_common::KernelLayout`),
 /// from the BTF file at `path`.
@@ -47,6 +48,8 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             inode_ino: btf.member_offset(inode, "i_ino")?,
             inode_sb: btf.member_offset(inode, "i_sb")?,
             sb_dev: btf.member_offset(super_block, "s_dev")?,
+            oom_victim_is_task: u32::from(oom_victim_is_task(&btf)),
+            ..memcg_layout(&btf).unwrap_or_default()
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))
@@ -68,6 +71,30 @@ fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32)> {
     }
     let counter = btf.find_struct("percpu_counter")?;
     Ok((btf.member_offset(counter, "count")?, btf.size(counter)?))
+}
+
+/// Whether oom:mark_victim passes the victim's task (6.8 and later) rather than its pid (6.1): the
+/// change came with the event's new fields (comm, total_vm, the RSS counters, uid), so its record
+/// struct having `total_vm` tells the two apart.
+fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
+    btf.find_struct("trace_event_raw_mark_victim")
+        .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
+}
+
+/// The way from a task to its memory cgroup's id (`KernelLayout::task_cgroups` ...); an error
+/// where the kernel has no memory controller (then none is read).
+fn memcg_layout(btf: &Btf<'_>) -> Result<KernelLayout> {
+    let (task, css_set) = (btf.find_struct("task_struct")?, btf.find_struct("css_set")?);
+    let (css, cgroup) = (btf.find_struct("cgroup_subsys_state")?, btf.find_struct("cgroup")?);
+    Ok(KernelLayout {
+        task_cgroups: btf.member_offset(task, "cgroups")?,
+        css_set_subsys: btf.member_offset(css_set, "subsys")?,
+        memory_subsys_slot: btf.enum_value("memory_cgrp_id")? + 1,
+        css_cgroup: btf.member_offset(css, "cgroup")?,
+        cgroup_kn: btf.member_offset(cgroup, "kn")?,
+        kernfs_node_id: btf.member_offset(btf.find_struct("kernfs_node")?, "id")?,
+        ..KernelLayout::default()
+    })
 }
 
 /// A struct or union of the BTF, by the byte offset of its type record.
@@ -117,6 +144,23 @@ impl<'a> Btf<'a> {
             }
         }
         bail!("the kernel's BTF has no struct {name}")
+    }
+
+    /// The value of the enumerator `name` of any enum.
+    fn enum_value(&self, name: &str) -> Result<u32> {
+        for &at in &self.offsets[1..] {
+            let info = u32_at(self.types, at + 4)?;
+            if (info >> 24) & 0x1f != KIND_ENUM {
+                continue;
+            }
+            for index in 0..(info & 0xffff) as usize {
+                let entry = at + TYPE_LEN + index * 8;
+                if self.string(u32_at(self.types, entry)?)? == name.as_bytes() {
+                    return u32_at(self.types, entry + 4);
+                }
+            }
+        }
+        bail!("the kernel's BTF has no enumerator {name}")
     }
 
     fn size(&self, composite: Composite) -> Result<u32> {
@@ -222,6 +266,20 @@ mod tests {
     fn a_struct_is_found_by_name() {
         assert!(has_struct(Path::new(VMLINUX_BTF), "task_struct").unwrap());
         assert!(!has_struct(Path::new(VMLINUX_BTF), "task_rss_stat").unwrap());
+    }
+
+    /// This machine's kernel (6.18) passes oom:mark_victim the victim's task, and its memory
+    /// controller's id is its place in /proc/cgroups, which lists the controllers in id order.
+    #[test]
+    fn the_oom_victim_and_its_memory_cgroup_are_reachable() {
+        let layout = kernel_layout(Path::new(VMLINUX_BTF)).unwrap();
+        assert_eq!(layout.oom_victim_is_task, 1, "{layout:?}");
+        let controllers = std::fs::read_to_string("/proc/cgroups").unwrap();
+        let memory = controllers.lines().skip(1).position(|line| line.starts_with("memory\t")).unwrap();
+        assert_eq!(layout.memory_subsys_slot, memory as u32 + 1, "{controllers}");
+        // css_set begins with its subsys array, cgroup_subsys_state with its cgroup pointer.
+        assert_eq!((layout.css_set_subsys, layout.css_cgroup), (0, 0), "{layout:?}");
+        assert!(layout.task_cgroups > 0 && layout.cgroup_kn > 0 && layout.kernfs_node_id > 0, "{layout:?}");
     }
 
     /// mm_struct keeps its fields in an anonymous struct; brk follows start_brk, and the counters

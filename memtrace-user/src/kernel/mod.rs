@@ -173,6 +173,8 @@ struct Calls<'a> {
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
 const EXIT_PROGRAM: &str = "process_exit";
+/// The program that hears of the OOM killer's victims.
+const OOM_PROGRAM: &str = "oom_victim";
 /// The program that reads an exiting process's memory at do_exit's entry.
 const EXIT_READER: &str = "exit_begins";
 
@@ -438,6 +440,18 @@ impl Probes {
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
         tables::EXEC_EVENTS.take(&mut self.ebpf)
+    }
+
+    /// Hears of the OOM killer's victims (oom:mark_victim); returns the ring buffer that announces
+    /// them. An error where the kernel has no such tracepoint.
+    pub fn watch_oom_kills(&mut self) -> Result<RingBuf<MapData>> {
+        let tracepoint: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(OOM_PROGRAM)
+            .with_context(|| format!("the BPF object has no program {OOM_PROGRAM}"))?
+            .try_into()?;
+        tracepoint.attach("mark_victim").context("attaching to oom:mark_victim")?;
+        tables::OOM_EVENTS.take(&mut self.ebpf)
     }
 
     /// Tells the free probe where allocator `index`'s code lies around it, so that a free its own

@@ -95,6 +95,8 @@ pub const THREAD_SLOTS: ArrayTable<ThreadSlot> = ArrayTable::new("THREAD_SLOTS",
 
 /// The ring buffer that announces the execs of traced processes.
 pub const EXEC_EVENTS: RingTable = RingTable { name: "EXEC_EVENTS" };
+/// The ring buffer that announces the OOM killer's victims (memtrace-ebpf/src/oom.rs).
+pub const OOM_EVENTS: RingTable = RingTable { name: "OOM_EVENTS" };
 
 /// A BPF ring buffer of memtrace-ebpf, by name.
 pub struct RingTable {

@@ -7,6 +7,7 @@ mod folding;
 pub mod frame;
 pub mod identity;
 pub mod levels;
+pub mod oom;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
@@ -48,6 +49,8 @@ pub struct Process {
     pub stacks: Vec<StackProfile>,
     /// What the process's USDT probes reported.
     pub usdt: UsdtFigures,
+    /// The kernel's OOM killer ended it (model/oom.rs).
+    pub oom_kill: Option<oom::OomKill>,
 }
 
 impl Process {
@@ -312,6 +315,7 @@ impl Model {
                 mappings: Vec::new(),
                 stacks: Vec::new(),
                 usdt: UsdtFigures::default(),
+                oom_kill: None,
             },
         );
     }

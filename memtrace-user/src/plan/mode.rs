@@ -32,6 +32,8 @@ pub struct ServeOptions {
     pub host_name: String,
     /// `--otlp-endpoint`: where heap profiles go as OTLP profiles requests, and how often.
     pub otlp: Option<PushTarget>,
+    /// `--oom-dir`: where the heap profile at each OOM kill is kept.
+    pub oom_dir: Option<std::path::PathBuf>,
 }
 
 /// Where profiles are pushed: a plain-HTTP Pyroscope (or compatible) server, or an OTLP/HTTP

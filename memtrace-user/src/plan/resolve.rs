@@ -70,6 +70,7 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
             nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
         }),
         otlp: args.otlp_endpoint.map(|base| PushTarget { base, interval: args.push_interval }),
+        oom_dir: args.oom_dir,
     };
     (args.run, Mode::Serve(Box::new(options)))
 }

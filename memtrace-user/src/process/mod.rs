@@ -24,6 +24,7 @@ mod fuzz_tests;
 mod image;
 pub mod map_calls;
 mod map_sites;
+pub mod memcg;
 mod objects;
 pub mod pagemap;
 pub mod procfs;

@@ -180,6 +180,11 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         counter(snapshot.lost_events),
     );
     registry.register(
+        "memtrace_oom_kills",
+        "Traced processes the kernel's OOM killer ended (their heap at the kill: --oom-dir)",
+        counter(snapshot.oom_kills),
+    );
+    registry.register(
         "memtrace_traced_processes",
         "Processes traced now (exited ones not counted)",
         gauge(gauge_value(traced as u64)),
@@ -291,6 +296,7 @@ mod tests {
             traced_for: Duration::ZERO,
             profile_ticket: 0,
             lost_events: 3,
+            oom_kills: 1,
             agent_rss_bytes: 4096,
             agent_cpu_seconds: 0.5,
         }
@@ -319,6 +325,10 @@ mod tests {
         assert!(text.contains("# TYPE memtrace_allocations_total counter\n"), "{text}");
         assert!(text.contains("memtrace_lost_events_total 3\n"), "{text}");
         assert!(text.contains("memtrace_traced_processes 4\n"), "{text}");
+        assert!(
+            text.contains("# TYPE memtrace_oom_kills_total counter\nmemtrace_oom_kills_total 1\n"),
+            "{text}"
+        );
         assert!(text.contains("memtrace_other_processes 2\n"), "{text}");
         assert!(text.contains("process_resident_memory_bytes 4096\n"), "{text}");
         assert!(text.contains("memtrace_kernel_table_capacity{table=\"live_allocations\"} 1000\n"), "{text}");

@@ -5,6 +5,7 @@
 
 mod http;
 mod metrics;
+mod oom;
 mod otlp_push;
 mod post;
 mod profile;
@@ -51,17 +52,21 @@ pub struct Agent {
     /// Each process's lost events as last seen, and the sum of those that left the model.
     lost_by_process: HashMap<u32, u64>,
     departed_lost: u64,
+    /// The OOM kills seen, their profiles kept (--oom-dir, --push).
+    oom: oom::OomKeeper,
 }
 
 impl Agent {
     /// Binds the address and starts serving (with nothing to show until the first sample).
     pub fn start(options: &ServeOptions) -> Result<Self> {
+        let oom = oom::OomKeeper::new(options.oom_dir.as_deref(), options.push.is_some())?;
         let empty = Snapshot {
             model: Model::default(),
             profile: Arc::new(Model::default()),
             traced_for: Duration::ZERO,
             profile_ticket: 0,
             lost_events: 0,
+            oom_kills: 0,
             agent_rss_bytes: 0,
             agent_cpu_seconds: 0.0,
         };
@@ -74,6 +79,7 @@ impl Agent {
             profile_wait: options.interval * 2 + Duration::from_secs(20),
             push_failures: (options.push.is_some() || options.otlp.is_some()).then(|| AtomicU64::new(0)),
             host_name: options.host_name.clone(),
+            oom_profiles: Mutex::new(Vec::new()),
         });
         let server = http::Server::start(options, Arc::clone(&shared))?;
         let address = server.address();
@@ -94,6 +100,7 @@ impl Agent {
             departures: Departures::default(),
             lost_by_process: HashMap::new(),
             departed_lost: 0,
+            oom,
         })
     }
 
@@ -137,12 +144,14 @@ impl Exporter for Agent {
             self.profile = Arc::new(self.departures.visible(model, Stacks::Kept));
         }
         let lost_events = self.lost_events(model);
+        self.oom.sample(model, &self.shared);
         let snapshot = Snapshot {
             model: self.departures.visible(model, Stacks::Left),
             profile: Arc::clone(&self.profile),
             traced_for: Duration::from_micros(sample.ts_us),
             profile_ticket: self.profile_ticket,
             lost_events,
+            oom_kills: self.oom.total,
             agent_rss_bytes: procfs::rss_bytes(std::process::id()).unwrap_or(0),
             agent_cpu_seconds: metrics::own_cpu_seconds(),
         };
@@ -191,6 +200,7 @@ fn copy(process: &Process, stacks: Stacks) -> Process {
         mappings: Vec::new(),
         stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },
         usdt: process.usdt.clone(),
+        oom_kill: process.oom_kill.clone(),
     }
 }
 

@@ -2,7 +2,9 @@
 //! a Pyroscope-compatible ingest endpoint: `POST /ingest?name=memtrace.heap{host=..,pid=..,comm=..}
 //! &from=..&until=..&format=pprof`, the gzipped profile in the multipart field `profile`. Each push
 //! is tried three times with backoff; a push that still fails is counted (memtrace_push_failures_total)
-//! and said on stderr (post.rs). It runs on the server's thread: it never blocks tracing.
+//! and said on stderr (post.rs). The heap at each OOM kill since the last push (serve/oom.rs) goes
+//! too, once, as `memtrace.oom_heap{host=..,pid=..,comm=..}`. It runs on the server's thread: it
+//! never blocks tracing.
 
 use std::sync::Arc;
 
@@ -53,6 +55,18 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
                 (failures, last_error) = (failures + 1, format!("{err:#}"));
             }
         }
+        // The heap at each OOM kill since the last push, once.
+        for kill in shared.take_oom_profiles() {
+            let name = format!(
+                "memtrace.oom_heap{{host={},pid={},comm={}}}",
+                clean(&host),
+                kill.pid,
+                clean(&kill.comm)
+            );
+            if let Err(err) = push_with_retries(&target.base, &name, from, until, kill.gzipped).await {
+                (failures, last_error) = (failures + 1, format!("{err:#}"));
+            }
+        }
         if failures > 0 {
             failed(&shared, &target.base, failures, last_error);
         }
@@ -61,13 +75,15 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
 
 /// `memtrace.heap{host=..,pid=..,comm=..}`, label values cut to what Pyroscope accepts.
 fn series_name(host: &str, process: &Process) -> String {
-    let clean = |text: &str| -> String {
-        text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
-    };
     // The identity's labels (pid, comm, and the container's where known), as serve's metrics.
     let labels: Vec<String> =
         process.identity.labels().iter().map(|(name, value)| format!("{name}={}", clean(value))).collect();
     format!("memtrace.heap{{host={},{}}}", clean(host), labels.join(","))
+}
+
+/// A label value cut to what Pyroscope accepts.
+fn clean(text: &str) -> String {
+    text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
 async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {

@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub profile_ticket: u64,
     /// Events lost over the whole run, including those of processes that have left the model.
     pub lost_events: u64,
+    /// Processes the kernel's OOM killer ended during the run (serve/oom.rs).
+    pub oom_kills: u64,
     /// memtrace's own resident set size and CPU time.
     pub agent_rss_bytes: u64,
     pub agent_cpu_seconds: f64,
@@ -49,9 +51,24 @@ pub struct Shared {
     pub(super) push_failures: Option<AtomicU64>,
     /// The host's name in what is pushed (`--host-name`, or the system's).
     pub(super) host_name: String,
+    /// The heap profiles at OOM kills that the next push sends (serve/oom.rs).
+    pub(super) oom_profiles: Mutex<Vec<KillProfile>>,
+}
+
+/// A kill's heap profile on its way to the next push.
+pub struct KillProfile {
+    pub pid: u32,
+    pub comm: String,
+    /// The gzipped profile.proto.
+    pub gzipped: Vec<u8>,
 }
 
 impl Shared {
+    /// Takes the heap profiles at OOM kills waiting for a push.
+    pub fn take_oom_profiles(&self) -> Vec<KillProfile> {
+        std::mem::take(&mut *self.oom_profiles.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The first snapshot whose stacks were read after this call, or None if none comes in time.
     pub async fn fresh_snapshot(&self) -> Option<Arc<Snapshot>> {
         let ticket = self.profile_requests.fetch_add(1, Ordering::AcqRel) + 1;

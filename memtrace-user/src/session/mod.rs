@@ -3,6 +3,7 @@
 //! results to every exporter and wait for a launched command that outlives the trace (`command`).
 
 mod command;
+mod oom;
 mod outputs;
 mod poll;
 mod sample;
@@ -21,7 +22,7 @@ use self::{
 use crate::{
     attach::usdt::{OwnSites, UsdtProbes},
     collect::unwind::KernelTables,
-    collect::Collector,
+    collect::{oom::OomWatch, Collector},
     follow::Following,
     kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
@@ -44,6 +45,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let mut model = empty_model(&mode, probe_plan.sample, probe_plan.app_sampled);
     let own_sites = OwnSites { app_sampled: probe_plan.app_sampled };
     let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone());
+    let oom = OomWatch::start(&mut probes);
     let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt)?;
     let Targets { watched: targets, held, preload } =
         Targets::attach(&wanted, &pids, &mut following, &mut probes, &mut collector, &mut model)?;
@@ -68,6 +70,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
         exporters,
         targets,
         following,
+        oom,
         signals,
         started: Instant::now(),
         samples: 0,

@@ -20,7 +20,7 @@ use nix::{
 use super::{outputs::Exporters, signals, targets::Watched};
 use crate::{
     collect::unwind::KernelTables,
-    collect::Collector,
+    collect::{oom::OomWatch, Collector},
     follow::Following,
     kernel::Probes,
     model::Model,
@@ -45,6 +45,8 @@ pub struct Run {
     pub targets: Vec<Watched>,
     /// Execs, new processes and exits, of the targets or of every process.
     pub following: Following,
+    /// The OOM killer's victims, as the kernel announces them.
+    pub oom: OomWatch,
     pub signals: SignalFd,
     pub started: Instant,
     pub samples: u64,
@@ -84,7 +86,7 @@ impl Run {
         loop {
             let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
             let wake = next_refresh.map_or(wake, |refresh| refresh.min(wake));
-            let (signal, exited) = self.wait_until(wake)?;
+            let (signal, sample_now) = self.wait_until(wake)?;
             if signal == Some(Signal::SIGTSTP) {
                 self.stop_until_continued();
             } else if let Some(signal) = signal {
@@ -109,7 +111,7 @@ impl Run {
             if next_refresh.is_some_and(|refresh| now >= refresh) {
                 next_refresh = self.refresh_unwind_tables()?.map(|delay| now + delay);
             }
-            if exited || now >= next_sample {
+            if sample_now || now >= next_sample {
                 self.sample()?;
                 if self.failed_outputs > 0 {
                     return Ok(Ending::OutputFailed);
@@ -127,7 +129,8 @@ impl Run {
         }
     }
 
-    /// Waits for a signal, a target's exit or `wake`; marks exited targets.
+    /// Waits for a signal, a target's exit, an OOM kill or `wake`; marks exited targets. The
+    /// second value asks for a sample now: a target exited, or the OOM killer ended a process.
     fn wait_until(&mut self, wake: Instant) -> Result<(Option<Signal>, bool)> {
         let timeout = wake.saturating_duration_since(Instant::now());
         let timeout_ms = i32::try_from(timeout.as_millis() + 1).unwrap_or(i32::MAX);
@@ -136,6 +139,10 @@ impl Run {
             PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.following.fd(), PollFlags::POLLIN),
         ];
+        let oom_at = fds.len();
+        if let Some(fd) = self.oom.fd() {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
         let first_target = fds.len();
         fds.extend(live.iter().map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)));
         match poll(&mut fds, PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)) {
@@ -145,6 +152,7 @@ impl Run {
         let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
         let signal_ready = ready(&fds[0]);
         let execs_ready = ready(&fds[1]);
+        let oom_ready = fds[oom_at..first_target].iter().any(ready);
         let exited: Vec<usize> =
             live.iter().zip(&fds[first_target..]).filter(|(_, fd)| ready(fd)).map(|(&i, _)| i).collect();
         drop(fds);
@@ -161,7 +169,7 @@ impl Run {
                 process.exited = true;
             }
         }
-        Ok((signal, !exited.is_empty()))
+        Ok((signal, !exited.is_empty() || oom_ready))
     }
 
     pub fn running_child(&self) -> Option<u32> {

@@ -22,8 +22,15 @@ impl Run {
         }
         self.following.allow_cgroups(&mut self.probes)?;
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
+        // Before the figures are read: a victim's heap at the kill is read with them.
+        let victims = self.oom.take(&mut self.model, self.started);
         let ts_us = self.started.elapsed().as_micros() as u64;
         self.collector.sample(&self.probes, self.following.usdt(), &mut self.model, ts_us)?;
+        for pid in victims {
+            if let Some(process) = self.model.processes.get(&pid) {
+                super::oom::announce(process);
+            }
+        }
         self.unwind.update(&mut self.probes, &self.model)?;
         self.samples += 1;
         let sample = Sample { ts_us, dump_id: self.samples };

@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn one_profile_per_sample_type_over_one_dictionary() {
         let mut model = Model::default();
-        model.add_process(9, "app".into(), "/libc".into());
+        model.add_process(crate::model::identity::ProcessIdentity::new(9, "app".into()), "/libc".into());
         let frame = |name: &str, offset| {
             Arc::new(Frame {
                 function: Some(name.into()),
