@@ -102,8 +102,9 @@ fn the_documented_capabilities_are_enough() {
     let outcome = memtrace.command(&leaks).run();
     outcome.assert_exit_code(0);
     assert_figures(&outcome, LEAKS);
-    // Holding execs needs CAP_SYS_ADMIN: without it, memtrace goes on and says what is missed.
-    outcome.assert_stderr_mentions(&["cannot hold execs", "probed after their first instructions"]);
+    // Holding the tree's execs needs no capability of its own (a stop from BPF, and a SIGCONT to
+    // memtrace's own session), so nothing is said to be missed.
+    assert!(!outcome.stderr.contains("cannot hold execs"), "{}", outcome.stderr);
 }
 
 #[test]
