@@ -9,7 +9,7 @@
 //! the allocator has just touched, and the stack walk runs in a claimed slot as alloc_exit's does.
 
 use aya_ebpf::{macros::uprobe, programs::ProbeContext, programs::RetProbeContext, EbpfContext};
-use memtrace_common::{usdt_action, ProcessStats};
+use memtrace_common::{usdt_action, ProcessStats, UsdtSpec};
 
 use crate::{
     counters::add,
@@ -33,14 +33,23 @@ pub fn sampled_site(ctx: ProbeContext) -> u32 {
         return 0;
     };
     match spec.action {
-        usdt_action::SAMPLED_ALLOC => sampled_alloc(&ctx, caller.tgid, stats, spec),
+        // The stack first, from this program's own small frame: the walk's chain of calls needs
+        // the 512 bytes (6.1's verifier counts each frame rounded up to 32 bytes), and the
+        // arguments are read after it, in a frame of their own.
+        usdt_action::SAMPLED_ALLOC => {
+            let stack = capture_stack(&RetProbeContext::new(ctx.as_ptr()), caller.tgid, stats);
+            sampled_alloc(&ctx, caller.tgid, stats, spec, stack)
+        }
         usdt_action::SAMPLED_FREE => sampled_free(&ctx, caller.tgid, stats, spec),
         _ => {}
     }
     0
 }
 
-fn sampled_alloc(ctx: &ProbeContext, tgid: u32, stats: &ProcessStats, spec: &memtrace_common::UsdtSpec) {
+/// A sample: recorded as a block of its weighted bytes, with the stack the walk found where the
+/// allocator fired the probe (its own frames head it).
+#[inline(never)]
+fn sampled_alloc(ctx: &ProbeContext, tgid: u32, stats: &ProcessStats, spec: &UsdtSpec, stack: u64) {
     let (Some(address), Some(size), Some(weighted)) = (
         read_arg::<false>(ctx, &spec.args[0]),
         read_arg::<false>(ctx, &spec.args[1]),
@@ -49,12 +58,11 @@ fn sampled_alloc(ctx: &ProbeContext, tgid: u32, stats: &ProcessStats, spec: &mem
         add(&stats.lost_events, 1);
         return;
     };
-    // The walk starts where the allocator fired the probe; its own frames head the stack.
-    let stack = capture_stack(&RetProbeContext::new(ctx.as_ptr()), tgid, stats);
     crate::record_allocation(tgid, stats, weighted.max(size) as u64, address as u64, stack);
 }
 
-fn sampled_free(ctx: &ProbeContext, tgid: u32, stats: &ProcessStats, spec: &memtrace_common::UsdtSpec) {
+#[inline(never)]
+fn sampled_free(ctx: &ProbeContext, tgid: u32, stats: &ProcessStats, spec: &UsdtSpec) {
     let Some(address) = read_arg::<false>(ctx, &spec.args[0]) else {
         add(&stats.lost_events, 1);
         return;

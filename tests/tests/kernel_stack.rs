@@ -8,16 +8,18 @@ use memtrace_tests::{assert_root, memtrace_bin};
 use serde_json::Value;
 
 /// Every program memtrace loads.
-const PROGRAMS: [&str; 10] = [
+const PROGRAMS: [&str; 12] = [
     "alloc_enter",
     "alloc_exit",
     "empty_enter",
     "empty_exit",
     "map_enter",
     "map_exit",
+    "oom_victim",
     "process_exec",
     "process_exit",
     "process_fork",
+    "sampled_site",
     "usdt_site",
 ];
 

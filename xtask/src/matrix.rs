@@ -101,6 +101,9 @@ const PLAN: &[(&str, &[&str])] = &[
     // OOM kills: oom:mark_victim (its pid on 6.1, its task on 6.8+), a memory cgroup on v2, the
     // heap and stacks at the kill (serve's --oom-dir reads the same record; it stays on the host)
     ("oom", &["an_oom_killed_command_is_recorded_with_its_heap_at_the_kill"]),
+    // --app-sampled: the allocator's own otel_memory probes, read by a non-sleepable program
+    // (sampled_site) that walks the stack from the probe site
+    ("app_sampled", &["the_allocators_samples_alone_make_the_heap_figures"]),
 ];
 
 /// Tests at once inside a VM (it has 2 vCPUs).
