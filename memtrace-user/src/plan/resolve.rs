@@ -66,9 +66,7 @@ pub fn serve(args: ServeArgs) -> (RunArgs, Mode) {
         interval: args.run.interval,
         max_allocations: args.run.max_allocations,
         push: args.push.map(|base| PushTarget { base, interval: args.push_interval }),
-        host_name: args.host_name.unwrap_or_else(|| {
-            nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
-        }),
+        host_name: args.host_name.unwrap_or_else(crate::process::procfs::host_name),
         otlp: args.otlp_endpoint.map(|base| PushTarget { base, interval: args.push_interval }),
         oom_dir: args.oom_dir,
     };

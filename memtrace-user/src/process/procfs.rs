@@ -127,6 +127,12 @@ pub fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// This machine's host name (empty when it cannot be read): what OTLP's `host.name` and the
+/// pushes' `host` name by default.
+pub fn host_name() -> String {
+    nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
 /// A file-backed mapping of /proc/PID/maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {

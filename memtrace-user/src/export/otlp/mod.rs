@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message;
 
-use self::{dictionary::Dictionary, resource::host_name};
+use self::dictionary::Dictionary;
 use super::{
     exporter::Exporter,
     heap_profile::{self, sampling_note, Processes, SAMPLE_TYPES},
@@ -48,8 +48,12 @@ impl Exporter for OtlpFile {
 
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
         let processes: Vec<&Process> = heap_profile::chosen(model, Processes::All).collect();
-        let request =
-            build_request(model.sampling, &processes, Window::ending_now(end.duration), &host_name());
+        let request = build_request(
+            model.sampling,
+            &processes,
+            Window::ending_now(end.duration),
+            &crate::process::procfs::host_name(),
+        );
         let body = request.encode_to_vec();
         self.file.commit(|file| std::io::Write::write_all(file, &body))
     }

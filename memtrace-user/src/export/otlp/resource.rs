@@ -32,11 +32,6 @@ pub fn resource(process: &Process, host: &str) -> Resource {
     Resource { attributes, ..Resource::default() }
 }
 
-/// This machine's host name, as `host.name` gives it (empty when it cannot be read).
-pub fn host_name() -> String {
-    nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
-}
-
 fn string(key: &str, value: &str) -> KeyValue {
     attribute(key, Value::StringValue(value.to_owned()))
 }
