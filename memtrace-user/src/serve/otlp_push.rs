@@ -16,7 +16,7 @@ use super::{
 use crate::{
     export::{
         heap_profile,
-        otlp::{build_request, Window},
+        otlp::{build_request, Recording, Window},
     },
     plan::PushTarget,
 };
@@ -43,7 +43,7 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
         };
         let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
         let window = Window::ending_now(snapshot.traced_for);
-        let request = build_request(snapshot.profile.sampling, &processes, window, &host);
+        let request = build_request(Recording::of(&snapshot.profile), &processes, window, &host);
         if let Err(err) = post::with_retries(&target.base, &profiles_post(request.encode_to_vec())).await {
             failed(&shared, &target.base, 1, format!("{err:#}"));
         }

@@ -4,8 +4,8 @@
 //! one Profile per sample type (alloc_objects, alloc_space, inuse_objects, inuse_space), all sharing
 //! one ProfilesDictionary (dictionary.rs). Sampling is stated as the proto asks: period_type
 //! (allocated_bytes, bytes) with period 1 when every allocation is recorded, or `--sample`'s mean
-//! distance when sampled (then also the profile attribute `memtrace.sampling`, saying the values
-//! are scaled estimates).
+//! distance when sampled; the profile attribute `memtrace.sampling` says what makes the values
+//! estimates (`--sample`'s scaling, or `--app-sampled`'s allocator samples), as pprof's comment does.
 
 mod dictionary;
 pub mod resource;
@@ -26,10 +26,10 @@ use prost::Message;
 use self::dictionary::Dictionary;
 use super::{
     exporter::Exporter,
-    heap_profile::{self, sampling_note, Processes, SAMPLE_TYPES},
+    heap_profile::{self, Processes, SAMPLE_TYPES},
     output_file::OutputFile,
 };
-use crate::model::{Model, Process, RunEnd, Sampling};
+use crate::model::{Model, Process, RunEnd};
 
 pub struct OtlpFile {
     file: OutputFile,
@@ -49,7 +49,7 @@ impl Exporter for OtlpFile {
     fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
         let processes: Vec<&Process> = heap_profile::chosen(model, Processes::All).collect();
         let request = build_request(
-            model.sampling,
+            Recording::of(model),
             &processes,
             Window::ending_now(end.duration),
             &crate::process::procfs::host_name(),
@@ -84,9 +84,22 @@ struct Shape {
     window: Window,
 }
 
-/// The request for `processes`, whose values were recorded with `sampling` over `window`.
+/// How the values were recorded: `--sample`'s mean distance (the period; 1 when exact) and the
+/// note saying what makes them estimates (heap_profile::estimate_note), if anything does.
+pub struct Recording {
+    pub sample_mean: Option<u64>,
+    pub note: Option<String>,
+}
+
+impl Recording {
+    pub fn of(model: &Model) -> Self {
+        Self { sample_mean: model.sampling.map(|s| s.mean_bytes), note: heap_profile::estimate_note(model) }
+    }
+}
+
+/// The request for `processes`, whose values were recorded as `recording` says over `window`.
 pub fn build_request(
-    sampling: Option<Sampling>,
+    recording: Recording,
     processes: &[&Process],
     window: Window,
     host: &str,
@@ -95,10 +108,11 @@ pub fn build_request(
     let shape = Shape {
         sample_types: SAMPLE_TYPES.map(|(kind, unit)| dictionary.value_type(kind, unit)),
         period_type: dictionary.value_type("allocated_bytes", "bytes"),
-        period: sampling.map_or(1, |sampling| sampling.mean_bytes as i64),
-        attributes: sampling
-            .map(|sampling| {
-                let note = AnyValue { value: Some(Value::StringValue(sampling_note(sampling))) };
+        period: recording.sample_mean.map_or(1, |mean| mean as i64),
+        attributes: recording
+            .note
+            .map(|note| {
+                let note = AnyValue { value: Some(Value::StringValue(note)) };
                 dictionary.attribute("memtrace.sampling", note, "")
             })
             .into_iter()
@@ -168,6 +182,7 @@ mod tests {
 
     use super::*;
     use crate::model::{frame::Frame, StackProfile};
+    use crate::{export::heap_profile::sampling_note, model::Sampling};
 
     #[test]
     fn one_profile_per_sample_type_over_one_dictionary() {
@@ -201,7 +216,8 @@ mod tests {
         ];
         let processes: Vec<&Process> = model.every_process().collect();
         let window = Window { start: UNIX_EPOCH + Duration::from_secs(10), duration: Duration::from_secs(2) };
-        let request = build_request(None, &processes, window, "node");
+        let exact = Recording { sample_mean: None, note: None };
+        let request = build_request(exact, &processes, window, "node");
         let decoded = ExportProfilesServiceRequest::decode(&*request.encode_to_vec()).unwrap();
         assert_eq!(decoded, request);
         let dictionary = decoded.dictionary.unwrap();
@@ -222,8 +238,8 @@ mod tests {
         assert_eq!(profiles[0].duration_nano, 2_000_000_000);
         assert_eq!(profiles[0].period, 1);
         assert!(profiles[0].attribute_indices.is_empty());
-        let sampled =
-            build_request(Some(Sampling { mean_bytes: 4096, estimated: &[] }), &processes, window, "node");
+        let note = Some(sampling_note(Sampling { mean_bytes: 4096, estimated: &[] }));
+        let sampled = build_request(Recording { sample_mean: Some(4096), note }, &processes, window, "node");
         let profile = &sampled.resource_profiles[0].scope_profiles[0].profiles[0];
         assert_eq!((profile.period, profile.attribute_indices.len()), (4096, 1));
     }
