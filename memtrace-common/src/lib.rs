@@ -152,6 +152,9 @@ pub struct ExitMemory {
     pub read: u64,
 }
 
+/// The per-CPU deltas of at most this many CPUs are summed (the kernel's largest NR_CPUS).
+pub const MAX_PER_CPU_COUNTERS: u32 = 8192;
+
 /// The kernel's `enum mm_counter_type`, as the exit probe reads `mm_struct.rss_stat`.
 pub const MM_COUNTERS: usize = 4;
 pub mod mm_counter {
@@ -181,6 +184,15 @@ pub struct KernelLayout {
     pub percpu_counter_count: u32,
     /// sizeof(struct percpu_counter); 8 (an atomic_long_t) on 6.1.
     pub percpu_counter_size: u32,
+    /// `percpu_counter.counters`: each CPU's delta not yet folded into `count` (an `s32 __percpu *`);
+    /// 0 on 6.1, which has none.
+    pub percpu_counter_counters: u32,
+    /// The address of the kernel's `__per_cpu_offset` array (/proc/kallsyms), each CPU's offset
+    /// of its per-CPU data; 0 where unknown: the deltas are then left out.
+    pub per_cpu_offset: u64,
+    /// How many CPUs the kernel may have (/sys/devices/system/cpu/possible): the per-CPU deltas
+    /// summed.
+    pub possible_cpus: u32,
     /// `linux_binprm.file`, `file.f_inode`, `inode.i_ino`, `inode.i_sb` and `super_block.s_dev`:
     /// the exec'd program's file as the kernel names it ([`ImageKey`]).
     pub binprm_file: u32,
@@ -202,6 +214,8 @@ pub struct KernelLayout {
     pub css_cgroup: u32,
     pub cgroup_kn: u32,
     pub kernfs_node_id: u32,
+    /// Keeps the struct free of padding (its bytes are copied into the BPF object whole).
+    pub _pad: u32,
 }
 
 /// A program file as the kernel names it at exec: its file system's device (the kernel's own

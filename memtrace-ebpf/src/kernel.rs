@@ -2,8 +2,10 @@
 //! has no CO-RE): a forked child's tgid, an exiting (or OOM-killed) process's memory counters, an
 //! exec'd file.
 
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use memtrace_common::{mm_counter, ExitMemory, ImageKey, KernelLayout};
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel, generated::bpf_loop};
+use memtrace_common::{mm_counter, ExitMemory, ImageKey, KernelLayout, MAX_PER_CPU_COUNTERS, MM_COUNTERS};
 
 /// Set by the loader from /sys/kernel/btf/vmlinux.
 #[no_mangle]
@@ -15,6 +17,9 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     mm_brk: 0,
     percpu_counter_count: 0,
     percpu_counter_size: 0,
+    percpu_counter_counters: 0,
+    per_cpu_offset: 0,
+    possible_cpus: 0,
     binprm_file: 0,
     file_inode: 0,
     inode_ino: 0,
@@ -27,6 +32,7 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     css_cgroup: 0,
     cgroup_kn: 0,
     kernfs_node_id: 0,
+    _pad: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -88,27 +94,65 @@ pub(crate) fn memcg_id(task: u64) -> Option<u64> {
     read_at(node, layout.kernfs_node_id)
 }
 
-/// The memory counters of the process whose `struct task_struct` is at `task`, as `exit_memory`.
+/// The memory counters of the process whose `struct task_struct` is at `task`, as `exit_memory`:
+/// each counter's shared count plus what its CPUs hold not yet folded in (a process that lives a
+/// few milliseconds may have all its pages there: below the batch of 32 a CPU folds at).
 pub(crate) fn task_memory(task: u64) -> Option<ExitMemory> {
     let layout = layout();
     if layout.task_mm == 0 {
         return None;
     }
     let mm: u64 = read_at(task, layout.task_mm)?;
-    let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
+    let mut sum =
+        PerCpuSum { counters: [0; MM_COUNTERS], offsets: layout.per_cpu_offset, pages: [0; MM_COUNTERS] };
     for counter in
         [mm_counter::FILE_PAGES, mm_counter::ANON_PAGES, mm_counter::SWAP_ENTRIES, mm_counter::SHMEM_PAGES]
     {
-        let at =
-            layout.mm_rss_stat + counter as u32 * layout.percpu_counter_size + layout.percpu_counter_count;
-        let pages: i64 = read_at(mm, at)?;
-        // As /proc reads it: per-CPU deltas can leave the shared count below zero for a moment.
-        if let Some(slot) = memory.pages.get_mut(counter) {
-            *slot = pages.max(0) as u64;
+        let at = layout.mm_rss_stat + counter as u32 * layout.percpu_counter_size;
+        let pages: i64 = read_at(mm, at + layout.percpu_counter_count)?;
+        if let (Some(slot), Some(counters)) = (sum.pages.get_mut(counter), sum.counters.get_mut(counter)) {
+            *slot = pages;
+            if layout.percpu_counter_counters != 0 {
+                *counters = read_at(mm, at + layout.percpu_counter_counters).unwrap_or(0);
+            }
         }
+    }
+    if sum.offsets != 0 && layout.percpu_counter_counters != 0 {
+        let cpus = layout.possible_cpus.min(MAX_PER_CPU_COUNTERS);
+        // SAFETY: the callback is a function of this program, and its context is `sum`, on this
+        // program's stack for the whole call, as bpf_loop requires.
+        unsafe { bpf_loop(cpus, add_cpu_deltas as *mut c_void, (&raw mut sum).cast(), 0) };
+    }
+    let mut memory = ExitMemory { read: 1, ..ExitMemory::default() };
+    for (slot, pages) in memory.pages.iter_mut().zip(sum.pages) {
+        // As /proc reads it: per-CPU deltas can leave the sum below zero for a moment.
+        *slot = pages.max(0) as u64;
     }
     let start: u64 = read_at(mm, layout.mm_start_brk)?;
     let end: u64 = read_at(mm, layout.mm_brk)?;
     memory.heap_break_bytes = end.saturating_sub(start);
     Some(memory)
+}
+
+/// The rss_stat counters being summed: each one's per-CPU `s32` array (a per-CPU address, 0 where
+/// unread), the kernel's `__per_cpu_offset` array, and the pages summed so far.
+#[repr(C)]
+struct PerCpuSum {
+    counters: [u64; MM_COUNTERS],
+    offsets: u64,
+    pages: [i64; MM_COUNTERS],
+}
+
+/// bpf_loop's callback: adds CPU `cpu`'s pending deltas of every counter (percpu_counter_sum's
+/// step); 1 ends the loop where the CPU's offset cannot be read.
+extern "C" fn add_cpu_deltas(cpu: u64, sum: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `PerCpuSum` that `task_memory` passed, on its stack.
+    let sum = unsafe { &mut *(sum as *mut PerCpuSum) };
+    let Some(offset) = read_at::<u64>(sum.offsets, (cpu * 8) as u32) else { return 1 };
+    for (pages, counters) in sum.pages.iter_mut().zip(sum.counters) {
+        if counters != 0 {
+            *pages += i64::from(read_at::<i32>(counters.wrapping_add(offset), 0).unwrap_or(0));
+        }
+    }
+    0
 }

@@ -76,12 +76,14 @@ const PLAN: &[(&str, &[&str])] = &[
     // no memtrace run taints the kernel (Debian's kernels taint on fanotify permission events)
     ("no_taint", &[]),
     // levels: the mapping and brk probes, and the exit levels of a process that ends within an
-    // interval (read at do_exit's entry where sched_process_exit comes after exit_mm: 6.1, 6.12)
+    // interval (read at do_exit's entry where sched_process_exit comes after exit_mm: 6.1, 6.12;
+    // its CPUs' pending RSS counts summed where the counters are per-CPU: 6.2 and later)
     (
         "levels",
         &[
             "every_level_of_a_running_and_of_an_exited_process",
             "a_process_that_exits_at_once_still_has_its_memory_and_its_temporary_allocations",
+            "a_brief_process_that_touched_4_mib_has_them_resident_at_exit",
         ],
     ),
     // the owners of resident pages (smaps, pagemap, glibc's heap headers read from the process),

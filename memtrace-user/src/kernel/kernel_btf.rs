@@ -32,7 +32,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
         let btf = Btf::parse(&data)?;
         let task = btf.find_struct("task_struct")?;
         let mm = btf.find_struct("mm_struct")?;
-        let (percpu_counter_count, percpu_counter_size) = rss_counter_layout(&btf)?;
+        let (percpu_counter_count, percpu_counter_size, percpu_counter_counters) = rss_counter_layout(&btf)?;
         let (binprm, file) = (btf.find_struct("linux_binprm")?, btf.find_struct("file")?);
         let (inode, super_block) = (btf.find_struct("inode")?, btf.find_struct("super_block")?);
         Ok(KernelLayout {
@@ -43,6 +43,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             mm_brk: btf.member_offset(mm, "brk")?,
             percpu_counter_count,
             percpu_counter_size,
+            percpu_counter_counters,
             binprm_file: btf.member_offset(binprm, "file")?,
             file_inode: btf.member_offset(file, "f_inode")?,
             inode_ino: btf.member_offset(inode, "i_ino")?,
@@ -63,14 +64,15 @@ pub fn has_struct(path: &Path, name: &str) -> Result<bool> {
 }
 
 /// Where each of mm_struct's rss_stat counters keeps its count: (offset in the counter, the
-/// counter's size). Since 6.2 rss_stat is an array of struct percpu_counter; before, it is a
-/// struct mm_rss_stat holding an array of atomic_long_t (Debian 12's 6.1), each its own count.
-fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32)> {
+/// counter's size, offset of its per-CPU deltas or 0). Since 6.2 rss_stat is an array of struct
+/// percpu_counter; before, it is a struct mm_rss_stat holding an array of atomic_long_t (Debian
+/// 12's 6.1), each its own count.
+fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32, u32)> {
     if btf.find_struct("mm_rss_stat").is_ok() {
-        return Ok((0, 8));
+        return Ok((0, 8, 0));
     }
     let counter = btf.find_struct("percpu_counter")?;
-    Ok((btf.member_offset(counter, "count")?, btf.size(counter)?))
+    Ok((btf.member_offset(counter, "count")?, btf.size(counter)?, btf.member_offset(counter, "counters")?))
 }
 
 /// Whether oom:mark_victim passes the victim's task (6.8 and later) rather than its pid (6.1): the
@@ -291,6 +293,7 @@ mod tests {
         assert!(layout.mm_rss_stat > 0 && layout.task_mm > 0);
         assert_eq!(layout.percpu_counter_count, 8);
         assert!(layout.percpu_counter_size >= 16, "{layout:?}");
+        assert!(layout.percpu_counter_counters > layout.percpu_counter_count, "{layout:?}");
         assert_eq!(layout.task_tgid, offset("task_struct", "pid").unwrap() + 4);
     }
 

@@ -11,6 +11,7 @@ mod live_table;
 mod loader;
 pub mod log;
 mod map_ops;
+mod per_cpu;
 pub mod sys;
 pub mod tables;
 mod thread_slots;
@@ -37,6 +38,7 @@ use links::{Direction, Links};
 pub use links::{Scope, Site};
 use live_table::{LiveTable, TableSize};
 use loader::MultiPrograms;
+pub use per_cpu::with_per_cpu_sums;
 use tables::{ArrayTable, Table};
 
 use crate::{

@@ -27,7 +27,7 @@ impl Kernel {
         // A forked child's process id and an exiting process's memory are read from the kernel's
         // structs; only following a tree cannot do without.
         let layout = match kernel::kernel_layout(Path::new(VMLINUX_BTF)) {
-            Ok(layout) => Ok(layout),
+            Ok(layout) => Ok(kernel::with_per_cpu_sums(layout)),
             Err(err) if matches!(reach, Reach::Tree) => Err(format!("{err:#}")),
             Err(_) => Ok(KernelLayout::default()),
         };

@@ -60,10 +60,12 @@ impl Vma {
     }
 }
 
-/// The mappings of `pid`, lowest first; None when the process has gone (or is a kernel thread).
+/// The mappings of `pid`, lowest first; None when the process has gone, is exiting (its memory
+/// released: smaps reads empty, and an empty reading would say it owns nothing), or is a kernel
+/// thread.
 pub fn read(pid: u32) -> Option<Vec<Vma>> {
     let text = fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    Some(parse(&text))
+    Some(parse(&text)).filter(|vmas| !vmas.is_empty())
 }
 
 /// Parses smaps: a header line per mapping, then `Name:   N kB` lines of which two are kept.
