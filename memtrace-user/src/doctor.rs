@@ -156,6 +156,7 @@ fn load_programs(features: &KernelFeatures) -> Programs {
         ..ProbeConfig::default()
     };
     let kernel = crate::plan::Kernel::resolve(features.clone(), &config.reach);
+    let layout = kernel.as_ref().ok().and_then(|kernel| kernel.layout().ok()).unwrap_or_default();
     match kernel.and_then(|kernel| Probes::load(&config, &kernel.layout()?, kernel.link_kind)) {
         Ok(probes) => {
             let line = match probes.reads_exits_early() {
@@ -166,11 +167,24 @@ fn load_programs(features: &KernelFeatures) -> Programs {
                           within an interval has no exit levels"
                 }
             };
-            println!("exit levels  {line}");
+            println!("exit levels  {line}; {}", per_cpu_counts(&layout));
             drop(probes);
             Programs::Accepted
         }
         Err(err) => Programs::Rejected(rejection(&format!("{err:#}"))),
+    }
+}
+
+/// Whether the exit levels sum the CPUs' pending RSS counts (kernels whose counters are per-CPU).
+fn per_cpu_counts(layout: &memtrace_common::KernelLayout) -> &'static str {
+    match (layout.percpu_counter_counters, layout.per_cpu_offset) {
+        (0, _) => "the kernel's RSS counts are exact (no per-CPU counters)",
+        (_, 0) => {
+            "per-CPU RSS counts not summed: /proc/kallsyms has no __per_cpu_offset (a kernel without \
+             CONFIG_KALLSYMS_ALL, or addresses hidden: run as root or with CAP_SYSLOG), so a process \
+             that lives milliseconds may show fewer resident pages than it had"
+        }
+        _ => "per-CPU RSS counts summed (__per_cpu_offset from /proc/kallsyms)",
     }
 }
 
