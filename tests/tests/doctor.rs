@@ -4,7 +4,7 @@
 
 use std::{fs, process::ExitStatus};
 
-use memtrace_tests::{assert_root, Memtrace};
+use memtrace_tests::{assert_root, exit_counts_are_whole, Memtrace};
 
 /// The features `memtrace doctor` lists, one a line, by the name it gives them.
 const FEATURES: [&str; 13] = [
@@ -97,14 +97,11 @@ fn doctor_says_tracing_can_work_here() {
     }
     doctor.assert_every_feature_listed();
     assert!(doctor.line("unwinder ").contains(".eh_frame tables walked with bpf_loop"), "{}", doctor.stdout);
-    // Debian's kernels list every symbol (CONFIG_KALLSYMS_ALL): where the RSS counts are per-CPU
-    // (6.2 and later: no struct mm_rss_stat), the exit levels sum them.
-    let kallsyms = fs::read_to_string("/proc/kallsyms").expect("reading /proc/kallsyms");
-    let btf = fs::read("/sys/kernel/btf/vmlinux").expect("reading the kernel's BTF");
-    let per_cpu = !btf.windows(13).any(|name| name == b"\0mm_rss_stat\0");
-    if kallsyms.contains(" __per_cpu_offset\n") && per_cpu {
-        assert!(doctor.line("exit levels ").contains("per-CPU RSS counts summed"), "{}", doctor.stdout);
-    }
+    // The exit levels are whole where the RSS counts are exact or their per-CPU parts are summed.
+    let exit_levels = doctor.line("exit levels ");
+    let whole =
+        ["per-CPU RSS counts summed", "RSS counts are exact"].iter().any(|said| exit_levels.contains(said));
+    assert_eq!(whole, exit_counts_are_whole(), "{exit_levels}");
     let privileges = doctor.line("privileges ");
     assert!(privileges.contains("held: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE"), "{privileges}");
     assert!(privileges.ends_with("missing: none"), "{privileges}");

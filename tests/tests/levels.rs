@@ -2,7 +2,7 @@
 //! allocator holds, what the program mapped itself, dark memory, and temporary allocations, each
 //! compared with figures derived from a fixture's source.
 
-use memtrace_tests::{fixture, fixture_variant, Memtrace, Running, Trace};
+use memtrace_tests::{exit_counts_are_whole, fixture, fixture_variant, Memtrace, Running, Trace};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -97,7 +97,11 @@ fn a_process_that_exits_at_once_still_has_its_memory_and_its_temporary_allocatio
     assert!(level(memory, "rss_file_bytes") > 0, "the program and libc are mapped: {memory}");
     assert_eq!(level(memory, "heap_live_bytes"), 5000 + 768, "{memory}");
     assert!(level(memory, "allocator_held_bytes") >= 5768, "{memory}");
-    assert!(level(memory, "rss_anon_bytes") > 0, "its heap and stack are resident: {memory}");
+    // Its few anonymous pages may all be pending in per-CPU counts, which only a kernel whose
+    // kallsyms lists __per_cpu_offset lets memtrace sum.
+    if exit_counts_are_whole() {
+        assert!(level(memory, "rss_anon_bytes") > 0, "its heap and stack are resident: {memory}");
+    }
     assert_eq!(process["temporary_allocations"], 20);
     assert_eq!(process["temporary_bytes"], 20 * 333);
 }
