@@ -107,6 +107,30 @@ fn arenas_made_before_an_attach_are_found_from_the_mappings() {
     assert!(target.wait().success());
 }
 
+/// The same under `--all` (by `--comm`): a process running before a system-wide run began is a
+/// late attach too, taken in at its first allocation (the poke), its arenas found from its
+/// mappings and its free pages unknown.
+#[test]
+fn arenas_of_a_process_running_before_a_system_wide_run_are_found_too() {
+    // A name of its own, so that the fixtures other tests launch meanwhile are not in the run.
+    let program = fixture_variant("arenas", "early", &[]);
+    let mut command = Command::new(&program);
+    command.arg("poke");
+    let mut target = Spawned::spawn(command);
+    let glibc = figures(&target.wait_for_stdout("ready"));
+    let mut run = Memtrace::new().args(["--comm", "arenas-early"]).spawn();
+    run.wait_for_stderr("memtrace: tracing");
+    target.send(b"p");
+    target.wait_for_stdout("poked");
+    let memory = levels_after_stage(&mut run, "dark_bytes");
+    assert_glibcs_arenas(&memory, &glibc);
+    assert!(memory.get("allocator_free_resident_bytes").is_none(), "unknown, so not drawn: {memory}");
+    run.interrupt();
+    run.finish().assert_exit_code(0);
+    target.send(b"xx");
+    assert!(target.wait().success());
+}
+
 /// Kept untrimmed to its end: the summary has the free pool by size class, which adds up to the
 /// free figure, and the report says in words what could be given back, over how many arenas.
 #[test]

@@ -87,14 +87,9 @@ const PLAN: &[(&str, &[&str])] = &[
         ],
     ),
     // the owners of resident pages (smaps, pagemap, glibc's heap headers read from the process),
-    // launched and attached, and the free pool
-    (
-        "resident",
-        &[
-            "thread_arenas_are_the_allocators_and_their_free_pages_what_malloc_trim_returns",
-            "arenas_made_before_an_attach_are_found_from_the_mappings",
-        ],
-    ),
+    // launched and attached, the free pool by size class, jemalloc, Debian's python3 with threads:
+    // every test of resident.rs
+    ("resident", &[]),
     // 8 threads on 2 vCPUs beside an untraced busy neighbour
     ("preemption", &[]),
     // the cgroup id each process's figures record at its first event, and the cgroup filter in
