@@ -162,7 +162,7 @@ fn the_free_pool_by_size_class_and_in_words() {
 }
 
 /// jemalloc's extents are mapped inside allocator calls: its resident memory is what its own
-/// stats.resident says (which counts its metadata too).
+/// stats.resident says (which counts its metadata too), or the more the kernel backs them with.
 #[test]
 fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     let program = fixture_variant("arenas", "jemalloc", &["-DJEMALLOC", "-ljemalloc"]);
@@ -170,7 +170,13 @@ fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     let jemalloc = figures(&run.wait_for_stdout("ready"));
     let memory = levels_after_stage(&mut run, "dark_bytes");
     let resident = level(&memory, "allocator_resident_bytes");
-    assert_within("allocator_resident_bytes", resident, jemalloc["resident"], 0.10, &memory);
+    // stats.resident counts the pages jemalloc dirtied; the kernel may back its extents with more
+    // (on Debian unstable's 7.2 in the matrix: RssAnon 162 MB against stats.resident 144 MB, all
+    // of it in jemalloc's mappings), and those are the allocator's too: at least what jemalloc
+    // says, and within a tenth of it or of what the kernel said as the program was ready.
+    let (said, kernel) = (jemalloc["resident"], jemalloc["rss_anon"].max(jemalloc["resident"]));
+    assert!(resident * 10 >= said * 9, "allocator_resident_bytes {resident} < 90% of {said}: {memory}");
+    assert!(resident * 10 <= kernel * 11, "allocator_resident_bytes {resident} > 110% of {kernel}: {memory}");
     assert_dark_is_small(&memory);
     run.send(b"xx");
     run.finish().assert_exit_code(0);

@@ -37,12 +37,21 @@ struct Variant {
     best_ns: f64,
 }
 
-pub fn run(memtrace: &Path, python_only: bool) -> Result<()> {
-    if python_only {
-        return python_work::run(memtrace);
+/// What `cargo xtask bench` measures: everything, or one part alone.
+pub enum Part {
+    All,
+    Python,
+    Collector,
+}
+
+pub fn run(memtrace: &Path, part: Part) -> Result<()> {
+    let trace = workspace_root().join("target/bench/trace.json");
+    match part {
+        Part::Python => return python_work::run(memtrace),
+        Part::Collector => return collector_costs(memtrace, &trace),
+        Part::All => {}
     }
     let program = compile_c("bench/malloc_loop.c", "bench", &["-pthread"])?;
-    let trace = workspace_root().join("target/bench/trace.json");
     let PairCosts { untraced, floor, single } = pair_costs(memtrace, &program, &trace)?;
     let outside = ns_outside_a_followed_tree(memtrace, &program, &trace)?;
     println!(
@@ -60,23 +69,7 @@ pub fn run(memtrace: &Path, python_only: bool) -> Result<()> {
         threads.traced / single,
         threads.lost_events
     );
-    match crate::is_root() {
-        true => {
-            let cpu = collector::measure(|| memtrace_writing(memtrace, &trace))?;
-            let share = |share: f64| format!("{:.2}% of a core", share * 100.0);
-            println!(
-                "the collector's CPU (default 1 s interval): {} quiet processes launched {}; the same under \
-                 --all, running before it {}; one process with 1 GiB live in 1,048,576 blocks {} (memtrace's \
-                 RSS then {} MiB)",
-                collector::QUIET_PROCESSES,
-                share(cpu.launched),
-                share(cpu.system_wide),
-                share(cpu.big_heap),
-                cpu.big_heap_memtrace_rss >> 20
-            );
-        }
-        false => println!("the collector's CPU: not measured (needs xtask to run as root)"),
-    }
+    collector_costs(memtrace, &trace)?;
     match bpftrace_ns(&program)? {
         Some(ns) => println!(
             "  {:<24} {:>8.1} ns   x untraced {:>6.1}   x floor {:>5.2}   (memtrace is x{:.2} cheaper; \
@@ -337,6 +330,30 @@ fn usdt_report_ns(memtrace: &Path, trace: &Path) -> Result<[f64; 2]> {
         }
     }
     Ok(best)
+}
+
+/// memtrace's own CPU and memory while it traces (collector.rs), said in one line.
+fn collector_costs(memtrace: &Path, trace: &Path) -> Result<()> {
+    match crate::is_root() {
+        true => {
+            let cpu = collector::measure(|| memtrace_writing(memtrace, trace), || as_root(memtrace))?;
+            let share = |share: f64| format!("{:.2}% of a core", share * 100.0);
+            println!(
+                "the collector's CPU (default 1 s interval): {} quiet processes launched {}; the same under \
+                 --all, running before it {}; under the agent (serve --all) {} (its RSS {} MiB); one process \
+                 with 1 GiB live in 1,048,576 blocks {} (memtrace's RSS then {} MiB)",
+                collector::QUIET_PROCESSES,
+                share(cpu.launched),
+                share(cpu.system_wide),
+                share(cpu.agent),
+                cpu.agent_rss >> 20,
+                share(cpu.big_heap),
+                cpu.big_heap_memtrace_rss >> 20
+            );
+        }
+        false => println!("the collector's CPU: not measured (needs xtask to run as root)"),
+    }
+    Ok(())
 }
 
 /// memtrace, as root, writing its trace to `trace` (every run of the bench overwrites the one file).

@@ -58,8 +58,12 @@ enum Task {
     /// Measure what tracing costs a malloc/free loop and real Python work, as ratios from one run
     Bench {
         /// Only the Python work (exact, sampled, heaptrack, --app-sampled)
-        #[arg(long)]
+        #[arg(long, conflicts_with = "collector")]
         python: bool,
+        /// Only memtrace's own CPU and memory (quiet processes launched, under --all, under
+        /// serve --all; one big heap)
+        #[arg(long)]
+        collector: bool,
     },
     /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
     /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
@@ -83,7 +87,14 @@ fn main() -> Result<()> {
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Image => image::build(&build()?),
-        Task::Bench { python } => bench::run(&build()?, python),
+        Task::Bench { python, collector } => {
+            let part = match (python, collector) {
+                (true, _) => bench::Part::Python,
+                (_, true) => bench::Part::Collector,
+                _ => bench::Part::All,
+            };
+            bench::run(&build()?, part)
+        }
         Task::Soak { minutes, serve } => soak::run(&build()?, minutes.unwrap_or(10), serve),
     }
 }

@@ -21,7 +21,7 @@ pub fn announce(process: &Process) {
         "memtrace: OOM kill: pid {} ({}) killed by the kernel's OOM killer at {:.3}s, {cgroup}; live heap {} in \
          {} blocks, RSS {rss}",
         process.identity.pid,
-        process.identity.comm,
+        process.identity.display_name(),
         kill.ts_us as f64 / 1e6,
         exact_bytes(kill.live_bytes.max(0) as u64),
         kill.live_allocations,

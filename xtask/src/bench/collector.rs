@@ -1,9 +1,10 @@
 //! memtrace's own CPU while it traces, as a share of one core over CPU_WINDOW (utime + stime of
-//! its process in /proc), at the default 1 s interval, in three settings: 100 quiet processes it
+//! its process in /proc), at the default 1 s interval, in four settings: 100 quiet processes it
 //! launched (seen from their start: their free pools are measured too), 100 quiet processes that
-//! ran before a system-wide run (`--all`), and one process with 1 GiB live in 1,048,576 blocks,
-//! the most smaps, pagemap and free-pool work one process brings. Root only: through sudo, the
-//! child would be sudo, not memtrace.
+//! ran before a system-wide run (`--all`), the same under the agent (`memtrace serve --all`, with
+//! its resident set), and one process with 1 GiB live in 1,048,576 blocks, the most smaps,
+//! pagemap and free-pool work one process brings. Root only: through sudo, the child would be
+//! sudo, not memtrace.
 
 use std::{
     io::{BufRead, BufReader, Lines},
@@ -25,12 +26,16 @@ const LIFETIME_S: u64 = CPU_WINDOW.as_secs() + 8;
 pub struct CollectorCpu {
     pub launched: f64,
     pub system_wide: f64,
+    /// `memtrace serve --all` over the same quiet processes, and its VmRSS at the window's end.
+    pub agent: f64,
+    pub agent_rss: u64,
     pub big_heap: f64,
     pub big_heap_memtrace_rss: u64,
 }
 
-/// `memtrace` is a command that runs memtrace as root with its trace file set.
-pub fn measure(memtrace: impl Fn() -> Command) -> Result<CollectorCpu> {
+/// `memtrace` is a command that runs memtrace as root with its trace file set; `agent` one that
+/// runs `memtrace serve` as root.
+pub fn measure(memtrace: impl Fn() -> Command, agent: impl Fn() -> Command) -> Result<CollectorCpu> {
     let idle = compile_c("bench/idle_allocator.c", "bench", &[])?;
     let big = compile_c("bench/big_heap.c", "bench", &[])?;
     let script =
@@ -39,18 +44,13 @@ pub fn measure(memtrace: impl Fn() -> Command) -> Result<CollectorCpu> {
     launched.args(["--", "sh", "-c", &script]);
     let (launched, _) = share_while(launched, |_| Ok(()))?;
 
-    let mut quiet: Vec<Child> = (0..QUIET_PROCESSES)
-        .map(|_| Command::new(&idle).arg(LIFETIME_S.to_string()).spawn())
-        .collect::<std::io::Result<_>>()
-        .context("starting the quiet processes")?;
+    let duration = format!("{}s", LIFETIME_S - 4);
     let mut system_wide = memtrace();
-    system_wide.args(["--all", "--duration", &format!("{}s", LIFETIME_S - 4)]);
-    let system_wide = share_while(system_wide, |_| Ok(()));
-    for child in &mut quiet {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let (system_wide, _) = system_wide?;
+    system_wide.args(["--all", "--duration", &duration]);
+    let (system_wide, _) = over_quiet_processes(&idle, system_wide)?;
+    let mut serve = agent();
+    serve.args(["serve", "--all", "--listen", "127.0.0.1:0", "--duration", &duration]);
+    let (agent, agent_rss) = over_quiet_processes(&idle, serve)?;
 
     let mut big_heap = memtrace();
     big_heap.args(["--max-allocations", "2097152", "--"]).arg(&big).arg(LIFETIME_S.to_string());
@@ -62,7 +62,22 @@ pub fn measure(memtrace: impl Fn() -> Command) -> Result<CollectorCpu> {
         std::thread::spawn(move || lines.for_each(drop));
         Ok(())
     })?;
-    Ok(CollectorCpu { launched, system_wide, big_heap, big_heap_memtrace_rss: rss })
+    Ok(CollectorCpu { launched, system_wide, agent, agent_rss, big_heap, big_heap_memtrace_rss: rss })
+}
+
+/// memtrace's share of a core and its VmRSS (`share_while`) running `command` (a system-wide run)
+/// while QUIET_PROCESSES quiet processes, started before it, run.
+fn over_quiet_processes(idle: &std::path::Path, command: Command) -> Result<(f64, u64)> {
+    let mut quiet: Vec<Child> = (0..QUIET_PROCESSES)
+        .map(|_| Command::new(idle).arg(LIFETIME_S.to_string()).spawn())
+        .collect::<std::io::Result<_>>()
+        .context("starting the quiet processes")?;
+    let measured = share_while(command, |_| Ok(()));
+    for child in &mut quiet {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    measured
 }
 
 /// Starts `command` (memtrace), waits until it traces and `ready` says the workload is set, lets
