@@ -14,7 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{fixture, Memtrace, Spawned, DEADLINE, INTERVAL};
+use memtrace_tests::{
+    fixture,
+    otlp::{decode, receive},
+    Memtrace, Spawned, DEADLINE, INTERVAL,
+};
 use serde_json::Value;
 
 /// fixtures/oom_grow.c's BLOCK: every block it allocates, and so every live block at the kill.
@@ -179,8 +183,12 @@ fn serve_counts_the_kill_and_keeps_the_heap_profile_in_the_oom_dir() {
     let memtrace = Memtrace::new().without_default_outputs();
     let oom_dir = memtrace.dir().join("oom");
     let pid = target.pid().to_string();
+    // With an OTLP receiver, the kill is kept as an OTLP request too: a file and a push.
+    let receiver = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let otlp = format!("http://{}", receiver.local_addr().unwrap());
     let mut agent = memtrace
-        .args(["serve", "--listen", "127.0.0.1:0", "-i", INTERVAL, "--pid", &pid, "--oom-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0", "-i", INTERVAL, "--pid", &pid, "--otlp-endpoint", &otlp])
+        .args(["--push-interval", "1s", "--oom-dir"])
         .arg(&oom_dir)
         .spawn();
     let serving = agent.wait_for_stderr("memtrace: serving http://");
@@ -221,9 +229,48 @@ fn serve_counts_the_kill_and_keeps_the_heap_profile_in_the_oom_dir() {
     let mib: f64 = total.trim_end_matches("MB").parse().unwrap_or_else(|_| panic!("{total} in MB:\n{top}"));
     // go tool pprof says MB for MiB.
     assert!((FEWEST_BLOCKS as f64..=MOST_BLOCKS as f64).contains(&mib), "{total}:\n{top}");
+    // The same heap as an OTLP request beside it, as the OpenTelemetry definitions decode it.
+    let kept = agent.wait_for_stderr_containing(".otlp.pb");
+    let otlp_path = PathBuf::from(kept.rsplit(" is in ").next().expect("a path"));
+    assert_eq!(otlp_path, path.with_file_name(name.replace(".pb.gz", ".otlp.pb")));
+    let decoded = decode(&std::fs::read(&otlp_path).expect("the kill's OTLP file"));
+    assert_heap_at_the_kill_in_otlp(&decoded, target.pid()).unwrap_or_else(|why| panic!("{why}: {decoded}"));
+    // And pushed once, a request of its own (the regular pushes around it carry the whole run).
+    let deadline = Instant::now() + DEADLINE;
+    while let Err(why) = assert_heap_at_the_kill_in_otlp(&decode(&receive(&receiver).body), target.pid()) {
+        assert!(Instant::now() < deadline, "no push was the kill's heap: the last {why}");
+    }
     agent.interrupt();
     agent.wait();
     drop(cgroup);
+}
+
+/// Whether a decoded OTLP request is the heap at the kill of `pid`: one resource, the victim's,
+/// nothing allocated counted (a kill's profile has live figures only), every live byte grow's, and
+/// at least FEWEST_BLOCKS MiB of them.
+fn assert_heap_at_the_kill_in_otlp(decoded: &Value, pid: u32) -> Result<(), String> {
+    let resources = decoded["resources"].as_array().ok_or("no resources")?;
+    let [resource] = resources.as_slice() else { return Err(format!("{} resources", resources.len())) };
+    if resource["attributes"]["process.pid"] != pid {
+        return Err("another process's".to_owned());
+    }
+    let values = |kind: &str| -> Vec<(String, i64)> {
+        let profiles = resource["profiles"].as_array().into_iter().flatten();
+        let samples =
+            profiles.filter(|p| p["sample_type"][0] == kind).flat_map(|p| p["samples"].as_array()).flatten();
+        samples
+            .map(|s| (s["stack"][0].as_str().unwrap_or("").to_owned(), s["values"][0].as_i64().unwrap_or(0)))
+            .collect()
+    };
+    if values("alloc_space").iter().any(|(_, value)| *value != 0) {
+        return Err("allocations counted: the run's profile, not the kill's".to_owned());
+    }
+    let inuse = values("inuse_space");
+    let all: i64 = inuse.iter().map(|(_, value)| value).sum();
+    if inuse.iter().any(|(leaf, _)| leaf != "grow") || (all as u64) < FEWEST_BLOCKS << 20 {
+        return Err(format!("live bytes not all grow's, or too few ({all})"));
+    }
+    Ok(())
 }
 
 fn metrics(port: u16) -> String {

@@ -5,22 +5,14 @@
 //! loopback receiver at URL/v1development/profiles with the headers OTLP/HTTP and the Collector
 //! want; bad paths and URLs are said clearly.
 
-use std::{
-    io::{Read, Write},
-    net::TcpListener,
-    path::PathBuf,
-    process::{Command, Stdio},
-    sync::Mutex,
-    thread,
-    time::{Duration, Instant},
+use std::{net::TcpListener, process::Command, time::Instant};
+
+use memtrace_tests::{
+    fixture, memtrace_bin,
+    otlp::{decode, header, receive},
+    Memtrace, Spawned, DEADLINE, INTERVAL,
 };
-
-use memtrace_tests::{fixture, memtrace_bin, workspace_root, Memtrace, Spawned, DEADLINE, INTERVAL};
 use serde_json::Value;
-
-/// The version of PyPI's opentelemetry-proto the tests decode with (its profiles v1development
-/// has the ProfilesDictionary layout of proto 1.10.0 and 1.11.0).
-const OTLP_PROTO_VERSION: &str = "1.45.2";
 
 /// fixtures/leaks.c, by the function that called the allocator, as
 /// (function, alloc_objects, alloc_space, inuse_objects, inuse_space):
@@ -36,52 +28,6 @@ const SAMPLE_TYPES: [(&str, &str); 4] = [
     ("inuse_objects", "count"),
     ("inuse_space", "bytes"),
 ];
-
-/// The venv's python, with opentelemetry-proto installed (once per test binary).
-fn python() -> PathBuf {
-    static READY: Mutex<bool> = Mutex::new(false);
-    let venv = workspace_root().join("target").join("otlp-venv");
-    let python = venv.join("bin").join("python3");
-    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
-    if !*ready {
-        let check = format!("import importlib.metadata as m; assert m.version('opentelemetry-proto') == '{OTLP_PROTO_VERSION}'");
-        let installed =
-            python.exists() && Command::new(&python).args(["-c", &check]).status().is_ok_and(|s| s.success());
-        if !installed {
-            run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
-            run(Command::new(venv.join("bin").join("pip"))
-                .args(["install", "--quiet"])
-                .arg(format!("opentelemetry-proto=={OTLP_PROTO_VERSION}")));
-        }
-        *ready = true;
-    }
-    python
-}
-
-fn run(command: &mut Command) {
-    let status = command.status().unwrap_or_else(|err| panic!("running {command:?}: {err}"));
-    assert!(status.success(), "{command:?} failed: {status}");
-}
-
-/// The request in `body`, decoded by tests/otlp_decode.py.
-fn decode(body: &[u8]) -> Value {
-    let mut child = Command::new(python())
-        .arg(workspace_root().join("tests").join("otlp_decode.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running tests/otlp_decode.py");
-    child.stdin.take().unwrap().write_all(body).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "decoding failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    let decoded: Value = serde_json::from_slice(&output.stdout).expect("the decoder's JSON");
-    assert_eq!(decoded["all_fields_known"], true, "fields the definitions do not know: {decoded}");
-    for (table, zero) in decoded["zeros"].as_object().unwrap() {
-        assert_eq!(zero, true, "{table}_table[0] is not the zero value");
-    }
-    decoded
-}
 
 /// The resource of the process `pid` in a decoded request.
 fn resource_of(decoded: &Value, pid: u32) -> &Value {
@@ -191,52 +137,6 @@ fn a_sampled_run_states_its_sampling() {
         let note = profile["attributes"]["memtrace.sampling"].as_str().unwrap_or_default();
         assert!(note.contains("estimates") && note.contains("4096"), "{profile}");
     }
-}
-
-/// One request a receiver got.
-struct Received {
-    head: String,
-    body: Vec<u8>,
-}
-
-/// Accepts one connection on `listener` and answers its request 200.
-fn receive(listener: &TcpListener) -> Received {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    let mut stream = loop {
-        if let Ok((stream, _)) = listener.accept() {
-            break stream;
-        }
-        assert!(Instant::now() < deadline, "no push came");
-        thread::sleep(Duration::from_millis(50));
-    };
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    let (mut raw, mut buffer) = (Vec::new(), [0u8; 65536]);
-    let (head_end, length) = loop {
-        let read = stream.read(&mut buffer).expect("reading a push");
-        assert!(read > 0, "the push ended early: {}", String::from_utf8_lossy(&raw));
-        raw.extend_from_slice(&buffer[..read]);
-        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-            let length = header(&head, "content-length")
-                .and_then(|v| v.parse::<usize>().ok())
-                .expect("a Content-Length");
-            break (end + 4, length);
-        }
-    };
-    while raw.len() < head_end + length {
-        let read = stream.read(&mut buffer).expect("reading a push body");
-        assert!(read > 0, "the push body ended early");
-        raw.extend_from_slice(&buffer[..read]);
-    }
-    stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-    Received { head: String::from_utf8_lossy(&raw[..head_end]).into_owned(), body: raw[head_end..].to_vec() }
-}
-
-/// A header's value in a lowercased request head.
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
 }
 
 #[test]

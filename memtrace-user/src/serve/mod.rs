@@ -59,7 +59,8 @@ pub struct Agent {
 impl Agent {
     /// Binds the address and starts serving (with nothing to show until the first sample).
     pub fn start(options: &ServeOptions) -> Result<Self> {
-        let oom = oom::OomKeeper::new(options.oom_dir.as_deref(), options.push.is_some())?;
+        let oom =
+            oom::OomKeeper::new(options.oom_dir.as_deref(), options.push.is_some(), options.otlp.is_some())?;
         let empty = Snapshot {
             model: Model::default(),
             profile: Arc::new(Model::default()),
@@ -80,6 +81,7 @@ impl Agent {
             push_failures: (options.push.is_some() || options.otlp.is_some()).then(|| AtomicU64::new(0)),
             host_name: options.host_name.clone(),
             oom_profiles: Mutex::new(Vec::new()),
+            oom_requests: Mutex::new(Vec::new()),
         });
         let server = http::Server::start(options, Arc::clone(&shared))?;
         let address = server.address();

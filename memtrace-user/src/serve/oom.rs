@@ -1,7 +1,8 @@
 //! What the agent keeps of each process the kernel's OOM killer ends, so that an agent that runs
 //! for weeks still has what it saw at every kill after the process has left the model: the count
 //! (`memtrace_oom_kills_total`), the heap profile at the kill as a gzipped pprof file in
-//! `--oom-dir`, and the same profile in the next `--push`.
+//! `--oom-dir` and in the next `--push`, and, with `--otlp-endpoint`, the same as an OTLP profiles
+//! request: a file beside the pprof one and a request of its own in the next OTLP push.
 
 use std::{
     collections::HashSet,
@@ -11,23 +12,24 @@ use std::{
 
 use anyhow::{Context, Result};
 use memtrace_common::StackTotals;
+use prost::Message;
 
-use super::shared::{KillProfile, Shared};
+use super::shared::{KillProfile, Shared, MAX_WAITING_KILLS};
 use crate::{
     export::{
         heap_profile::Processes,
+        otlp::{build_request, Recording, Window},
         pprof::{build_profile, write_gzipped},
     },
     model::{oom::OomKill, Model, Process, StackProfile},
 };
 
-/// At most this many kill profiles wait for a push (a push target down for long).
-const MAX_WAITING: usize = 100;
-
 /// The kills seen, by process (pid and image start), while the process is in the model.
 pub struct OomKeeper {
     dir: Option<PathBuf>,
     push: bool,
+    /// `--otlp-endpoint` is set: each kill is kept as an OTLP request too.
+    otlp: bool,
     seen: HashSet<(u32, u64)>,
     /// Kills over the run.
     pub total: u64,
@@ -35,7 +37,7 @@ pub struct OomKeeper {
 
 impl OomKeeper {
     /// `dir` is made if missing; an error names it when it cannot be written.
-    pub fn new(dir: Option<&Path>, push: bool) -> Result<Self> {
+    pub fn new(dir: Option<&Path>, push: bool, otlp: bool) -> Result<Self> {
         if let Some(dir) = dir {
             let cannot = || {
                 format!(
@@ -46,7 +48,7 @@ impl OomKeeper {
             std::fs::create_dir_all(dir).with_context(cannot)?;
             tempfile::tempfile_in(dir).with_context(cannot)?;
         }
-        Ok(Self { dir: dir.map(Path::to_owned), push, seen: HashSet::new(), total: 0 })
+        Ok(Self { dir: dir.map(Path::to_owned), push, otlp, seen: HashSet::new(), total: 0 })
     }
 
     /// Keeps every kill the collector has read since the last sample.
@@ -60,28 +62,23 @@ impl OomKeeper {
                 continue;
             }
             self.total += 1;
+            let victim = victim(process, kill);
             let mut gzipped = Vec::new();
-            if let Err(err) = write_gzipped(&kill_profile(process, kill), &mut gzipped) {
+            if let Err(err) = write_gzipped(&kill_profile(&victim, kill), &mut gzipped) {
                 eprintln!(
                     "memtrace: warning: the heap profile of OOM-killed pid {}: {err}",
                     process.identity.pid
                 );
                 continue;
             }
-            if let Some(dir) = &self.dir {
-                let path = dir.join(file_name(process));
-                match std::fs::write(&path, &gzipped) {
-                    Ok(()) => eprintln!(
-                        "memtrace: the heap at the OOM kill of pid {} is in {}",
-                        process.identity.pid,
-                        path.display()
-                    ),
-                    Err(err) => eprintln!("memtrace: warning: writing {}: {err}", path.display()),
-                }
+            let otlp = self.otlp.then(|| kill_request(&victim, kill, &shared.host_name));
+            self.keep_files(process, &gzipped, otlp.as_deref());
+            if let Some(request) = otlp {
+                shared.queue_oom_request(request);
             }
             if self.push {
                 let mut waiting = shared.oom_profiles.lock().unwrap_or_else(|e| e.into_inner());
-                if waiting.len() < MAX_WAITING {
+                if waiting.len() < MAX_WAITING_KILLS {
                     waiting.push(KillProfile {
                         pid: process.identity.pid,
                         comm: process.identity.comm.clone(),
@@ -91,11 +88,31 @@ impl OomKeeper {
             }
         }
     }
+
+    /// Writes a kill's profiles into `--oom-dir`: the gzipped pprof and, where OTLP is configured,
+    /// the encoded OTLP request beside it.
+    fn keep_files(&self, process: &Process, gzipped: &[u8], otlp: Option<&[u8]>) {
+        let Some(dir) = &self.dir else { return };
+        let stem = file_stem(process);
+        let files = [(format!("{stem}.pb.gz"), Some(gzipped)), (format!("{stem}.otlp.pb"), otlp)];
+        for (name, bytes) in files {
+            let Some(bytes) = bytes else { continue };
+            let path = dir.join(name);
+            match std::fs::write(&path, bytes) {
+                Ok(()) => eprintln!(
+                    "memtrace: the heap at the OOM kill of pid {} is in {}",
+                    process.identity.pid,
+                    path.display()
+                ),
+                Err(err) => eprintln!("memtrace: warning: writing {}: {err}", path.display()),
+            }
+        }
+    }
 }
 
-/// The heap of `process` at its kill as a pprof profile: inuse_* are the stacks that held the
-/// most then (the top `OOM_STACKS`), alloc_* are left 0; a comment says when and where.
-fn kill_profile(process: &Process, kill: &OomKill) -> crate::export::pprof::proto::Profile {
+/// The killed process as it was at the kill: its stacks those that held the most then (the top
+/// `OOM_STACKS`, live figures only), no mappings.
+fn victim(process: &Process, kill: &OomKill) -> Process {
     let stacks = kill
         .stacks
         .iter()
@@ -111,18 +128,29 @@ fn kill_profile(process: &Process, kill: &OomKill) -> crate::export::pprof::prot
             oldest_age: None,
         })
         .collect();
-    let mut victim = process.clone();
-    victim.stacks = stacks;
-    victim.mappings = Vec::new();
+    Process { stacks, mappings: Vec::new(), ..process.clone() }
+}
+
+/// The heap at the kill as an encoded OTLP profiles request (one resource, the victim's), over
+/// the time from the start of tracing to the kill.
+fn kill_request(victim: &Process, kill: &OomKill, host: &str) -> Vec<u8> {
+    let traced_for = Duration::from_micros(kill.ts_us);
+    let window = Window::ending_now(traced_for);
+    let recording = Recording { sample_mean: None, note: None };
+    build_request(recording, &[victim], window, host).encode_to_vec()
+}
+
+/// The heap of `victim` at its kill as a pprof profile: inuse_* are the stacks that held the
+/// most then, alloc_* are left 0; a comment says when and where.
+fn kill_profile(victim: &Process, kill: &OomKill) -> crate::export::pprof::proto::Profile {
+    let pid = victim.identity.pid;
     let mut model = Model { sampling: None, ..Model::default() };
-    model.processes.insert(process.identity.pid, victim);
-    let mut profile =
-        build_profile(&model, Duration::from_micros(kill.ts_us), Processes::One(process.identity.pid));
+    model.processes.insert(pid, victim.clone());
+    let mut profile = build_profile(&model, Duration::from_micros(kill.ts_us), Processes::One(pid));
     let comment = format!(
-        "memtrace: the heap of pid {} ({}) when the kernel's OOM killer ended it, {:.3}s into tracing; memory \
+        "memtrace: the heap of pid {pid} ({}) when the kernel's OOM killer ended it, {:.3}s into tracing; memory \
          cgroup {} (limit {}); live heap {} bytes in {} blocks",
-        process.identity.pid,
-        process.identity.comm,
+        victim.identity.comm,
         kill.ts_us as f64 / 1e6,
         kill.cgroup.as_deref().unwrap_or("unknown"),
         kill.limit_bytes.map_or_else(|| "none".to_owned(), |limit| format!("{limit} bytes")),
@@ -134,8 +162,9 @@ fn kill_profile(process: &Process, kill: &OomKill) -> crate::export::pprof::prot
     profile
 }
 
-/// `oom-UNIXSECONDS-PID-COMM.pb.gz`, the command name kept to characters safe in a file name.
-fn file_name(process: &Process) -> String {
+/// `oom-UNIXSECONDS-PID-COMM` (then `.pb.gz`, `.otlp.pb`), the command name kept to characters
+/// safe in a file name.
+fn file_stem(process: &Process) -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
     let comm: String = process
         .identity
@@ -143,5 +172,5 @@ fn file_name(process: &Process) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
         .collect();
-    format!("oom-{now}-{}-{comm}.pb.gz", process.identity.pid)
+    format!("oom-{now}-{}-{comm}", process.identity.pid)
 }

@@ -37,6 +37,12 @@ pub async fn run(shared: Arc<Shared>, target: PushTarget) {
     ticks.tick().await;
     loop {
         ticks.tick().await;
+        // The heap at each OOM kill since the last push, a request of its own, once.
+        for request in shared.take_oom_requests() {
+            if let Err(err) = post::with_retries(&target.base, &profiles_post(request)).await {
+                failed(&shared, &target.base, 1, format!("{err:#}"));
+            }
+        }
         let Some(snapshot) = shared.fresh_snapshot().await else {
             failed(&shared, &target.base, 1, "no sample came to read the stacks".to_owned());
             continue;

@@ -36,6 +36,9 @@ pub struct Snapshot {
     pub agent_cpu_seconds: f64,
 }
 
+/// At most this many kill profiles wait for a push (a push target down for long), in each form.
+pub const MAX_WAITING_KILLS: usize = 100;
+
 /// What the exporter and the server share.
 pub struct Shared {
     pub(super) snapshot: watch::Sender<Arc<Snapshot>>,
@@ -53,6 +56,8 @@ pub struct Shared {
     pub(super) host_name: String,
     /// The heap profiles at OOM kills that the next push sends (serve/oom.rs).
     pub(super) oom_profiles: Mutex<Vec<KillProfile>>,
+    /// The same as encoded OTLP profiles requests, for the next OTLP push (--otlp-endpoint).
+    pub(super) oom_requests: Mutex<Vec<Vec<u8>>>,
 }
 
 /// A kill's heap profile on its way to the next push.
@@ -67,6 +72,19 @@ impl Shared {
     /// Takes the heap profiles at OOM kills waiting for a push.
     pub fn take_oom_profiles(&self) -> Vec<KillProfile> {
         std::mem::take(&mut *self.oom_profiles.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Queues a kill's encoded OTLP request for the next OTLP push (at most MAX_WAITING_KILLS wait).
+    pub fn queue_oom_request(&self, request: Vec<u8>) {
+        let mut waiting = self.oom_requests.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.len() < MAX_WAITING_KILLS {
+            waiting.push(request);
+        }
+    }
+
+    /// Takes the OTLP requests of OOM kills waiting for a push.
+    pub fn take_oom_requests(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *self.oom_requests.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The first snapshot whose stacks were read after this call, or None if none comes in time.
