@@ -246,8 +246,18 @@ fn the_treemap_holds_every_resident_byte_by_owner() {
     assert!(names.contains(&"allocator") && names.contains(&"static data"), "{root}");
     let allocator = root["children"].as_array().unwrap().iter().find(|c| c["name"] == "allocator").unwrap();
     let inside: Vec<&str> =
-        allocator["children"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        allocator["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert!(inside.starts_with(&["heap live", "free (resident)"]), "{allocator}");
+    // The free pool's boxes are its size classes, as the summary has them: each thread freed 3 of
+    // every 4 blocks of 4096 bytes, gaps of 8 KiB and more.
+    let pool = &allocator["children"][1];
+    assert_eq!(pool["value"], memory["allocator_free_resident_bytes"], "{pool}");
+    let classes: Vec<&str> =
+        pool["children"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let resident =
+        memory["allocator_free_by_size"].as_array().unwrap().iter().filter(|c| c["resident_bytes"] != 0);
+    assert_eq!(classes.len(), resident.count(), "a box per resident size class: {pool}");
+    assert!(classes.contains(&"gaps of 8.00 KiB+"), "{pool}");
     let sum: f64 = root["children"].as_array().unwrap().iter().map(|c| c["value"].as_f64().unwrap()).sum();
     assert_eq!(sum as u64, anonymous, "the owners add up to the box: {root}");
     let text = chromium.evaluate("document.body.innerText").as_str().unwrap().to_owned();

@@ -265,7 +265,8 @@
   function drawTreemap() {
     const roots = PROCS.map(levelTree).filter(t => t.value > 0).sort((a, b) => b.value - a.value);
     report.treemap = roots.slice(0, 20).map(r => ({ name: r.name, value: r.value,
-      children: r.children.map(c => ({ name: c.name, value: c.value, children: (c.children || []).map(k => k.name) })) }));
+      children: r.children.map(c => ({ name: c.name, value: c.value,
+        children: (c.children || []).map(k => ({ name: k.name, value: k.value, children: (k.children || []).map(g => g.name) })) })) }));
     const w = contentWidth(treeSection), h = Math.round(Math.min(560, Math.max(260, w * 0.42)));
     const ctx = sizeCanvas(treeCanvas, w, h);
     treeRects = [];
