@@ -162,13 +162,14 @@ fn the_free_pool_by_size_class_and_in_words() {
 }
 
 /// jemalloc's extents are mapped inside allocator calls: its resident memory is what its own
-/// stats.resident says (which counts its metadata too), or the more the kernel backs them with.
+/// stats.resident says (which counts its metadata too), or the more the kernel backs them with;
+/// its free resident pages are what purging every arena gives back.
 #[test]
 fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     let program = fixture_variant("arenas", "jemalloc", &["-DJEMALLOC", "-ljemalloc"]);
     let mut run = Memtrace::new().args(TABLE).command(&program).spawn();
     let jemalloc = figures(&run.wait_for_stdout("ready"));
-    let memory = levels_after_stage(&mut run, "dark_bytes");
+    let memory = levels_after_stage(&mut run, "allocator_free_resident_bytes");
     let resident = level(&memory, "allocator_resident_bytes");
     // stats.resident counts the pages jemalloc dirtied; the kernel may back its extents with more
     // (on Debian unstable's 7.2 in the matrix: RssAnon 162 MB against stats.resident 144 MB, all
@@ -178,7 +179,12 @@ fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     assert!(resident * 10 >= said * 9, "allocator_resident_bytes {resident} < 90% of {said}: {memory}");
     assert!(resident * 10 <= kernel * 11, "allocator_resident_bytes {resident} > 110% of {kernel}: {memory}");
     assert_dark_is_small(&memory);
-    run.send(b"xx");
+    // Its free pool is what a purge of every arena gives back.
+    run.send(b"x");
+    let purged = figures(&run.wait_for_stdout("trimmed"));
+    let free = level(&memory, "allocator_free_resident_bytes");
+    assert_within("allocator_free_resident_bytes", free, purged["returned"], 0.20, &memory);
+    run.send(b"x");
     run.finish().assert_exit_code(0);
 }
 
