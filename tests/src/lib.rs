@@ -24,6 +24,7 @@ use tempfile::TempDir;
 pub mod chromium;
 pub mod kubernetes;
 pub mod otlp;
+pub mod receiver;
 
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);

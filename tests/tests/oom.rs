@@ -14,11 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{
-    fixture,
-    otlp::{decode, receive},
-    Memtrace, Spawned, DEADLINE, INTERVAL,
-};
+use memtrace_tests::{fixture, otlp::decode, receiver::receive, Memtrace, Spawned, DEADLINE, INTERVAL};
 use serde_json::Value;
 
 /// fixtures/oom_grow.c's BLOCK: every block it allocates, and so every live block at the kill.
@@ -237,7 +233,9 @@ fn serve_counts_the_kill_and_keeps_the_heap_profile_in_the_oom_dir() {
     assert_heap_at_the_kill_in_otlp(&decoded, target.pid()).unwrap_or_else(|why| panic!("{why}: {decoded}"));
     // And pushed once, a request of its own (the regular pushes around it carry the whole run).
     let deadline = Instant::now() + DEADLINE;
-    while let Err(why) = assert_heap_at_the_kill_in_otlp(&decode(&receive(&receiver).body), target.pid()) {
+    while let Err(why) =
+        assert_heap_at_the_kill_in_otlp(&decode(&receive(&receiver, "200 OK").body), target.pid())
+    {
         assert!(Instant::now() < deadline, "no push was the kill's heap: the last {why}");
     }
     agent.interrupt();

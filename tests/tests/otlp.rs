@@ -9,7 +9,8 @@ use std::{net::TcpListener, process::Command, time::Instant};
 
 use memtrace_tests::{
     fixture, memtrace_bin,
-    otlp::{decode, header, receive},
+    otlp::decode,
+    receiver::{header, receive},
     Memtrace, Spawned, DEADLINE, INTERVAL,
 };
 use serde_json::Value;
@@ -161,7 +162,7 @@ fn serve_posts_otlp_profiles_to_an_endpoint() {
     // The first pushes may come before the fixture's leaks; a later one has them all.
     let deadline = Instant::now() + DEADLINE;
     let decoded = loop {
-        let pushed = receive(&receiver);
+        let pushed = receive(&receiver, "200 OK");
         let head = pushed.head.to_ascii_lowercase();
         assert!(head.starts_with("post /otel/v1development/profiles http/1.1\r\n"), "{}", pushed.head);
         assert_eq!(header(&head, "content-type"), Some("application/x-protobuf"), "{}", pushed.head);

@@ -15,7 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{fixture, Memtrace, Running, Spawned, DEADLINE, INTERVAL};
+use memtrace_tests::{
+    fixture,
+    receiver::{receive, Received},
+    Memtrace, Running, Spawned, DEADLINE, INTERVAL,
+};
 use serde_json::Value;
 
 /// fixtures/leaks.c once its blocks are allocated: 5 x 1000 bytes from leak_textures and
@@ -400,34 +404,7 @@ struct Pushed {
 
 /// Accepts one connection and answers its request with `status`, returning what it got.
 fn receive_push(listener: &TcpListener, status: &str) -> Pushed {
-    listener.set_nonblocking(true).unwrap();
-    let mut stream = poll("a push", || listener.accept().ok()).0;
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    let mut raw = Vec::new();
-    let mut buffer = [0u8; 65536];
-    let (head_end, length) = loop {
-        let read = stream.read(&mut buffer).expect("reading a push");
-        assert!(read > 0, "the push ended early: {}", String::from_utf8_lossy(&raw));
-        raw.extend_from_slice(&buffer[..read]);
-        if let Some(end) = find(&raw, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-            let length = head
-                .lines()
-                .find_map(|line| line.strip_prefix("content-length:"))
-                .and_then(|value| value.trim().parse::<usize>().ok())
-                .expect("a Content-Length");
-            break (end + 4, length);
-        }
-    };
-    while raw.len() < head_end + length {
-        let read = stream.read(&mut buffer).expect("reading a push body");
-        assert!(read > 0, "the push body ended early");
-        raw.extend_from_slice(&buffer[..read]);
-    }
-    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
-    let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(answer.as_bytes()).unwrap();
+    let Received { head, body: raw } = receive(listener, status);
     let boundary = head
         .lines()
         .find(|line| line.to_ascii_lowercase().starts_with("content-type: multipart/form-data"))
@@ -435,7 +412,7 @@ fn receive_push(listener: &TcpListener, status: &str) -> Pushed {
         .unwrap_or_else(|| panic!("no multipart boundary in {head}"))
         .trim()
         .to_owned();
-    let body = &raw[head_end..];
+    let body = &raw[..];
     let part = find(body, b"name=\"profile\"").expect("a field named profile");
     let start = part + find(&body[part..], b"\r\n\r\n").unwrap() + 4;
     let end = start + find(&body[start..], format!("\r\n--{boundary}").as_bytes()).unwrap();
