@@ -4,7 +4,8 @@
 //! `ctr run` and the `io.kubernetes.*` labels the kubelet gives its containers, in the cgroup path
 //! of the kubelet's cgroupfs driver. Checked: memtrace names the container's pod, namespace and
 //! container from containerd's API (`--containerd-socket`) in the summary and the trace, and in
-//! serve's labels, with the fixture's exact figures. The test runs a containerd of its own (its
+//! serve's labels, with the fixture's exact figures; a socket that refuses is said once, and the
+//! container keeps its id and pod uid. The test runs a containerd of its own (its
 //! own root, state and socket in a temporary directory), stopped at the end, and removes its
 //! containers and tasks whether it passes or not. On the host only: the kernel matrix's VMs have
 //! no containerd.
@@ -341,4 +342,40 @@ fn serve_labels_a_containerd_containers_series_with_its_names() {
     assert_eq!(value("memtrace_heap_live_bytes"), Some(LEAKS.live_bytes), "{body}");
     memtrace.interrupt();
     assert!(memtrace.wait().success());
+}
+
+/// A containerd socket that refuses (nobody listens on it): said once on stderr, naming the
+/// socket and the option; the container keeps its id and pod uid, the figures stay exact.
+#[test]
+fn a_refusing_socket_is_said_once_and_the_container_keeps_its_id() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(3);
+    let scratch = tempfile::tempdir().unwrap();
+    let dead = scratch.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let mut memtrace = Memtrace::new().arg("--all").arg("--containerd-socket").arg(&dead).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let _container = run_container(&containerd, &pod, scratch.path());
+    exec_fixture(&containerd, &pod, "leaks-3");
+    let name = format!("leaks [pod {}/{}]", pod.uid, &pod.container_id[..12]);
+    memtrace
+        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let said = format!("memtrace: asking containerd at {} ", dead.display());
+    assert_eq!(outcome.stderr.matches(&said).count(), 1, "{}", outcome.stderr);
+    outcome.assert_stderr_mentions(&["--containerd-socket PATH"]);
+    let ran: Vec<&Value> = outcome.summary()["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    let container = &ran[0]["container"];
+    assert_eq!(container["pod_uid"], pod.uid.as_str());
+    assert!(container.get("pod").is_none() && container.get("name").is_none(), "{container:#}");
+    assert_figures_of(ran[0], LEAKS);
 }
