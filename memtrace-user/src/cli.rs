@@ -72,6 +72,11 @@ pub struct RunArgs {
     #[arg(long = "cgroup", value_name = "PATH", conflicts_with = "command", value_parser = parse_cgroup_path)]
     pub cgroups: Vec<String>,
 
+    /// containerd's socket, asked for the pod, namespace and container name of each container
+    /// (its io.kubernetes.* labels); nothing is asked where it does not exist
+    #[arg(long, value_name = "PATH", default_value = crate::process::containerd::DEFAULT_SOCKET)]
+    pub containerd_socket: PathBuf,
+
     /// With --all or --comm: leave this process out (repeatable)
     #[arg(long = "exclude-pid", value_name = "PID", requires = "system_wide")]
     pub exclude_pids: Vec<u32>,

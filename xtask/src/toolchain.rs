@@ -22,17 +22,21 @@ const BPF_PACKAGES: &[&str] =
 /// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
-/// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate); headless
+/// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate) and with which
+/// memtrace-user's containerd-client dependency builds containerd's API; headless
 /// Chromium, which the tests of `--html` load the report in; tmux, the terminal the tests of
 /// `memtrace top` drive it in; runc and busybox-static, the container runtime and the container's
-/// root file system the tests of containers run a fixture in; runc and mmdebstrap, which run the
-/// Kubernetes agent's image with its manifest's securityContext (tests/tests/deploy.rs);
+/// root file system the tests of containers run a fixture in; containerd (with ctr), the runtime
+/// whose API tests/tests/containerd.rs asks for a container's Kubernetes names; runc and
+/// mmdebstrap, which run the Kubernetes agent's image with its manifest's securityContext
+/// (tests/tests/deploy.rs);
 /// python3-venv, for the venvs of the schema validator of its manifests (PyPI's
 /// kubernetes-validate) and of the OTLP tests' decoder (PyPI's opentelemetry-proto, in
 /// target/otlp-venv).
 const FIXTURE_PACKAGES: &[&str] = &[
     "runc",
     "busybox-static",
+    "containerd",
     "python3",
     "python3-venv",
     "prometheus",

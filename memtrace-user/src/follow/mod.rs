@@ -32,8 +32,9 @@ use crate::{
     kernel::features::{Feature, KernelFeatures},
     kernel::{Probes, Reach},
     model::{identity::ProcessIdentity, Model},
+    plan::Runtimes,
     process::allocator::{Allocator, Overrides},
-    process::{cgroup::CgroupNames, procfs},
+    process::{cgroup::CgroupNames, containerd::ContainerNames, procfs},
     process::{FileCache, ObjectFile, ProcessImage},
 };
 
@@ -57,6 +58,8 @@ pub struct Following {
     cgroups: CgroupNames,
     /// The cgroups `--container` and `--cgroup` let the kernel trace, so far.
     allowed_cgroups: HashSet<u64>,
+    /// The pod, namespace and container names of containers, asked of containerd.
+    container_names: ContainerNames,
 }
 
 impl Following {
@@ -68,6 +71,7 @@ impl Following {
         reach: Reach,
         features: &KernelFeatures,
         usdt: UsdtProbes,
+        runtimes: &Runtimes,
     ) -> Result<Self> {
         let exec_events = probes.follow_processes()?;
         crate::process::raise_open_file_limit();
@@ -95,6 +99,7 @@ impl Following {
             execed: HashSet::new(),
             cgroups: CgroupNames::default(),
             allowed_cgroups: HashSet::new(),
+            container_names: ContainerNames::new(runtimes.containerd_socket.clone()),
         };
         if let Reach::AllProcesses(filter) = &this.reach {
             for (flag, name) in filter.cgroups.unmatched() {
@@ -176,9 +181,14 @@ impl Following {
     }
 
     /// Who process `pid` is, as it enters the model (`ProcessIdentity::read`), with what the
-    /// kernel recorded at its first event where it has figures.
+    /// kernel recorded at its first event where it has figures, and its container's Kubernetes
+    /// names where containerd knows them (asked once per container).
     pub fn identify(&mut self, pid: u32, comm: String, stats: Option<&ProcessStats>) -> ProcessIdentity {
-        ProcessIdentity::read(pid, comm, stats, &mut self.cgroups)
+        let mut identity = ProcessIdentity::read(pid, comm, stats, &mut self.cgroups);
+        if let Some(container) = identity.container.as_mut() {
+            self.container_names.fill(container);
+        }
+        identity
     }
 
     /// Adds the processes the kernel has seen allocate or report through USDT since the last

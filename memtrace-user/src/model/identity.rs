@@ -24,7 +24,8 @@ pub struct ProcessIdentity {
     pub executable: Option<PathBuf>,
     /// Its cgroup path (v2, or the pids/memory hierarchy's on a v1 host), where known.
     pub cgroup: Option<String>,
-    /// The container and pod its cgroup names, where it names one.
+    /// The container and pod its cgroup names, where it names one; its pod, namespace and name
+    /// where containerd gave them (`Following::identify`, process/containerd.rs).
     pub container: Option<Container>,
 }
 

@@ -28,6 +28,15 @@ pub struct Plan {
     pub outputs: Outputs,
     pub retention: Retention,
     pub kernel: Kernel,
+    pub runtimes: Runtimes,
+}
+
+/// The container runtimes asked for what a container's cgroup path does not say: its pod,
+/// namespace and container name.
+#[derive(Debug, Clone)]
+pub struct Runtimes {
+    /// `--containerd-socket`: containerd's gRPC socket.
+    pub containerd_socket: PathBuf,
 }
 
 /// What a run traces.

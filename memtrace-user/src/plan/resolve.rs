@@ -7,8 +7,8 @@ use std::{path::PathBuf, time::SystemTime};
 use anyhow::Result;
 
 use super::{
-    Kernel, Mode, Outputs, Plan, ProbePlan, PushTarget, ReportFiles, Retention, ServeOptions, Tables,
-    Targets, Timing,
+    Kernel, Mode, Outputs, Plan, ProbePlan, PushTarget, ReportFiles, Retention, Runtimes, ServeOptions,
+    Tables, Targets, Timing,
 };
 use crate::{
     cli::{ReportOutputs, RunArgs, ServeArgs},
@@ -35,6 +35,7 @@ pub fn plan(run: RunArgs, mode: Mode, features: KernelFeatures) -> Result<Plan> 
         usdt: run.usdt,
         unwind_in_background: run.all,
     };
+    let runtimes = Runtimes { containerd_socket: run.containerd_socket.clone() };
     let timing = Timing {
         interval: run.interval,
         duration: run.duration,
@@ -55,7 +56,7 @@ pub fn plan(run: RunArgs, mode: Mode, features: KernelFeatures) -> Result<Plan> 
         top: run.top,
         older: run.older,
     };
-    Ok(Plan { mode, targets, probes, timing, outputs, retention, kernel })
+    Ok(Plan { mode, targets, probes, timing, outputs, retention, kernel, runtimes })
 }
 
 /// `memtrace serve`: the run the agent is, and its mode with what serving adds to it.

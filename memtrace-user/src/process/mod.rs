@@ -15,6 +15,7 @@
 
 pub mod allocator;
 pub mod cgroup;
+pub mod containerd;
 pub mod elf;
 mod entry_points;
 mod facts;

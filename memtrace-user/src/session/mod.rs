@@ -34,7 +34,8 @@ use crate::{
 /// Traces as the plan says; with `Mode::Serve`, as the agent of `memtrace serve`: no trace file
 /// unless -o names one, no report at the end, and tracing goes on until a signal ends it.
 pub fn run(plan: Plan) -> Result<ExitCode> {
-    let Plan { mode, targets: wanted, probes: probe_plan, timing, outputs, retention, kernel } = plan;
+    let Plan { mode, targets: wanted, probes: probe_plan, timing, outputs, retention, kernel, runtimes } =
+        plan;
     let reach = wanted.reach();
     let pids = refuse_what_cannot_work(&wanted, &reach, &kernel)?;
     let signals = signals::block_termination_signals()?;
@@ -46,7 +47,8 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let own_sites = OwnSites { app_sampled: probe_plan.app_sampled };
     let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone());
     let oom = OomWatch::start(&mut probes);
-    let mut following = Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt)?;
+    let mut following =
+        Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt, &runtimes)?;
     let Targets { watched: targets, held, preload } =
         Targets::attach(&wanted, &pids, &mut following, &mut probes, &mut collector, &mut model)?;
     let what = describe_reach(&wanted, &following, &probes, &model);

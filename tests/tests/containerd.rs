@@ -1,0 +1,381 @@
+//! containerd: a container run by a real containerd (Debian's package), from an OCI image that the
+//! test builds from local files (busybox-static and the leaks fixture; the host's /usr bind-mounted
+//! read-only for its libc) and imports from a tarball with `ctr image import`, no registry; run with
+//! `ctr run` and the `io.kubernetes.*` labels the kubelet gives its containers, in the cgroup path
+//! of the kubelet's cgroupfs driver. Checked: memtrace names the container's pod, namespace and
+//! container from containerd's API (`--containerd-socket`) in the summary and the trace, and in
+//! serve's labels, with the fixture's exact figures; a socket that refuses is said once, and the
+//! container keeps its id and pod uid. The test runs a containerd of its own (its
+//! own root, state and socket in a temporary directory), stopped at the end, and removes its
+//! containers and tasks whether it passes or not. On the host only: the kernel matrix's VMs have
+//! no containerd.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use memtrace_tests::{assert_figures_of, fixture, Memtrace, DEADLINE, LEAKS};
+use serde_json::Value;
+
+/// One container run at a time: a run under --all sees every other test's container.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The kubelet's names for the container, as its labels carry them.
+const POD: &str = "web-7f9";
+const NAMESPACE: &str = "shop";
+const NAME: &str = "api";
+const IMAGE: &str = "localhost/memtrace-test:leaks";
+
+/// A containerd of the test's own, stopped (and its directory removed) when the test ends.
+struct Containerd {
+    dir: tempfile::TempDir,
+    daemon: Child,
+}
+
+impl Containerd {
+    /// Starts containerd with its root, state and socket in a new directory, its CRI plugin off,
+    /// and waits until it answers.
+    fn start() -> Self {
+        let dir = tempfile::Builder::new().prefix("memtrace-ctd").tempdir_in("/tmp").unwrap();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let config = format!(
+            "version = 2\nroot = {:?}\nstate = {:?}\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n",
+            path("root"),
+            path("state"),
+            path("containerd.sock"),
+            path("containerd.sock.ttrpc"),
+        );
+        fs::write(dir.path().join("config.toml"), config).unwrap();
+        let log = fs::File::create(dir.path().join("containerd.log")).unwrap();
+        let daemon = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.path().join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd is installed (cargo xtask setup installs Debian's containerd)");
+        let containerd = Self { dir, daemon };
+        let deadline = Instant::now() + DEADLINE;
+        while !containerd.ctr(&["version"]).status.success() {
+            assert!(Instant::now() < deadline, "containerd did not answer: {}", containerd.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        containerd
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// `ctr` against this containerd, in the kubelet's namespace `k8s.io`.
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("ctr is installed (Debian's containerd)")
+    }
+
+    /// `ctr`, which must succeed; returns its stdout.
+    fn ctr_ok(&self, args: &[&str]) -> String {
+        let output = self.ctr(args);
+        let say = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        assert!(
+            output.status.success(),
+            "ctr {args:?} failed: {}{}\ncontainerd's log:\n{}",
+            say(&output.stdout),
+            say(&output.stderr),
+            self.log()
+        );
+        say(&output.stdout)
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the daemon is our child, not yet reaped.
+        unsafe { libc::kill(self.daemon.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.daemon.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// A container of a pod, as the kubelet's cgroupfs driver places it.
+struct Pod {
+    uid: String,
+    container_id: String,
+}
+
+impl Pod {
+    fn new(seed: u8) -> Self {
+        Self {
+            uid: format!("{seed:02x}d0c7a1-5555-4666-8777-888899990000"),
+            container_id: format!("{seed:02x}{}", "feedbeef".repeat(8))[..64].to_owned(),
+        }
+    }
+
+    fn pod_cgroup(&self) -> String {
+        format!("/kubepods/besteffort/pod{}", self.uid)
+    }
+
+    fn container_cgroup(&self) -> String {
+        format!("{}/{}", self.pod_cgroup(), self.container_id)
+    }
+}
+
+/// A container of this containerd, with its task: removed (the task killed first) when the test
+/// ends, passed or not, and the pod's cgroup directories with it.
+struct Running<'a> {
+    containerd: &'a Containerd,
+    pod: &'a Pod,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let id = self.pod.container_id.as_str();
+        let _ = self.containerd.ctr(&["task", "kill", "--signal", "SIGKILL", id]);
+        let _ = self.containerd.ctr(&["task", "delete", "--force", id]);
+        let _ = self.containerd.ctr(&["container", "delete", id]);
+        for hierarchy in fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let pod = hierarchy.path().join(self.pod.pod_cgroup().trim_start_matches('/'));
+            let _ = fs::remove_dir(pod.join(&self.pod.container_id));
+            let _ = fs::remove_dir(&pod);
+        }
+    }
+}
+
+/// Writes an OCI image archive to `dir`: one uncompressed layer with busybox (as /bin/sh) and
+/// the leaks fixture at /leaks, and /lib, /lib64 pointing into /usr (bind-mounted from the host).
+fn image_archive(dir: &Path) -> PathBuf {
+    let layer = dir.join("layer");
+    for sub in ["bin", "usr", "proc", "dev", "sys", "tmp"] {
+        fs::create_dir_all(layer.join(sub)).unwrap();
+    }
+    fs::copy("/bin/busybox", layer.join("bin/busybox"))
+        .expect("busybox-static is installed (cargo xtask setup)");
+    symlink("busybox", layer.join("bin/sh")).unwrap();
+    symlink("usr/lib", layer.join("lib")).unwrap();
+    symlink("usr/lib64", layer.join("lib64")).unwrap();
+    fs::copy(fixture("leaks"), layer.join("leaks")).unwrap();
+    let oci = dir.join("oci");
+    fs::create_dir_all(oci.join("blobs/sha256")).unwrap();
+    let layer_tar = dir.join("layer.tar");
+    tar(&layer, &layer_tar);
+    let (layer_digest, layer_size) = blob(&oci, &fs::read(&layer_tar).unwrap());
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = blob(&oci, config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = blob(&oci, manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest, "size": manifest_size,
+            "annotations": {"io.containerd.image.name": IMAGE, "org.opencontainers.image.ref.name": "leaks"},
+        }],
+    });
+    fs::write(oci.join("index.json"), index.to_string()).unwrap();
+    fs::write(oci.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let archive = dir.join("image.tar");
+    tar(&oci, &archive);
+    archive
+}
+
+fn tar(dir: &Path, archive: &Path) {
+    let status = Command::new("tar").arg("-C").arg(dir).arg("-cf").arg(archive).arg(".").status().unwrap();
+    assert!(status.success(), "tar of {} failed", dir.display());
+}
+
+/// Stores `bytes` as a blob of the OCI layout at `oci`: its digest (`sha256:...`) and size.
+fn blob(oci: &Path, bytes: &[u8]) -> (String, usize) {
+    let scratch = oci.join("blob.tmp");
+    fs::write(&scratch, bytes).unwrap();
+    let output = Command::new("sha256sum").arg(&scratch).output().expect("sha256sum (coreutils)");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let hex = text.split_whitespace().next().expect("sha256sum prints a digest").to_owned();
+    fs::rename(&scratch, oci.join("blobs/sha256").join(&hex)).unwrap();
+    (format!("sha256:{hex}"), bytes.len())
+}
+
+/// Imports the image and runs the pod's container, labelled as the kubelet labels it; its task
+/// sleeps until the test execs the fixture in it.
+fn run_container<'a>(containerd: &'a Containerd, pod: &'a Pod, scratch: &Path) -> Running<'a> {
+    let archive = image_archive(scratch);
+    containerd.ctr_ok(&["images", "import", archive.to_str().unwrap()]);
+    // One left by a test that was killed.
+    drop(Running { containerd, pod });
+    let running = Running { containerd, pod };
+    let labels = [("io.kubernetes.pod.name", POD), ("io.kubernetes.pod.namespace", NAMESPACE)];
+    let labels = labels.into_iter().chain([("io.kubernetes.container.name", NAME)]);
+    let mut args: Vec<String> =
+        ["run", "--detach", "--cgroup", &pod.container_cgroup()].map(str::to_owned).into();
+    args.push("--mount".into());
+    args.push("type=bind,src=/usr,dst=/usr,options=rbind:ro".into());
+    args.extend(labels.flat_map(|(key, value)| ["--label".to_owned(), format!("{key}={value}")]));
+    args.extend([IMAGE, &pod.container_id, "/bin/busybox", "sleep", "600"].map(str::to_owned));
+    containerd.ctr_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    running
+}
+
+/// Runs the fixture in the container (`ctr task exec`), to its end.
+fn exec_fixture(containerd: &Containerd, pod: &Pod, exec_id: &str) {
+    containerd.ctr_ok(&["task", "exec", "--exec-id", exec_id, &pod.container_id, "/leaks"]);
+}
+
+fn assert_named(process: &Value, pod: &Pod) {
+    let container = &process["container"];
+    assert_eq!(container["id"], pod.container_id.as_str(), "{process:#}");
+    assert_eq!(container["pod_uid"], pod.uid.as_str(), "{process:#}");
+    assert_eq!(container["cgroup"], pod.container_cgroup().as_str(), "{process:#}");
+    assert_eq!(container["pod"], POD, "{process:#}");
+    assert_eq!(container["namespace"], NAMESPACE, "{process:#}");
+    assert_eq!(container["name"], NAME, "{process:#}");
+    assert_figures_of(process, LEAKS);
+}
+
+#[test]
+fn all_names_a_containerd_containers_pod_namespace_and_container() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(1);
+    let scratch = tempfile::tempdir().unwrap();
+    let socket = containerd.socket();
+    let mut memtrace = Memtrace::new().arg("--all").arg("--containerd-socket").arg(&socket).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let _container = run_container(&containerd, &pod, scratch.path());
+    exec_fixture(&containerd, &pod, "leaks-1");
+    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
+    memtrace
+        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let ran: Vec<&Value> = outcome.summary()["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
+        .collect();
+    assert_eq!(ran.len(), 1, "one fixture ran in the container: {ran:#?}");
+    assert_named(ran[0], &pod);
+    assert!(!outcome.stderr.contains("asking containerd"), "containerd answered: {}", outcome.stderr);
+}
+
+/// `GET /metrics` of the agent at `port`, the body only.
+fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+/// `memtrace serve --container ID`, the container started after it: its series carry the pod,
+/// namespace and container labels, with the fixture's exact counts.
+#[test]
+fn serve_labels_a_containerd_containers_series_with_its_names() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(2);
+    let scratch = tempfile::tempdir().unwrap();
+    let socket = containerd.socket();
+    let mut memtrace = Memtrace::new()
+        .without_default_outputs()
+        .args(["serve", "--listen", "127.0.0.1:0", "-i", "100ms", "--container", &pod.container_id[..12]])
+        .arg("--containerd-socket")
+        .arg(&socket)
+        .spawn();
+    let serving = memtrace.wait_for_stderr("memtrace: serving http://127.0.0.1:");
+    let port: u16 = serving["memtrace: serving http://127.0.0.1:".len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {serving:?}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let _container = run_container(&containerd, &pod, scratch.path());
+    memtrace.wait_for_stderr_containing(&format!("following cgroup {}", pod.container_cgroup()));
+    exec_fixture(&containerd, &pod, "leaks-2");
+    let labels = format!(
+        r#"comm="leaks",container_id="{}",pod="{POD}",namespace="{NAMESPACE}",container="{NAME}","#,
+        &pod.container_id[..12]
+    );
+    let deadline = Instant::now() + DEADLINE;
+    let body = loop {
+        let body = metrics(port);
+        if body.lines().any(|line| line.starts_with("memtrace_frees_total{") && line.contains(&labels)) {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no series with {labels} in:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let value = |metric: &str| {
+        body.lines()
+            .find(|line| line.starts_with(&format!("{metric}{{")) && line.contains(&labels))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<i64>().ok())
+    };
+    assert_eq!(value("memtrace_allocations_total"), Some(LEAKS.allocations as i64), "{body}");
+    assert_eq!(value("memtrace_frees_total"), Some(LEAKS.frees as i64), "{body}");
+    assert_eq!(value("memtrace_heap_live_bytes"), Some(LEAKS.live_bytes), "{body}");
+    memtrace.interrupt();
+    assert!(memtrace.wait().success());
+}
+
+/// A containerd socket that refuses (nobody listens on it): said once on stderr, naming the
+/// socket and the option; the container keeps its id and pod uid, the figures stay exact.
+#[test]
+fn a_refusing_socket_is_said_once_and_the_container_keeps_its_id() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(3);
+    let scratch = tempfile::tempdir().unwrap();
+    let dead = scratch.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let mut memtrace = Memtrace::new().arg("--all").arg("--containerd-socket").arg(&dead).spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let _container = run_container(&containerd, &pod, scratch.path());
+    exec_fixture(&containerd, &pod, "leaks-3");
+    let name = format!("leaks [pod {}/{}]", pod.uid, &pod.container_id[..12]);
+    memtrace
+        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let said = format!("memtrace: asking containerd at {} ", dead.display());
+    assert_eq!(outcome.stderr.matches(&said).count(), 1, "{}", outcome.stderr);
+    outcome.assert_stderr_mentions(&["--containerd-socket PATH"]);
+    let ran: Vec<&Value> = outcome.summary()["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    let container = &ran[0]["container"];
+    assert_eq!(container["pod_uid"], pod.uid.as_str());
+    assert!(container.get("pod").is_none() && container.get("name").is_none(), "{container:#}");
+    assert_figures_of(ran[0], LEAKS);
+}
