@@ -163,7 +163,7 @@ fn the_free_pool_by_size_class_and_in_words() {
 
 /// jemalloc's extents are mapped inside allocator calls: its resident memory is what its own
 /// stats.resident says (which counts its metadata too), or the more the kernel backs them with;
-/// its free resident pages are what purging every arena gives back.
+/// its free resident pages hold what purging every arena gives back.
 #[test]
 fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     let program = fixture_variant("arenas", "jemalloc", &["-DJEMALLOC", "-ljemalloc"]);
@@ -179,11 +179,21 @@ fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
     assert!(resident * 10 >= said * 9, "allocator_resident_bytes {resident} < 90% of {said}: {memory}");
     assert!(resident * 10 <= kernel * 11, "allocator_resident_bytes {resident} > 110% of {kernel}: {memory}");
     assert_dark_is_small(&memory);
-    // Its free pool is what a purge of every arena gives back.
+    // Its free pool holds what a purge of every arena gives back: on this host within 6% (106.3 MB
+    // against 100.2 MB); in the matrix's VMs, whose kernels back anonymous memory with huge pages
+    // (THP "always", where this host says "madvise"), RssAnon is 160 MB and the free pool 125 MB
+    // against the purge's 100 MB: free pages inside huge pages that a purge leaves resident. So:
+    // at least what the purge returned, less a fifth, and no more than the allocator's resident
+    // memory less its live heap.
     run.send(b"x");
-    let purged = figures(&run.wait_for_stdout("trimmed"));
+    let purged = figures(&run.wait_for_stdout("trimmed"))["returned"];
     let free = level(&memory, "allocator_free_resident_bytes");
-    assert_within("allocator_free_resident_bytes", free, purged["returned"], 0.20, &memory);
+    assert!(
+        free * 10 >= purged * 8,
+        "allocator_free_resident_bytes {free} < 80% of the purge's {purged}: {memory}"
+    );
+    let unused = resident.saturating_sub(level(&memory, "heap_live_bytes"));
+    assert!(free <= unused, "free {free} > resident less live {unused}: {memory}");
     run.send(b"x");
     run.finish().assert_exit_code(0);
 }
