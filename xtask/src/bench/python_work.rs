@@ -3,8 +3,11 @@
 //! with stacks, without stacks and sampled (`--sample 512KiB`); heaptrack; and the fleet mode,
 //! `--app-sampled`, on the same work with bench/otel_sampler.c preloaded (glibc's malloc made a
 //! sampling allocator that fires OpenTelemetry's otel_memory probes), set against the same
-//! preloaded work untraced, so that the ratio is what memtrace adds. Variants run in turns and
-//! the best round of each is kept.
+//! preloaded work untraced, so that the ratio is what memtrace adds. Last, the same work with
+//! CPython's own small-object allocator off (`PYTHONMALLOC=malloc`): Debian's python3 takes most
+//! of its allocations from pymalloc's arenas, so the stock work calls malloc only some 10,000
+//! times a run; with it off every object is a malloc and a free, as in programs without an
+//! allocator of their own. Variants run in turns and the best round of each is kept.
 
 use std::{
     path::{Path, PathBuf},
@@ -25,12 +28,28 @@ enum Runner {
     Heaptrack,
 }
 
+/// How python3 itself runs, whoever runs it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Python {
+    /// As Debian ships it.
+    Stock,
+    /// LD_PRELOAD the sampling allocator.
+    Sampler,
+    /// `PYTHONMALLOC=malloc`: every object from malloc.
+    SystemMalloc,
+}
+
 struct Variant {
     name: &'static str,
     runner: Runner,
-    /// LD_PRELOAD the sampling allocator.
-    sampler: bool,
+    python: Python,
     best_s: f64,
+}
+
+impl Variant {
+    fn new(name: &'static str, runner: Runner, python: Python) -> Self {
+        Self { name, runner, python, best_s: f64::MAX }
+    }
 }
 
 pub fn run(memtrace: &Path) -> Result<()> {
@@ -39,33 +58,23 @@ pub fn run(memtrace: &Path) -> Result<()> {
     let script = workspace_root().join("bench/json_work.py");
     let out = workspace_root().join("target/bench");
     let mut variants = [
-        Variant { name: "untraced", runner: Runner::Untraced, sampler: false, best_s: f64::MAX },
-        Variant { name: "memtrace exact", runner: Runner::Memtrace(&[]), sampler: false, best_s: f64::MAX },
-        Variant {
-            name: "memtrace --no-stacks",
-            runner: Runner::Memtrace(&["--no-stacks"]),
-            sampler: false,
-            best_s: f64::MAX,
-        },
-        Variant {
-            name: "memtrace --sample 512KiB",
-            runner: Runner::Memtrace(&["--sample", "512KiB"]),
-            sampler: false,
-            best_s: f64::MAX,
-        },
-        Variant { name: "heaptrack", runner: Runner::Heaptrack, sampler: false, best_s: f64::MAX },
-        Variant { name: "sampler, untraced", runner: Runner::Untraced, sampler: true, best_s: f64::MAX },
-        Variant {
-            name: "sampler, --app-sampled",
-            runner: Runner::Memtrace(&["--app-sampled"]),
-            sampler: true,
-            best_s: f64::MAX,
-        },
+        Variant::new("untraced", Runner::Untraced, Python::Stock),
+        Variant::new("memtrace exact", Runner::Memtrace(&[]), Python::Stock),
+        Variant::new("memtrace --no-stacks", Runner::Memtrace(&["--no-stacks"]), Python::Stock),
+        Variant::new("memtrace --sample 512KiB", Runner::Memtrace(&["--sample", "512KiB"]), Python::Stock),
+        Variant::new("heaptrack", Runner::Heaptrack, Python::Stock),
+        Variant::new("sampler, untraced", Runner::Untraced, Python::Sampler),
+        Variant::new("sampler, --app-sampled", Runner::Memtrace(&["--app-sampled"]), Python::Sampler),
+        Variant::new("malloc, untraced", Runner::Untraced, Python::SystemMalloc),
+        Variant::new("malloc, memtrace exact", Runner::Memtrace(&[]), Python::SystemMalloc),
+        Variant::new("malloc, --no-stacks", Runner::Memtrace(&["--no-stacks"]), Python::SystemMalloc),
+        Variant::new("malloc, heaptrack", Runner::Heaptrack, Python::SystemMalloc),
     ];
     for _ in 0..ROUNDS {
         for variant in &mut variants {
-            let preload = variant.sampler.then_some(sampler.as_path());
-            let seconds = seconds_of(command(variant.runner, memtrace, &script, preload, &out))?;
+            let preload = (variant.python == Python::Sampler).then_some(sampler.as_path());
+            let malloc = variant.python == Python::SystemMalloc;
+            let seconds = seconds_of(command(variant.runner, memtrace, &script, (preload, malloc), &out))?;
             variant.best_s = variant.best_s.min(seconds);
         }
     }
@@ -75,15 +84,17 @@ pub fn run(memtrace: &Path) -> Result<()> {
 
 fn print(variants: &[Variant]) {
     let untraced = variants[0].best_s;
-    let preloaded = variants.iter().find(|v| v.sampler && matches!(v.runner, Runner::Untraced));
+    // Each variant beside the same python run untraced, where that is not the stock one.
+    let base =
+        |python: Python| variants.iter().find(|v| v.python == python && matches!(v.runner, Runner::Untraced));
     println!("python3 json work (bench/json_work.py, best of {ROUNDS}):");
     for variant in variants {
-        let against_preloaded = match (variant.sampler, preloaded) {
-            (true, Some(base)) => format!("   x the sampler untraced {:.3}", variant.best_s / base.best_s),
-            _ => String::new(),
+        let against_base = match (variant.python, base(variant.python)) {
+            (Python::Stock, _) | (_, None) => String::new(),
+            (_, Some(base)) => format!("   x the same untraced {:.3}", variant.best_s / base.best_s),
         };
         println!(
-            "  {:<28} {:>7.3} s   x untraced {:>5.2}{against_preloaded}",
+            "  {:<28} {:>7.3} s   x untraced {:>5.2}{against_base}",
             variant.name,
             variant.best_s,
             variant.best_s / untraced
@@ -91,27 +102,43 @@ fn print(variants: &[Variant]) {
     }
 }
 
-fn command(runner: Runner, memtrace: &Path, script: &Path, preload: Option<&Path>, out: &Path) -> Command {
-    // The preload goes to python alone (through env), never to memtrace or heaptrack.
-    let mut python = vec![PathBuf::from("env")];
+/// The command of one variant; `(preload, malloc)`: the library python preloads, and whether
+/// pymalloc is off. Both go to python alone, through env: never to memtrace; to heaptrack only
+/// PYTHONMALLOC, which heaptrack's own programs ignore (heaptrack must run python itself: run
+/// through env, it traces env and not what env execs).
+fn command(
+    runner: Runner,
+    memtrace: &Path,
+    script: &Path,
+    (preload, malloc): (Option<&Path>, bool),
+    out: &Path,
+) -> Command {
+    let mut assignments: Vec<String> = Vec::new();
     if let Some(preload) = preload {
-        python.push(format!("LD_PRELOAD={}", preload.display()).into());
+        assignments.push(format!("LD_PRELOAD={}", preload.display()));
     }
-    python.extend([PathBuf::from("python3"), script.to_owned()]);
+    if malloc {
+        assignments.push("PYTHONMALLOC=malloc".to_owned());
+    }
+    // Debian's python3, by its path: a python3 earlier on PATH may be a wrapper (pyenv's shims are
+    // shell scripts), which heaptrack would trace instead.
+    let python = [PathBuf::from("/usr/bin/python3"), script.to_owned()];
     match runner {
         Runner::Untraced => {
-            let mut command = Command::new(&python[0]);
-            command.args(&python[1..]);
+            let mut command = Command::new("env");
+            command.args(&assignments).args(&python);
             command
         }
         Runner::Memtrace(args) => {
             let mut command = crate::as_root(memtrace);
-            command.args(args).arg("-o").arg(out.join("python.json")).arg("--").args(&python);
+            command.args(args).arg("-o").arg(out.join("python.json")).arg("--").arg("env");
+            command.args(&assignments).args(&python);
             command
         }
         Runner::Heaptrack => {
-            let mut command = Command::new("heaptrack");
-            command.arg("-o").arg(out.join("python.heaptrack")).args(&python);
+            let mut command = Command::new("env");
+            command.args(&assignments).arg("heaptrack").arg("-o").arg(out.join("python.heaptrack"));
+            command.args(&python);
             command
         }
     }
