@@ -22,6 +22,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod chromium;
+pub mod containers;
 pub mod kubernetes;
 pub mod otlp;
 pub mod receiver;
@@ -50,6 +51,17 @@ pub fn workspace_root() -> PathBuf {
 
 fn target_dir() -> PathBuf {
     workspace_root().join("target")
+}
+
+/// `GET /metrics` of the agent at the loopback `port`: the body of its answer.
+pub fn scrape_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("asking for /metrics");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reading /metrics");
+    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
 /// Whether a process's resident pages are whole in the kernel's counters as memtrace reads them at
@@ -524,6 +536,22 @@ impl Running {
             }
             thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Polls the trace until it names a process `name` (its `process_name` metadata event).
+    pub fn wait_for_process_named(&mut self, name: &str) -> Trace {
+        self.wait_for_trace(name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name))
+    }
+
+    /// Waits until `memtrace serve --listen 127.0.0.1:0` says where it serves; its port.
+    pub fn serving_port(&mut self) -> u16 {
+        const SERVING: &str = "memtrace: serving http://127.0.0.1:";
+        let serving = self.wait_for_stderr(SERVING);
+        serving[SERVING.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {serving:?}"))
     }
 
     /// Closes stdin, waits for memtrace to exit and reads what it wrote.

@@ -12,14 +12,17 @@
 
 use std::{
     fs,
-    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::Mutex,
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{assert_figures_of, fixture, Memtrace, DEADLINE, LEAKS};
+use memtrace_tests::{
+    assert_figures_of,
+    containers::{root_filesystem, Pod},
+    scrape_metrics, Memtrace, Outcome, DEADLINE, LEAKS,
+};
 use serde_json::Value;
 
 /// One container run at a time: a run under --all sees every other test's container.
@@ -117,29 +120,6 @@ impl Drop for Containerd {
     }
 }
 
-/// A container of a pod, as the kubelet's cgroupfs driver places it.
-struct Pod {
-    uid: String,
-    container_id: String,
-}
-
-impl Pod {
-    fn new(seed: u8) -> Self {
-        Self {
-            uid: format!("{seed:02x}d0c7a1-5555-4666-8777-888899990000"),
-            container_id: format!("{seed:02x}{}", "feedbeef".repeat(8))[..64].to_owned(),
-        }
-    }
-
-    fn pod_cgroup(&self) -> String {
-        format!("/kubepods/besteffort/pod{}", self.uid)
-    }
-
-    fn container_cgroup(&self) -> String {
-        format!("{}/{}", self.pod_cgroup(), self.container_id)
-    }
-}
-
 /// A container of this containerd, with its task: removed (the task killed first) when the test
 /// ends, passed or not, and the pod's cgroup directories with it.
 struct Running<'a> {
@@ -165,15 +145,7 @@ impl Drop for Running<'_> {
 /// the leaks fixture at /leaks, and /lib, /lib64 pointing into /usr (bind-mounted from the host).
 fn image_archive(dir: &Path) -> PathBuf {
     let layer = dir.join("layer");
-    for sub in ["bin", "usr", "proc", "dev", "sys", "tmp"] {
-        fs::create_dir_all(layer.join(sub)).unwrap();
-    }
-    fs::copy("/bin/busybox", layer.join("bin/busybox"))
-        .expect("busybox-static is installed (cargo xtask setup)");
-    symlink("busybox", layer.join("bin/sh")).unwrap();
-    symlink("usr/lib", layer.join("lib")).unwrap();
-    symlink("usr/lib64", layer.join("lib64")).unwrap();
-    fs::copy(fixture("leaks"), layer.join("leaks")).unwrap();
+    root_filesystem(&layer, "leaks");
     let oci = dir.join("oci");
     fs::create_dir_all(oci.join("blobs/sha256")).unwrap();
     let layer_tar = dir.join("layer.tar");
@@ -245,6 +217,15 @@ fn exec_fixture(containerd: &Containerd, pod: &Pod, exec_id: &str) {
     containerd.ctr_ok(&["task", "exec", "--exec-id", exec_id, &pod.container_id, "/leaks"]);
 }
 
+/// The summary's processes of the leaks fixture that ran in `pod`'s container.
+fn fixtures_in<'a>(outcome: &'a Outcome, pod: &Pod) -> Vec<&'a Value> {
+    let processes = outcome.summary()["processes"].as_array().unwrap();
+    processes
+        .iter()
+        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
+        .collect()
+}
+
 fn assert_named(process: &Value, pod: &Pod) {
     let container = &process["container"];
     assert_eq!(container["id"], pod.container_id.as_str(), "{process:#}");
@@ -260,38 +241,21 @@ fn assert_named(process: &Value, pod: &Pod) {
 fn all_names_a_containerd_containers_pod_namespace_and_container() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let containerd = Containerd::start();
-    let pod = Pod::new(1);
+    let pod = Pod::new(0x11);
     let scratch = tempfile::tempdir().unwrap();
     let socket = containerd.socket();
     let mut memtrace = Memtrace::new().arg("--all").arg("--containerd-socket").arg(&socket).spawn();
     memtrace.wait_for_stderr("memtrace: tracing");
     let _container = run_container(&containerd, &pod, scratch.path());
     exec_fixture(&containerd, &pod, "leaks-1");
-    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
-    memtrace
-        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.wait_for_process_named(&format!("leaks [{NAMESPACE}/{POD}/{NAME}]"));
     memtrace.interrupt();
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
-    let ran: Vec<&Value> = outcome.summary()["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
-        .collect();
+    let ran = fixtures_in(&outcome, &pod);
     assert_eq!(ran.len(), 1, "one fixture ran in the container: {ran:#?}");
     assert_named(ran[0], &pod);
     assert!(!outcome.stderr.contains("asking containerd"), "containerd answered: {}", outcome.stderr);
-}
-
-/// `GET /metrics` of the agent at `port`, the body only.
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
 /// `memtrace serve --container ID`, the container started after it: its series carry the pod,
@@ -300,7 +264,7 @@ fn metrics(port: u16) -> String {
 fn serve_labels_a_containerd_containers_series_with_its_names() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let containerd = Containerd::start();
-    let pod = Pod::new(2);
+    let pod = Pod::new(0x12);
     let scratch = tempfile::tempdir().unwrap();
     let socket = containerd.socket();
     let mut memtrace = Memtrace::new()
@@ -309,12 +273,7 @@ fn serve_labels_a_containerd_containers_series_with_its_names() {
         .arg("--containerd-socket")
         .arg(&socket)
         .spawn();
-    let serving = memtrace.wait_for_stderr("memtrace: serving http://127.0.0.1:");
-    let port: u16 = serving["memtrace: serving http://127.0.0.1:".len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {serving:?}"));
+    let port = memtrace.serving_port();
     memtrace.wait_for_stderr("memtrace: tracing");
     let _container = run_container(&containerd, &pod, scratch.path());
     memtrace.wait_for_stderr_containing(&format!("following cgroup {}", pod.container_cgroup()));
@@ -325,7 +284,7 @@ fn serve_labels_a_containerd_containers_series_with_its_names() {
     );
     let deadline = Instant::now() + DEADLINE;
     let body = loop {
-        let body = metrics(port);
+        let body = scrape_metrics(port);
         if body.lines().any(|line| line.starts_with("memtrace_frees_total{") && line.contains(&labels)) {
             break body;
         }
@@ -350,7 +309,7 @@ fn serve_labels_a_containerd_containers_series_with_its_names() {
 fn a_refusing_socket_is_said_once_and_the_container_keeps_its_id() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let containerd = Containerd::start();
-    let pod = Pod::new(3);
+    let pod = Pod::new(0x13);
     let scratch = tempfile::tempdir().unwrap();
     let dead = scratch.path().join("dead.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
@@ -358,21 +317,14 @@ fn a_refusing_socket_is_said_once_and_the_container_keeps_its_id() {
     memtrace.wait_for_stderr("memtrace: tracing");
     let _container = run_container(&containerd, &pod, scratch.path());
     exec_fixture(&containerd, &pod, "leaks-3");
-    let name = format!("leaks [pod {}/{}]", pod.uid, &pod.container_id[..12]);
-    memtrace
-        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.wait_for_process_named(&pod.process_name("leaks"));
     memtrace.interrupt();
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
     let said = format!("memtrace: asking containerd at {} ", dead.display());
     assert_eq!(outcome.stderr.matches(&said).count(), 1, "{}", outcome.stderr);
     outcome.assert_stderr_mentions(&["--containerd-socket PATH"]);
-    let ran: Vec<&Value> = outcome.summary()["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["comm"] == "leaks" && p["container"]["id"] == pod.container_id.as_str())
-        .collect();
+    let ran = fixtures_in(&outcome, &pod);
     assert_eq!(ran.len(), 1, "{ran:#?}");
     let container = &ran[0]["container"];
     assert_eq!(container["pod_uid"], pod.uid.as_str());

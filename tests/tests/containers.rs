@@ -8,13 +8,16 @@
 
 use std::{
     fs,
-    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::Command,
     sync::Mutex,
 };
 
-use memtrace_tests::{assert_figures_of, fixture, Figures, Memtrace, Outcome, Running, Spawned};
+use memtrace_tests::{
+    assert_figures_of,
+    containers::{root_filesystem, Pod},
+    fixture, scrape_metrics, Figures, Memtrace, Outcome, Running, Spawned,
+};
 use serde_json::Value;
 
 /// fixtures/malloc_free.c: malloc 100, 200, 300 and 0 (the peak: 600 live); free the 200,
@@ -34,49 +37,12 @@ const MALLOC_FREE: Figures = Figures {
 /// One container run at a time: a run under --all sees every other test's container.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// A pod of the kubelet's cgroupfs driver, with one container: their uid and id, made up per test.
-struct Pod {
-    uid: String,
-    container_id: String,
-}
-
-impl Pod {
-    fn new(seed: u8) -> Self {
-        Self {
-            uid: format!("{seed:02x}0a1b2c-1111-4222-8333-444455556666"),
-            container_id: format!("{seed:02x}{}", "c0ffee42".repeat(8))[..64].to_owned(),
-        }
-    }
-
-    fn pod_cgroup(&self) -> String {
-        format!("/kubepods/besteffort/pod{}", self.uid)
-    }
-
-    fn container_cgroup(&self) -> String {
-        format!("{}/{}", self.pod_cgroup(), self.container_id)
-    }
-
-    /// What memtrace names the process by in the trace (model/identity.rs's display_name).
-    fn process_name(&self) -> String {
-        format!("malloc_free [pod {}/{}]", self.uid, &self.container_id[..12])
-    }
-}
-
 /// An OCI bundle: busybox and the fixture in the root, the host's /usr read-only at /usr (glibc),
 /// a shell that waits for a line on stdin before it runs the fixture and after, so that the test
 /// decides when the fixture runs and when the container (and its cgroup) goes.
 fn bundle(dir: &Path, pod: &Pod) -> PathBuf {
     let bundle = dir.join("bundle");
-    let root = bundle.join("rootfs");
-    for sub in ["bin", "usr", "proc", "dev", "sys", "tmp"] {
-        fs::create_dir_all(root.join(sub)).unwrap();
-    }
-    fs::copy("/bin/busybox", root.join("bin/busybox"))
-        .expect("busybox-static is installed (cargo xtask setup)");
-    symlink("busybox", root.join("bin/sh")).unwrap();
-    symlink("usr/lib", root.join("lib")).unwrap();
-    symlink("usr/lib64", root.join("lib64")).unwrap();
-    fs::copy(fixture("malloc_free"), root.join("malloc_free")).unwrap();
+    root_filesystem(&bundle.join("rootfs"), "malloc_free");
     let status =
         Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status().expect("runc is installed");
     assert!(status.success(), "runc spec failed");
@@ -119,9 +85,7 @@ fn start_container(dir: &Path, pod: &Pod) -> (Spawned, Deleted) {
 fn run_fixture(memtrace: &mut Running, container: &mut Spawned, pod: &Pod) {
     container.send(b"go\n");
     assert_eq!(container.wait_for_stdout("ran"), "ran 0");
-    let name = pod.process_name();
-    memtrace
-        .wait_for_trace(&name, |trace| trace.phase("M").any(|event| event["args"]["name"] == name.as_str()));
+    memtrace.wait_for_process_named(&pod.process_name("malloc_free"));
     container.send(b"done\n");
     assert!(container.wait().success(), "the container failed: {}", container.stderr_text());
 }
@@ -236,16 +200,6 @@ fn bad_container_ids_and_cgroup_paths_are_usage_errors() {
     }
 }
 
-/// `GET /metrics` of the agent at `port`, the body only.
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
-}
-
 #[test]
 fn serve_labels_a_containers_series() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -256,12 +210,7 @@ fn serve_labels_a_containers_series() {
         .without_default_outputs()
         .args(["serve", "--listen", "127.0.0.1:0", "-i", "100ms", "--cgroup", &pod.pod_cgroup()])
         .spawn();
-    let serving = memtrace.wait_for_stderr("memtrace: serving http://127.0.0.1:");
-    let port: u16 = serving["memtrace: serving http://127.0.0.1:".len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {serving:?}"));
+    let port = memtrace.serving_port();
     memtrace.wait_for_stderr("memtrace: tracing");
     let (mut container, _deleted) = start_container(scratch.path(), &pod);
     container.send(b"go\n");
@@ -272,7 +221,7 @@ fn serve_labels_a_containers_series() {
         format!(r#"comm="malloc_free",container_id="{}",allocator="glibc"}} "#, &pod.container_id[..12]);
     let deadline = std::time::Instant::now() + memtrace_tests::DEADLINE;
     let body = loop {
-        let body = metrics(port);
+        let body = scrape_metrics(port);
         if body.lines().any(|line| line.starts_with("memtrace_allocations_total{") && line.contains(&series))
         {
             break body;

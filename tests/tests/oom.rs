@@ -14,7 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memtrace_tests::{fixture, otlp::decode, receiver::receive, Memtrace, Spawned, DEADLINE, INTERVAL};
+use memtrace_tests::{
+    fixture, otlp::decode, receiver::receive, scrape_metrics, Memtrace, Spawned, DEADLINE, INTERVAL,
+};
 use serde_json::Value;
 
 /// fixtures/oom_grow.c's BLOCK: every block it allocates, and so every live block at the kill.
@@ -187,15 +189,9 @@ fn serve_counts_the_kill_and_keeps_the_heap_profile_in_the_oom_dir() {
         .args(["--push-interval", "1s", "--oom-dir"])
         .arg(&oom_dir)
         .spawn();
-    let serving = agent.wait_for_stderr("memtrace: serving http://");
-    let port: u16 = serving
-        .trim_start_matches("memtrace: serving http://127.0.0.1:")
-        .split('/')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {serving:?}"));
+    let port = agent.serving_port();
     agent.wait_for_stderr("memtrace: tracing");
-    assert!(metrics(port).contains("memtrace_oom_kills_total 0\n"), "no kill counted before the kill");
+    assert!(scrape_metrics(port).contains("memtrace_oom_kills_total 0\n"), "no kill counted before the kill");
     target.send(b"g");
     let status = target.wait();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
@@ -206,8 +202,12 @@ fn serve_counts_the_kill_and_keeps_the_heap_profile_in_the_oom_dir() {
     let name = path.file_name().and_then(|name| name.to_str()).expect("a file name");
     assert!(name.starts_with("oom-") && name.ends_with(&format!("-{pid}-oom_grow.pb.gz")), "{name}");
     let deadline = Instant::now() + DEADLINE;
-    while !metrics(port).contains("memtrace_oom_kills_total 1\n") {
-        assert!(Instant::now() < deadline, "memtrace_oom_kills_total never became 1:\n{}", metrics(port));
+    while !scrape_metrics(port).contains("memtrace_oom_kills_total 1\n") {
+        assert!(
+            Instant::now() < deadline,
+            "memtrace_oom_kills_total never became 1:\n{}",
+            scrape_metrics(port)
+        );
         thread::sleep(Duration::from_millis(50));
     }
     // The profile, as go tool pprof reads it: every byte live at the kill, all from grow().
@@ -269,17 +269,6 @@ fn assert_heap_at_the_kill_in_otlp(decoded: &Value, pid: u32) -> Result<(), Stri
         return Err(format!("live bytes not all grow's, or too few ({all})"));
     }
     Ok(())
-}
-
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting to the agent");
-    stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("asking for /metrics");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("reading /metrics");
-    reply
 }
 
 /// The run's directory (the --oom-dir's parent), for go's caches.

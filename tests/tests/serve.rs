@@ -53,13 +53,7 @@ impl Agent {
             .args(["serve", "--listen", "127.0.0.1:0", "-i", INTERVAL, "--pid", &pid])
             .args(extra_args)
             .spawn();
-        let serving = memtrace.wait_for_stderr("memtrace: serving http://");
-        let port = serving
-            .trim_start_matches("memtrace: serving http://127.0.0.1:")
-            .split('/')
-            .next()
-            .and_then(|port| port.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {serving:?}"));
+        let port = memtrace.serving_port();
         memtrace.wait_for_stderr("memtrace: tracing");
         target.send(b"g");
         target.wait_for_stdout("leaked");
