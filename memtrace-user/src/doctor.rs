@@ -156,9 +156,12 @@ fn load_programs(features: &KernelFeatures) -> Programs {
         ..ProbeConfig::default()
     };
     let kernel = crate::plan::Kernel::resolve(features.clone(), &config.reach);
-    let layout = kernel.as_ref().ok().and_then(|kernel| kernel.layout().ok()).unwrap_or_default();
-    match kernel.and_then(|kernel| Probes::load(&config, &kernel.layout()?, kernel.link_kind)) {
-        Ok(probes) => {
+    let loaded = kernel.and_then(|kernel| {
+        let layout = kernel.layout()?;
+        Ok((Probes::load(&config, &layout, kernel.link_kind)?, layout))
+    });
+    match loaded {
+        Ok((probes, layout)) => {
             let line = match probes.reads_exits_early() {
                 true => "read at do_exit's entry (fentry) and at sched_process_exit",
                 false => {

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use memtrace_common::StackTotals;
 use prost::Message;
 
-use super::shared::{KillProfile, Shared, MAX_WAITING_KILLS};
+use super::shared::{KillProfile, Shared};
 use crate::{
     export::{
         heap_profile::Processes,
@@ -77,14 +77,8 @@ impl OomKeeper {
                 shared.queue_oom_request(request);
             }
             if self.push {
-                let mut waiting = shared.oom_profiles.lock().unwrap_or_else(|e| e.into_inner());
-                if waiting.len() < MAX_WAITING_KILLS {
-                    waiting.push(KillProfile {
-                        pid: process.identity.pid,
-                        comm: process.identity.comm.clone(),
-                        gzipped,
-                    });
-                }
+                let (pid, comm) = (process.identity.pid, process.identity.comm.clone());
+                shared.queue_oom_profile(KillProfile { pid, comm, gzipped });
             }
         }
     }

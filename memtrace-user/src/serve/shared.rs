@@ -37,7 +37,20 @@ pub struct Snapshot {
 }
 
 /// At most this many kill profiles wait for a push (a push target down for long), in each form.
-pub const MAX_WAITING_KILLS: usize = 100;
+const MAX_WAITING_KILLS: usize = 100;
+
+/// Adds `item` to a queue of kill profiles unless MAX_WAITING_KILLS already wait.
+fn push_bounded<T>(queue: &Mutex<Vec<T>>, item: T) {
+    let mut waiting = queue.lock().unwrap_or_else(|e| e.into_inner());
+    if waiting.len() < MAX_WAITING_KILLS {
+        waiting.push(item);
+    }
+}
+
+/// Empties a queue of kill profiles, returning what waited.
+fn take_all<T>(queue: &Mutex<Vec<T>>) -> Vec<T> {
+    std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 /// What the exporter and the server share.
 pub struct Shared {
@@ -69,22 +82,24 @@ pub struct KillProfile {
 }
 
 impl Shared {
+    /// Queues a kill's heap profile for the next push (at most MAX_WAITING_KILLS wait).
+    pub fn queue_oom_profile(&self, profile: KillProfile) {
+        push_bounded(&self.oom_profiles, profile);
+    }
+
     /// Takes the heap profiles at OOM kills waiting for a push.
     pub fn take_oom_profiles(&self) -> Vec<KillProfile> {
-        std::mem::take(&mut *self.oom_profiles.lock().unwrap_or_else(|e| e.into_inner()))
+        take_all(&self.oom_profiles)
     }
 
     /// Queues a kill's encoded OTLP request for the next OTLP push (at most MAX_WAITING_KILLS wait).
     pub fn queue_oom_request(&self, request: Vec<u8>) {
-        let mut waiting = self.oom_requests.lock().unwrap_or_else(|e| e.into_inner());
-        if waiting.len() < MAX_WAITING_KILLS {
-            waiting.push(request);
-        }
+        push_bounded(&self.oom_requests, request);
     }
 
     /// Takes the OTLP requests of OOM kills waiting for a push.
     pub fn take_oom_requests(&self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut *self.oom_requests.lock().unwrap_or_else(|e| e.into_inner()))
+        take_all(&self.oom_requests)
     }
 
     /// The first snapshot whose stacks were read after this call, or None if none comes in time.
