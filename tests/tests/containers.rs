@@ -241,3 +241,42 @@ fn serve_labels_a_containers_series() {
     memtrace.interrupt();
     assert!(memtrace.wait().success());
 }
+
+/// A process seen allocating outside the container that then joins it and execs the container's
+/// program, as runc's init does for `runc exec` and `ctr task exec` (it allocates before its parent
+/// has moved it into the container's cgroup): the program it execs is named by the container it
+/// runs in, not by where the process first allocated. Here bash, traced first as itself, moves into
+/// the container's cgroup at the test's word and execs the fixture.
+#[test]
+fn a_process_that_joins_a_container_and_execs_is_named_by_its_container() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let pod = Pod::new(5);
+    let cgroups = PodCgroups::make(&pod);
+    let containers: Vec<PathBuf> = cgroups.0.iter().map(|dir| dir.join(&pod.container_id)).collect();
+    for dir in &containers {
+        fs::create_dir_all(dir).unwrap_or_else(|err| panic!("making {}: {err}", dir.display()));
+    }
+    let join: String =
+        containers.iter().map(|dir| format!("echo $$ > {}/cgroup.procs; ", dir.display())).collect();
+    let mut memtrace = Memtrace::new().arg("--all").spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let mut command = Command::new("bash");
+    command.arg("-c").arg(format!("read word; {join}exec {}", fixture("malloc_free").display()));
+    let mut joiner = Spawned::spawn(command);
+    let pid = joiner.pid();
+    memtrace.wait_for_trace("the shell before it joins", |trace| {
+        trace.phase("M").any(|event| event["pid"] == pid && event["args"]["name"] == "bash")
+    });
+    joiner.send(b"go\n");
+    assert!(joiner.wait().success(), "the shell failed: {}", joiner.stderr_text());
+    memtrace.wait_for_process_named(&pod.process_name("malloc_free"));
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let ran = processes_named(&outcome, "malloc_free");
+    let joined = ran.iter().find(|p| p["pid"] == pid).unwrap_or_else(|| panic!("pid {pid} in {ran:#?}"));
+    assert_labelled(joined, &pod);
+    for dir in containers.iter().rev() {
+        let _ = fs::remove_dir(dir);
+    }
+}

@@ -100,6 +100,7 @@ const PLAN: &[(&str, &[&str])] = &[
         &[
             "all_labels_a_kubelet_container_and_counts_it_exactly",
             "container_and_cgroup_targets_trace_only_that_container_started_later",
+            "a_process_that_joins_a_container_and_execs_is_named_by_its_container",
         ],
     ),
     // OOM kills: oom:mark_victim (its pid on 6.1, its task on 6.8+), a memory cgroup on v2, the

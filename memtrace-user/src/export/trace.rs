@@ -8,7 +8,7 @@
 //! owns part of `malloc`, so no total counts its bytes twice.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     io::Write,
     path::{Path, PathBuf},
@@ -30,7 +30,9 @@ pub struct TraceFile {
     losses_shown: bool,
     /// The run ended cleanly: the file is a whole trace, even without events.
     finished: bool,
-    named: BTreeSet<u32>,
+    /// The name each process's track was last given: named again when it changes (an exec, a
+    /// container's names from its runtime), where the viewers take the last name given.
+    named: BTreeMap<u32, String>,
     /// Processes whose final (post-exit) figures are already in the trace.
     closed: BTreeSet<u32>,
     /// Processes whose OOM kill is already in the trace.
@@ -51,7 +53,7 @@ impl TraceFile {
             whole_bytes: 1,
             losses_shown: false,
             finished: false,
-            named: BTreeSet::new(),
+            named: BTreeMap::new(),
             closed: BTreeSet::new(),
             oom_kills_shown: BTreeSet::new(),
             heap_subsystems: BTreeSet::new(),
@@ -134,8 +136,10 @@ impl Exporter for TraceFile {
             if self.closed.contains(&process.identity.pid) {
                 continue;
             }
-            if self.named.insert(process.identity.pid) {
-                events.push(process_name(process));
+            let name = process.identity.display_name();
+            if self.named.get(&process.identity.pid) != Some(&name) {
+                events.push(process_name(process.identity.pid, &name));
+                self.named.insert(process.identity.pid, name);
             }
             events.extend(process_events(process, sample, &self.heap_subsystems));
             if let Some(kill) = process.oom_kill.as_ref().filter(|kill| kill.read) {
@@ -162,9 +166,8 @@ impl Exporter for TraceFile {
     }
 }
 
-fn process_name(process: &Process) -> Value {
-    json!({"name": "process_name", "ph": "M", "pid": process.identity.pid, "tid": process.identity.pid,
-           "args": {"name": process.identity.display_name()}})
+fn process_name(pid: u32, name: &str) -> Value {
+    json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": name}})
 }
 
 /// An instant event at the OOM kill, on the process's track: what it held then, and the stack

@@ -8,7 +8,7 @@
 pub mod hold;
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
@@ -56,6 +56,10 @@ pub struct Following {
     execed: HashSet<u32>,
     /// The paths of the cgroups processes were in, by the id the kernel recorded.
     cgroups: CgroupNames,
+    /// The cgroup each exec'd process ran its new program in, read by the watcher at the exec,
+    /// until the process is identified: on a v1 host a process gone by the next sample reads as
+    /// in the root.
+    cgroups_at_exec: HashMap<u32, String>,
     /// The cgroups `--container` and `--cgroup` let the kernel trace, so far.
     allowed_cgroups: HashSet<u64>,
     /// The pod, namespace and container names of containers, asked of containerd.
@@ -98,6 +102,7 @@ impl Following {
             held,
             execed: HashSet::new(),
             cgroups: CgroupNames::default(),
+            cgroups_at_exec: HashMap::new(),
             allowed_cgroups: HashSet::new(),
             container_names: ContainerNames::new(runtimes.containerd_socket.clone()),
         };
@@ -148,9 +153,10 @@ impl Following {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
-        while let Ok(Exec { image, stopped }) = self.execs.try_recv() {
+        while let Ok(Exec { image, stopped, cgroup }) = self.execs.try_recv() {
             let pid = image.pid.unwrap_or_default();
             self.execed.insert(pid);
+            self.note_cgroup_at_exec(pid, cgroup);
             let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
             if let (Some(key), Some(held)) = (stopped, &self.held) {
                 // Its later execs need no stop; this one goes on, probed (or not: the error says).
@@ -180,11 +186,23 @@ impl Following {
         probes.allow_cgroups(new.into_keys())
     }
 
+    /// Keeps the cgroup `pid` exec'd in for its identity; those of processes that never allocated
+    /// go once many are kept.
+    fn note_cgroup_at_exec(&mut self, pid: u32, cgroup: Option<String>) {
+        const KEPT: usize = 4096;
+        let Some(cgroup) = cgroup else { return };
+        if self.cgroups_at_exec.len() >= KEPT {
+            self.cgroups_at_exec.retain(|pid, _| Path::new(&format!("/proc/{pid}")).exists());
+        }
+        self.cgroups_at_exec.insert(pid, cgroup);
+    }
+
     /// Who process `pid` is, as it enters the model (`ProcessIdentity::read`), with what the
     /// kernel recorded at its first event where it has figures, and its container's Kubernetes
     /// names where containerd knows them (asked once per container).
     pub fn identify(&mut self, pid: u32, comm: String, stats: Option<&ProcessStats>) -> ProcessIdentity {
-        let mut identity = ProcessIdentity::read(pid, comm, stats, &mut self.cgroups);
+        let at_exec = self.cgroups_at_exec.remove(&pid);
+        let mut identity = ProcessIdentity::read(pid, comm, stats, &mut self.cgroups, at_exec);
         if let Some(container) = identity.container.as_mut() {
             self.container_names.fill(container);
         }
@@ -205,6 +223,13 @@ impl Following {
                 model.add_process(self.identify(pid, comm, Some(&stats)), PathBuf::new());
             }
             let Some(process) = model.processes.get_mut(&pid) else { continue };
+            // A new image's figures: it may run elsewhere than the program it replaced (runc's
+            // init, seen allocating before it joined its container's cgroup, then exec'd the
+            // container's program there), so who it is is read again.
+            if stats.started_ns != 0 && stats.started_ns != process.identity.started_ns {
+                let comm = crate::model::kernel_comm(&stats).unwrap_or_else(|| process.identity.comm.clone());
+                process.identity = self.identify(pid, comm, Some(&stats));
+            }
             // Its figures restart at exec: from then on, every block went through the probes.
             process.seen_from_start |= self.execed.contains(&pid);
             // A process that exec'd a program allocates through that program's allocator.
@@ -295,11 +320,12 @@ fn cannot_hold_execs(reach: &Reach) -> Option<HeldExecs> {
     None
 }
 
-/// An exec the watcher read: the new image, and the program's file where the BPF side stopped
-/// the process until it is probed.
+/// An exec the watcher read: the new image, the program's file where the BPF side stopped the
+/// process until it is probed, and the cgroup it runs in.
 struct Exec {
     image: ProcessImage,
     stopped: Option<ImageKey>,
+    cgroup: Option<String>,
 }
 
 /// The exec watcher: names the files of each exec'd process while it still exists, hands them on
@@ -354,7 +380,7 @@ impl Watcher {
             _ => None,
         };
         match ProcessImage::of_exec(event.tgid, &self.cache) {
-            Ok(image) => Some(Exec { image, stopped }),
+            Ok(image) => Some(Exec { image, stopped, cgroup: crate::process::cgroup::of_pid(event.tgid) }),
             Err(_) => {
                 if let (Some(held), Some(_)) = (&self.held, stopped) {
                     held.let_go(event.tgid);

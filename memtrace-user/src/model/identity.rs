@@ -37,13 +37,22 @@ impl ProcessIdentity {
     /// The constructor for a process entering the model: what the kernel recorded at its first
     /// event (`stats`: its start and cgroup id) where it has figures, and what /proc says while
     /// it runs. The kernel's cgroup id names the cgroup of a process already gone; /proc names it
-    /// on a host without the v2 hierarchy, where that id is the root's.
-    pub fn read(pid: u32, comm: String, stats: Option<&ProcessStats>, names: &mut CgroupNames) -> Self {
+    /// on a host without the v2 hierarchy, where that id is the root's; there, a process that
+    /// exited reads as in the root (its exit moved it), and `at_exec`, the cgroup it was seen to
+    /// exec in, names it.
+    pub fn read(
+        pid: u32,
+        comm: String,
+        stats: Option<&ProcessStats>,
+        names: &mut CgroupNames,
+        at_exec: Option<String>,
+    ) -> Self {
         let mut identity = Self::new(pid, comm);
         identity.started_ns = stats.map_or(0, |stats| stats.started_ns);
         identity.executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let from_kernel = stats.and_then(|stats| names.path_of(stats.cgroup_id)).filter(|path| path != "/");
-        if let Some(path) = from_kernel.or_else(|| cgroup::of_pid(pid)) {
+        let from_proc = || cgroup::of_pid(pid).filter(|path| path != "/" || at_exec.is_none());
+        if let Some(path) = from_kernel.or_else(from_proc).or(at_exec) {
             identity.set_cgroup(path);
         }
         identity
@@ -106,6 +115,21 @@ mod tests {
     use super::*;
 
     const ID: &str = "4f5e8c3a2b1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f";
+
+    #[test]
+    fn a_process_gone_is_placed_where_it_was_seen_to_exec() {
+        // No such process: /proc names no cgroup, and the kernel's id 0 none either.
+        let path = format!("/kubepods/besteffort/pod0a1b2c3d-1111-2222-3333-444455556666/{ID}");
+        let identity = ProcessIdentity::read(
+            u32::MAX,
+            "app".into(),
+            None,
+            &mut CgroupNames::default(),
+            Some(path.clone()),
+        );
+        assert_eq!(identity.cgroup.as_deref(), Some(path.as_str()));
+        assert_eq!(identity.container.and_then(|container| container.id).as_deref(), Some(ID));
+    }
 
     #[test]
     fn names_and_labels() {
