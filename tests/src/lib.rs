@@ -26,6 +26,7 @@ pub mod containers;
 pub mod kubernetes;
 pub mod otlp;
 pub mod receiver;
+pub mod tmux;
 
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);

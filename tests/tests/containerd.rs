@@ -20,8 +20,11 @@ use std::{
 
 use memtrace_tests::{
     assert_figures_of,
+    chromium::Chromium,
     containers::{root_filesystem, Pod},
-    scrape_metrics, Memtrace, Outcome, DEADLINE, LEAKS,
+    memtrace_bin, scrape_metrics,
+    tmux::{exit_status, quoted, Tmux},
+    Memtrace, Outcome, DEADLINE, LEAKS,
 };
 use serde_json::Value;
 
@@ -256,6 +259,111 @@ fn all_names_a_containerd_containers_pod_namespace_and_container() {
     assert_eq!(ran.len(), 1, "one fixture ran in the container: {ran:#?}");
     assert_named(ran[0], &pod);
     assert!(!outcome.stderr.contains("asking containerd"), "containerd answered: {}", outcome.stderr);
+}
+
+/// `--container ID`, the container started after memtrace, with every report a run writes: the
+/// text report, the HTML report (as Chromium draws it), the flamegraph and pprof's labels (as
+/// `go tool pprof -raw` reads them) name the container by its pod, namespace and name.
+#[test]
+fn every_report_names_a_containerd_containers_pod() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(0x14);
+    let scratch = tempfile::tempdir().unwrap();
+    let memtrace = Memtrace::new();
+    let dir = memtrace.dir().to_owned();
+    let (page, profile, flamegraph) = (dir.join("report.html"), dir.join("heap.pb.gz"), dir.join("live.svg"));
+    let mut memtrace = memtrace
+        .args(["--container", &pod.container_id[..12], "--containerd-socket"])
+        .arg(containerd.socket())
+        .arg("--html")
+        .arg(&page)
+        .arg("--pprof")
+        .arg(&profile)
+        .arg("--flamegraph")
+        .arg(&flamegraph)
+        .spawn();
+    memtrace.wait_for_stderr("memtrace: tracing");
+    let _container = run_container(&containerd, &pod, scratch.path());
+    memtrace.wait_for_stderr_containing(&format!("following cgroup {}", pod.container_cgroup()));
+    exec_fixture(&containerd, &pod, "leaks-4");
+    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
+    memtrace.wait_for_process_named(&name);
+    memtrace.interrupt();
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    let ran = fixtures_in(&outcome, &pod);
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    assert_named(ran[0], &pod);
+    let pid = &ran[0]["pid"];
+    assert!(
+        outcome.stderr.contains(&format!("  pid {pid} ({name}), exited via glibc")),
+        "{}",
+        outcome.stderr
+    );
+    let svg = fs::read_to_string(&flamegraph).unwrap();
+    assert!(svg.contains(&format!("{name} ({pid})")), "the flamegraph's root names the container:\n{svg}");
+    let raw = pprof_raw(&profile, scratch.path());
+    for (key, value) in [
+        ("pod", POD),
+        ("namespace", NAMESPACE),
+        ("container", NAME),
+        ("container_id", &pod.container_id[..12]),
+    ] {
+        assert!(raw.contains(&format!("{key}:[{value}]")), "the samples carry {key} {value}:\n{raw}");
+    }
+    let mut chromium = Chromium::start();
+    chromium.open(&page);
+    let shown = chromium.evaluate("document.body.innerText").as_str().unwrap_or_default().to_owned();
+    assert!(shown.contains(&format!("{name} ({pid})")), "the HTML report names the container:\n{shown}");
+}
+
+/// `memtrace top --container ID` in a terminal, the container running before it: the row of the
+/// fixture exec'd in it names the pod, namespace and container, with the fixture's live heap.
+#[test]
+fn top_names_a_containerd_containers_pod() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let containerd = Containerd::start();
+    let pod = Pod::new(0x15);
+    let scratch = tempfile::tempdir().unwrap();
+    let _container = run_container(&containerd, &pod, scratch.path());
+    let status = scratch.path().join("status");
+    let command = format!(
+        "{} top -i 100ms --container {} --containerd-socket {} 2> {}; echo $? > {}",
+        quoted(&memtrace_bin()),
+        &pod.container_id[..12],
+        quoted(&containerd.socket()),
+        quoted(&scratch.path().join("stderr")),
+        quoted(&status),
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_for("every probe attached");
+    exec_fixture(&containerd, &pod, "leaks-5");
+    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
+    let screen = tmux.wait_until(&name, |screen| {
+        screen.lines().any(|line| line.contains(&name) && line.contains(&format!("{} B", LEAKS.live_bytes)))
+    });
+    tmux.send("q");
+    let stderr = || fs::read_to_string(scratch.path().join("stderr")).unwrap_or_default();
+    assert_eq!(exit_status(&status, &tmux), 0, "{screen}\nstderr:\n{}", stderr());
+}
+
+/// `go tool pprof -raw` of a profile: its samples, each with its labels, as text.
+fn pprof_raw(profile: &Path, home: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(profile)
+        .env("HOME", home)
+        .env("GOCACHE", home.join("go-cache"))
+        .output()
+        .expect("running go tool pprof (Debian's golang-go)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "go tool pprof -raw failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
 }
 
 /// `memtrace serve --container ID`, the container started after it: its series carry the pod,

@@ -13,83 +13,15 @@ use std::{
     io::Write,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
-    process::{Command, Output},
-    sync::atomic::{AtomicUsize, Ordering},
-    thread,
-    time::{Duration, Instant},
+    process::Command,
 };
 
-use memtrace_tests::{fixture, memtrace_bin, Memtrace, Spawned, DEADLINE, INTERVAL};
+use memtrace_tests::{
+    fixture, memtrace_bin,
+    tmux::{exit_status, quoted, Tmux},
+    Memtrace, Spawned, INTERVAL,
+};
 use serde_json::Value;
-
-/// A tmux server of the test's own, with one session running `command` in a terminal of a fixed
-/// size, which stays once the command has ended. Killed when dropped.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn start(command: &str) -> Self {
-        static SERVERS: AtomicUsize = AtomicUsize::new(0);
-        let socket =
-            format!("memtrace-test-{}-{}", std::process::id(), SERVERS.fetch_add(1, Ordering::Relaxed));
-        let tmux = Self { socket };
-        // No user configuration; the pane stays once its command has ended, to be read.
-        let options =
-            ["-f", "/dev/null", "start-server", ";", "set-option", "-g", "remain-on-exit", "on", ";"];
-        let session = ["new-session", "-d", "-x", "160", "-y", "50", "-s", "top", command];
-        tmux.run(&[&options[..], &session[..]].concat());
-        tmux
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        let output = Command::new("tmux")
-            .args(["-L", &self.socket])
-            .args(args)
-            .output()
-            .unwrap_or_else(|err| panic!("running tmux (install it with `cargo xtask setup`): {err}"));
-        assert!(output.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        output
-    }
-
-    /// What the terminal shows now, or None once the session has ended.
-    fn screen(&self) -> Option<String> {
-        let output = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-t", "top"])
-            .output()
-            .expect("running tmux");
-        output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-
-    /// Polls the terminal until `wanted` holds for what it shows, for at most [`DEADLINE`].
-    fn wait_until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        let mut last = String::new();
-        loop {
-            match self.screen() {
-                Some(screen) if wanted(&screen) => return screen,
-                Some(screen) => last = screen,
-                None => panic!("the terminal closed before it showed {what}; it last showed:\n{last}"),
-            }
-            assert!(Instant::now() < deadline, "the terminal never showed {what}; it shows:\n{last}");
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn wait_for(&self, text: &str) -> String {
-        self.wait_until(&format!("{text:?}"), |screen| screen.contains(text))
-    }
-
-    fn send(&self, key: &str) {
-        self.run(&["send-keys", "-t", "top", key]);
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
-    }
-}
 
 /// A named pipe a command reads as its stdin, held open for writing by the test: the command
 /// reads end of file when it is dropped.
@@ -115,27 +47,6 @@ impl Fifo {
 
     fn close(&mut self) {
         self.writer = None;
-    }
-}
-
-/// Quotes a path for the shell tmux runs the command in.
-fn quoted(path: &Path) -> String {
-    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
-}
-
-/// Waits for the shell in tmux to write memtrace's exit status into `path`.
-fn exit_status(path: &Path, tmux: &Tmux) -> i32 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(status) = fs::read_to_string(path).ok().filter(|text| text.ends_with('\n')) {
-            return status.trim().parse().expect("an exit status");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "memtrace did not exit; the terminal shows:\n{}",
-            tmux.screen().unwrap_or_default()
-        );
-        thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -222,9 +222,12 @@ impl App {
             Cell::from(*title).style(if i == sorted { BOLD.add_modifier(Modifier::UNDERLINED) } else { BOLD })
         }));
         let rows = self.snapshot.rows.iter().map(|row| TableRow::new(list_cells(row)));
+        // Wide enough for the longest name (a command in a pod: `app [namespace/pod/container]`),
+        // at most 48 columns, so that a long one leaves room for the figures.
+        let longest = self.snapshot.rows.iter().map(|row| row.name.chars().count()).max().unwrap_or(0);
         let widths = [
             Constraint::Length(8),
-            Constraint::Length(16),
+            Constraint::Length(longest.clamp(16, 48) as u16),
             Constraint::Length(11),
             Constraint::Length(11),
             Constraint::Length(9),
