@@ -25,6 +25,7 @@ pub mod chromium;
 pub mod containers;
 pub mod kubernetes;
 pub mod otlp;
+pub mod pprof;
 pub mod receiver;
 pub mod tmux;
 

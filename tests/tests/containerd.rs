@@ -11,6 +11,7 @@
 //! no containerd.
 
 use std::{
+    ffi::OsStr,
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
@@ -22,7 +23,9 @@ use memtrace_tests::{
     assert_figures_of,
     chromium::Chromium,
     containers::{root_filesystem, Pod},
-    memtrace_bin, scrape_metrics,
+    memtrace_bin,
+    pprof::go_pprof,
+    scrape_metrics,
     tmux::{exit_status, quoted, Tmux},
     Memtrace, Outcome, DEADLINE, LEAKS,
 };
@@ -350,20 +353,7 @@ fn top_names_a_containerd_containers_pod() {
 
 /// `go tool pprof -raw` of a profile: its samples, each with its labels, as text.
 fn pprof_raw(profile: &Path, home: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(profile)
-        .env("HOME", home)
-        .env("GOCACHE", home.join("go-cache"))
-        .output()
-        .expect("running go tool pprof (Debian's golang-go)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "go tool pprof -raw failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
+    go_pprof([OsStr::new("-raw"), profile.as_os_str()], home)
 }
 
 /// `memtrace serve --container ID`, the container started after it: its series carry the pod,

@@ -6,6 +6,7 @@
 //! in the matrix's VMs) and removed at its end, even on failure.
 
 use std::{
+    ffi::OsStr,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -15,7 +16,8 @@ use std::{
 };
 
 use memtrace_tests::{
-    fixture, otlp::decode, receiver::receive, scrape_metrics, Memtrace, Spawned, DEADLINE, INTERVAL,
+    fixture, otlp::decode, pprof::go_pprof, receiver::receive, scrape_metrics, Memtrace, Spawned, DEADLINE,
+    INTERVAL,
 };
 use serde_json::Value;
 
@@ -278,19 +280,5 @@ fn memtrace_dir(oom_dir: &Path) -> &Path {
 
 /// `go tool pprof -top` of a profile file.
 fn pprof_top(profile: &Path, home: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
-        .arg(profile)
-        .env("PPROF_TMPDIR", home)
-        .env("HOME", home)
-        .env("GOCACHE", home.join("go-cache"))
-        .output()
-        .expect("running go tool pprof (Debian's golang-go)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "go tool pprof failed:\n{text}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
+    go_pprof([OsStr::new("-top"), OsStr::new("-sample_index=inuse_space"), profile.as_os_str()], home)
 }

@@ -3,12 +3,13 @@
 //! with nothing written.
 
 use std::{
+    ffi::OsStr,
     fs,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
 
-use memtrace_tests::{fixture, memtrace_bin, Memtrace};
+use memtrace_tests::{fixture, memtrace_bin, pprof::go_pprof, Memtrace};
 
 fn report(args: &[&Path]) -> Output {
     Command::new(memtrace_bin()).arg("report").args(args).output().expect("running memtrace report")
@@ -21,16 +22,7 @@ fn stderr(output: &Output) -> String {
 /// `go tool pprof -raw` of a profile file: its samples, locations and mappings as text, without
 /// the lines that name the file or when it was read.
 fn pprof_raw(profile: &Path, home: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(profile)
-        .env("PPROF_TMPDIR", home)
-        .env("HOME", home)
-        .env("GOCACHE", home.join("go-cache"))
-        .output()
-        .expect("running go tool pprof (Debian's golang-go)");
-    assert!(output.status.success(), "go tool pprof -raw {} failed:\n{}", profile.display(), stderr(&output));
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let text = go_pprof([OsStr::new("-raw"), profile.as_os_str()], home);
     text.lines()
         .filter(|line| !line.starts_with("Duration:") && !line.starts_with("Time:"))
         .collect::<Vec<_>>()

@@ -17,6 +17,7 @@ use std::{
 
 use memtrace_tests::{
     fixture,
+    pprof::go_pprof,
     receiver::{receive, Received},
     Memtrace, Running, Spawned, DEADLINE, INTERVAL,
 };
@@ -212,21 +213,7 @@ fn encode_query(expression: &str) -> String {
 
 /// `go tool pprof -top` of a live URL: the lines of its report.
 fn pprof_top(url: &str, home: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=inuse_space", url])
-        // pprof keeps a copy of every profile it fetches under $PPROF_TMPDIR.
-        .env("PPROF_TMPDIR", home)
-        .env("HOME", home)
-        .env("GOCACHE", home.join("go-cache"))
-        .output()
-        .expect("running go tool pprof (Debian's golang-go)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "go tool pprof failed:\n{text}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
+    go_pprof(["-top", "-sample_index=inuse_space", url], home)
 }
 
 /// The flat inuse_space of `function` in a `-top` report.
