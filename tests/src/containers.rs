@@ -2,7 +2,11 @@
 //! container, and a container's root file system built from local files (busybox-static as
 //! /bin/sh, a fixture, the host's /usr bind-mounted by the runtime for glibc).
 
-use std::{fs, os::unix::fs::symlink, path::Path};
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+};
 
 use crate::fixture;
 
@@ -48,4 +52,17 @@ pub fn root_filesystem(root: &Path, name: &str) {
     symlink("usr/lib", root.join("lib")).unwrap();
     symlink("usr/lib64", root.join("lib64")).unwrap();
     fs::copy(fixture(name), root.join(name)).unwrap();
+}
+
+/// The roots of the cgroup hierarchies: /sys/fs/cgroup where it is the v2 hierarchy, else each
+/// hierarchy mounted below it (v1's controllers, and a hybrid host's v2 at `unified`); none where
+/// it cannot be read (a test's clean-up calls it, and must not panic).
+pub fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.controllers").exists() {
+        return vec![root.to_owned()];
+    }
+    let mounted = |dir: &Path| dir.join("cgroup.procs").exists() || dir.join("tasks").exists();
+    let entries = fs::read_dir(root).into_iter().flatten().flatten();
+    entries.map(|entry| entry.path()).filter(|dir| mounted(dir)).collect()
 }

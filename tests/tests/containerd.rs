@@ -22,7 +22,7 @@ use std::{
 use memtrace_tests::{
     assert_figures_of,
     chromium::Chromium,
-    containers::{root_filesystem, Pod},
+    containers::{cgroup_hierarchies, root_filesystem, Pod},
     memtrace_bin,
     pprof::go_pprof,
     scrape_metrics,
@@ -139,8 +139,8 @@ impl Drop for Running<'_> {
         let _ = self.containerd.ctr(&["task", "kill", "--signal", "SIGKILL", id]);
         let _ = self.containerd.ctr(&["task", "delete", "--force", id]);
         let _ = self.containerd.ctr(&["container", "delete", id]);
-        for hierarchy in fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-            let pod = hierarchy.path().join(self.pod.pod_cgroup().trim_start_matches('/'));
+        for hierarchy in cgroup_hierarchies() {
+            let pod = hierarchy.join(self.pod.pod_cgroup().trim_start_matches('/'));
             let _ = fs::remove_dir(pod.join(&self.pod.container_id));
             let _ = fs::remove_dir(&pod);
         }
@@ -232,6 +232,12 @@ fn fixtures_in<'a>(outcome: &'a Outcome, pod: &Pod) -> Vec<&'a Value> {
         .collect()
 }
 
+/// What memtrace names a process `comm` of the test's container where containerd gave its names
+/// (model/identity.rs's display_name).
+fn named(comm: &str) -> String {
+    format!("{comm} [{NAMESPACE}/{POD}/{NAME}]")
+}
+
 fn assert_named(process: &Value, pod: &Pod) {
     let container = &process["container"];
     assert_eq!(container["id"], pod.container_id.as_str(), "{process:#}");
@@ -254,7 +260,7 @@ fn all_names_a_containerd_containers_pod_namespace_and_container() {
     memtrace.wait_for_stderr("memtrace: tracing");
     let _container = run_container(&containerd, &pod, scratch.path());
     exec_fixture(&containerd, &pod, "leaks-1");
-    memtrace.wait_for_process_named(&format!("leaks [{NAMESPACE}/{POD}/{NAME}]"));
+    memtrace.wait_for_process_named(&named("leaks"));
     memtrace.interrupt();
     let outcome = memtrace.finish();
     outcome.assert_exit_code(0);
@@ -290,7 +296,7 @@ fn every_report_names_a_containerd_containers_pod() {
     let _container = run_container(&containerd, &pod, scratch.path());
     memtrace.wait_for_stderr_containing(&format!("following cgroup {}", pod.container_cgroup()));
     exec_fixture(&containerd, &pod, "leaks-4");
-    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
+    let name = named("leaks");
     memtrace.wait_for_process_named(&name);
     memtrace.interrupt();
     let outcome = memtrace.finish();
@@ -342,7 +348,7 @@ fn top_names_a_containerd_containers_pod() {
     let tmux = Tmux::start(&command);
     tmux.wait_for("every probe attached");
     exec_fixture(&containerd, &pod, "leaks-5");
-    let name = format!("leaks [{NAMESPACE}/{POD}/{NAME}]");
+    let name = named("leaks");
     let screen = tmux.wait_until(&name, |screen| {
         screen.lines().any(|line| line.contains(&name) && line.contains(&format!("{} B", LEAKS.live_bytes)))
     });

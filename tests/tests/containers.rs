@@ -15,7 +15,7 @@ use std::{
 
 use memtrace_tests::{
     assert_figures_of,
-    containers::{root_filesystem, Pod},
+    containers::{cgroup_hierarchies, root_filesystem, Pod},
     fixture, scrape_metrics, Figures, Memtrace, Outcome, Running, Spawned,
 };
 use serde_json::Value;
@@ -97,24 +97,13 @@ struct PodCgroups(Vec<PathBuf>);
 impl PodCgroups {
     fn make(pod: &Pod) -> Self {
         let mut made = Vec::new();
-        for hierarchy in hierarchies() {
+        for hierarchy in cgroup_hierarchies() {
             let dir = hierarchy.join(pod.pod_cgroup().trim_start_matches('/'));
             fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("making {}: {err}", dir.display()));
             made.push(dir);
         }
         Self(made)
     }
-}
-
-/// The roots of the cgroup hierarchies: /sys/fs/cgroup where it is the v2 hierarchy, else each
-/// hierarchy mounted below it (v1's controllers, and a hybrid host's v2 at `unified`).
-fn hierarchies() -> Vec<PathBuf> {
-    let root = Path::new("/sys/fs/cgroup");
-    if root.join("cgroup.controllers").exists() {
-        return vec![root.to_owned()];
-    }
-    let mounted = |dir: &Path| dir.join("cgroup.procs").exists() || dir.join("tasks").exists();
-    fs::read_dir(root).unwrap().flatten().map(|entry| entry.path()).filter(|dir| mounted(dir)).collect()
 }
 
 impl Drop for PodCgroups {
