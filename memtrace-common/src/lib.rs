@@ -16,8 +16,14 @@ pub const MAX_STACKS: u32 = 131_072;
 pub const MAX_RAW_STACKS: u32 = 65_536;
 /// (process, stack) pairs with totals at once.
 pub const MAX_STACK_TOTALS: u32 = 131_072;
-/// Frames kept per stack, innermost first; deeper stacks are cut at the outer end.
-pub const STACK_DEPTH: usize = 32;
+/// Frames the unwinder takes per stack, innermost first; deeper stacks are cut at the outer end
+/// (`unwind_stop::DEPTH_LIMIT`). As deep as the OpenTelemetry profiler's native walk: a real
+/// program's deepest stacks (an interpreter's, a recursive parser's) fit.
+pub const STACK_DEPTH: usize = 128;
+/// Frames a stack of the common depth is stored with (`StackFrames`, in STACKS); a deeper stack
+/// is stored whole in DEEP_STACKS (`DeepStackFrames`), so that most stacks take a quarter of the
+/// memory. The frame-pointer fallback (a process with no mapping table) takes at most this many.
+pub const SHALLOW_STACK_DEPTH: usize = 32;
 /// `Allocation::stack` when no stack was taken (--no-stacks, or the stack could not be recorded).
 pub const NO_STACK: u64 = 0;
 
@@ -214,6 +220,12 @@ pub struct KernelLayout {
     pub css_cgroup: u32,
     pub cgroup_kn: u32,
     pub kernfs_node_id: u32,
+    /// `vm_area_struct.vm_start`, `.vm_end`, `.vm_pgoff` and `.vm_file`: the unwinder's way from a
+    /// mapping the kernel finds (bpf_find_vma) to the file it maps.
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_pgoff: u32,
+    pub vma_file: u32,
     /// Keeps the struct free of padding (its bytes are copied into the BPF object whole).
     pub _pad: u32,
 }
@@ -415,12 +427,24 @@ pub const FRAME_BUILD_ID: i32 = 1;
 /// The kernel could not read a build ID; only the address is known.
 pub const FRAME_IP: i32 = 2;
 
-/// A user call stack, innermost frame (the allocator's caller) first.
+/// A user call stack of at most `SHALLOW_STACK_DEPTH` frames, innermost frame (the allocator's
+/// caller) first, zeroed past its end.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackFrames {
+    pub frames: [StackFrame; SHALLOW_STACK_DEPTH],
+}
+
+/// A user call stack deeper than `SHALLOW_STACK_DEPTH` frames, innermost first, zeroed past its
+/// end. Its first `SHALLOW_STACK_DEPTH` frames have the layout of a `StackFrames`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeepStackFrames {
     pub frames: [StackFrame; STACK_DEPTH],
 }
+
+const _: () = assert!(STACK_DEPTH.is_power_of_two() && SHALLOW_STACK_DEPTH.is_power_of_two());
+const _: () = assert!(SHALLOW_STACK_DEPTH < STACK_DEPTH);
 
 /// Key of the per-(process, stack) totals.
 #[repr(C)]
@@ -591,6 +615,7 @@ mod pod {
     unsafe impl aya::Pod for super::UsdtCounterKey {}
     unsafe impl aya::Pod for super::UsdtCounterValue {}
     unsafe impl aya::Pod for super::StackFrames {}
+    unsafe impl aya::Pod for super::DeepStackFrames {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
     unsafe impl aya::Pod for super::ExecEvent {}

@@ -32,6 +32,10 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     css_cgroup: 0,
     cgroup_kn: 0,
     kernfs_node_id: 0,
+    vma_start: 0,
+    vma_end: 0,
+    vma_pgoff: 0,
+    vma_file: 0,
     _pad: 0,
 };
 
@@ -59,7 +63,12 @@ pub(crate) fn exec_image(bprm: u64) -> Option<ImageKey> {
     if layout.binprm_file == 0 {
         return None;
     }
-    let file: u64 = read_at(bprm, layout.binprm_file)?;
+    file_image(read_at(bprm, layout.binprm_file)?)
+}
+
+/// A `struct file` as the kernel names it ([`ImageKey`]); None where a pointer cannot be read.
+pub(crate) fn file_image(file: u64) -> Option<ImageKey> {
+    let layout = layout();
     let inode: u64 = read_at(file, layout.file_inode)?;
     let ino: u64 = read_at(inode, layout.inode_ino)?;
     let super_block: u64 = read_at(inode, layout.inode_sb)?;

@@ -24,6 +24,7 @@ mod scratch;
 mod stacks;
 mod threads;
 mod usdt;
+mod vma;
 mod window;
 
 use aya_ebpf::{

@@ -11,7 +11,7 @@
 //! no stack, and its allocation counts it as lost (`capture_stack`): never a slot two runs write at
 //! once.
 
-use memtrace_common::{StackFrames, STACK_DEPTH};
+use memtrace_common::{DeepStackFrames, STACK_DEPTH};
 
 use aya_ebpf::{
     macros::map,
@@ -20,6 +20,7 @@ use aya_ebpf::{
 
 use crate::{
     counters::compare_exchange,
+    vma::FoundMappings,
     window::{Registers, StackWindow, WalkStart},
 };
 
@@ -61,7 +62,10 @@ pub(crate) struct Scratch {
     pub(crate) raw: RawStack,
     pub(crate) locations: Locations,
     pub(crate) state: UnwindState,
-    pub(crate) frames: StackFrames,
+    /// The mappings the walk found through the kernel.
+    pub(crate) found: FoundMappings,
+    /// The stack in the form it is stored: a shallow stack's frames are the first of these.
+    pub(crate) frames: DeepStackFrames,
 }
 
 // SAFETY: #[repr(C)] with the owner word first.

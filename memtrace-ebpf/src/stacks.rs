@@ -31,23 +31,31 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, ProcessStats, StackFrame, StackFrames,
-    StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow, UnwindTableInfo,
-    FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK,
-    STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES,
-    UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
+    unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats, StackFrame,
+    StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
+    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
+    MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE,
+    UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::{
     counters::{add, add_signed},
     helpers::{loaded, map_value, now_ns},
     scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
+    vma::FoundMappings,
     window::{tables_epoch, Registers, StackWindow, WalkStart},
 };
 
-/// Call stacks by a 64-bit hash of their frames; allocated on demand, as few stacks are distinct.
+/// Call stacks of at most `SHALLOW_STACK_DEPTH` frames by a 64-bit hash of their frames; allocated
+/// on demand, as few stacks are distinct.
 #[map]
 pub(crate) static STACKS: HashMap<u64, StackFrames> =
+    HashMap::with_max_entries(MAX_STACKS, BPF_F_NO_PREALLOC);
+
+/// The deeper call stacks, the same way: a stack is in one of the two maps, by its depth.
+#[map]
+pub(crate) static DEEP_STACKS: HashMap<u64, DeepStackFrames> =
     HashMap::with_max_entries(MAX_STACKS, BPF_F_NO_PREALLOC);
 
 #[map]
@@ -82,6 +90,11 @@ fn known_raw_stack(raw_key: u64) -> Option<u64> {
 #[map]
 pub(crate) static UNWIND_MAPPINGS: HashMap<u32, UnwindMappings> =
     HashMap::with_max_entries(UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
+
+/// An empty mapping table, never written: the table of a process userspace has not written one
+/// for yet.
+#[map]
+static NO_MAPPINGS: Array<UnwindMappings> = Array::with_max_entries(1, 0);
 
 /// The object files the unwinder knows, by slot: state, table placement, build ID.
 #[map]
@@ -132,40 +145,47 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
         count_stop(stats, stop as usize);
         return key;
     }
-    let mappings = UNWIND_MAPPINGS.get_ptr(tgid);
+    // A process with no mapping table yet (its first moments) is walked with the kernel's
+    // mappings alone (vma.rs).
+    let table = UNWIND_MAPPINGS.get_ptr(tgid);
+    let mappings = table.or_else(|| NO_MAPPINGS.get_ptr(0));
     let state: *mut UnwindState = &raw mut scratch.state;
-    match mappings {
-        Some(mappings) => {
-            scratch.window.begin(&scratch.start);
-            // SAFETY: a map value, valid while the program runs.
-            let mappings = unsafe { &*mappings };
-            unwind(mappings, scratch);
-        }
-        None => {
-            let depth = walk_frame_pointers(ctx, &mut scratch.raw) as u64;
-            // SAFETY: the claimed slot's state.
-            unsafe {
-                write_volatile(&mut (*state).depth, depth);
-                write_volatile(&mut (*state).stop, unwind_stop::NO_MAPPINGS as u64);
-            }
+    if let Some(mappings) = mappings {
+        scratch.window.begin(&scratch.start);
+        // SAFETY: a map value, valid while the program runs.
+        let mappings = unsafe { &*mappings };
+        unwind(mappings, scratch);
+    }
+    // SAFETY: the claimed slot's state; read back through memory so that every path's state is one.
+    let (depth, stop) = unsafe { (read_volatile(&(*state).depth), read_volatile(&(*state).stop)) };
+    // No mapping table, and the kernel's mappings name no file memtrace knows for the innermost
+    // frame: frame pointers, and the kernel's build IDs.
+    let unknown = table.is_none() && depth <= 1 && stop == unwind_stop::NO_MAPPING as u64;
+    let by_tables = mappings.is_some() && !unknown;
+    if !by_tables {
+        let depth = walk_frame_pointers(ctx, &mut scratch.raw) as u64;
+        // SAFETY: as above.
+        unsafe {
+            write_volatile(&mut (*state).depth, depth);
+            write_volatile(&mut (*state).stop, unwind_stop::NO_MAPPINGS as u64);
         }
     }
-    // SAFETY: as above; read back through memory so that every path's state is one.
+    // SAFETY: as above.
     let (depth, stop) =
         unsafe { (read_volatile(&(*state).depth) as usize, read_volatile(&(*state).stop) as usize) };
     count_stop(stats, stop);
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(fnv1a(FNV_OFFSET, u64::from(tgid)), stats.started_ns);
-    let raw_key = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH));
+    let raw_key = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH) as u64);
     let key = match known_raw_stack(raw_key) {
         Some(key) => key,
         None => {
             let raw = &scratch.raw;
             let last = raw[depth.wrapping_sub(1) & (STACK_DEPTH - 1)];
             crate::debug::memtrace_short_stack(tgid, depth as u64, stop as u64, raw[0], last);
-            let key = match mappings {
-                Some(_) => record_locations(stats, scratch),
-                None => resolve_build_ids(ctx, stats, &mut scratch.frames, depth),
+            let key = match by_tables {
+                true => record_locations(stats, scratch),
+                false => resolve_build_ids(ctx, stats, &mut scratch.frames, depth),
             };
             if key != NO_STACK {
                 // A full cache evicts its least recently used entry: nothing is lost, only
@@ -177,8 +197,9 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
             key
         }
     };
-    // Only a walk by the tables is memoized (it read the stack through the window).
-    if mappings.is_some() && key != NO_STACK {
+    // Only a walk by the tables is memoized (it read the stack through the window), and only one
+    // that needed no mapping of the kernel's, which can change with no change of the epoch.
+    if by_tables && scratch.found.lookups == 0 && key != NO_STACK {
         scratch.window.remember(key, stop as u64);
     }
     key
@@ -200,12 +221,14 @@ fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
     let regs = scratch.start.regs;
     // SAFETY: the claimed slot's state.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
+    scratch.found.clear();
     let mut walk = Walk {
         mappings,
         raw: &mut scratch.raw,
         locations: &mut scratch.locations,
         state,
         window: &mut scratch.window,
+        found: &mut scratch.found,
     };
     // The frame step is verified once, as the callback, rather than once per frame of a loop.
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
@@ -222,28 +245,54 @@ struct Walk {
     locations: *mut Locations,
     state: *mut UnwindState,
     window: *mut StackWindow,
+    found: *mut FoundMappings,
 }
 
 /// bpf_loop's callback: one frame; 1 ends the loop.
 extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Walk` that `unwind` passed, whose pointers are map values
     // that live as long as the program runs.
-    let (mappings, raw, locations, state, window) = unsafe {
-        let walk = &*(walk as *const Walk);
-        (&*walk.mappings, &mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window)
-    };
-    i64::from(!unwind_frame(mappings, raw, locations, state, window))
+    let walk = unsafe { &*(walk as *const Walk) };
+    // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
+    // take their chain of frames, and the two together would not fit in the BPF stack.
+    locate_frame(walk);
+    i64::from(!unwind_frame(walk))
 }
 
-/// Takes one frame and steps to its caller; false when the walk ends (the reason in `state`).
+/// The address the walk's next frame is looked up by: past the innermost frame, rip is a return
+/// address, and the call lies before it.
+fn frame_pc(rip: u64, depth: u64) -> u64 {
+    if depth == 0 {
+        rip
+    } else {
+        rip.wrapping_sub(1)
+    }
+}
+
+/// Finds the mapping of the walk's next frame, by the process's mapping table or else the
+/// kernel's, into `FoundMappings::current`.
 #[inline(never)]
-fn unwind_frame(
-    mappings: &UnwindMappings,
-    raw: &mut RawStack,
-    locations: &mut Locations,
-    state: *mut UnwindState,
-    window: &mut StackWindow,
-) -> bool {
+fn locate_frame(walk: &Walk) {
+    // SAFETY: as in `unwind_frame`.
+    let (mappings, state, found) = unsafe { (&*walk.mappings, walk.state, &mut *walk.found) };
+    // SAFETY: the claimed slot's state.
+    let (rip, depth) = unsafe { (read_volatile(&(*state).regs.rip), read_volatile(&(*state).depth)) };
+    let pc = frame_pc(rip, depth);
+    let mapping = match find_mapping(mappings, pc) {
+        Some(mapping) => *mapping,
+        None => found.find(pc).copied().unwrap_or_default(),
+    };
+    found.current = mapping;
+}
+
+/// Takes one frame (in the mapping `locate_frame` found) and steps to its caller; false when the
+/// walk ends (the reason in `state`).
+#[inline(never)]
+fn unwind_frame(walk: &Walk) -> bool {
+    // SAFETY: the `Walk`'s pointers are map values that live as long as the program runs, each
+    // this run's alone (its claimed slot) but the mapping table, which it only reads.
+    let (raw, locations, state, window, found) =
+        unsafe { (&mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window, &*walk.found) };
     // SAFETY: the claimed slot's state.
     let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
     let index = depth as usize & (STACK_DEPTH - 1);
@@ -258,9 +307,9 @@ fn unwind_frame(
         }
         false
     };
-    // Past the innermost frame, rip is a return address: look inside the call.
-    let pc = if depth == 0 { regs.rip } else { regs.rip.wrapping_sub(1) };
-    let Some(mapping) = find_mapping(mappings, pc) else {
+    let pc = frame_pc(regs.rip, depth);
+    let mapping = &found.current;
+    if mapping.end == 0 {
         if depth == 0 {
             // The allocator's caller is real whatever maps it (JIT code): keep its address.
             *slot = regs.rip;
@@ -268,7 +317,7 @@ fn unwind_frame(
             return end(1, unwind_stop::NO_MAPPING);
         }
         return end(depth, unwind_stop::NO_MAPPING);
-    };
+    }
     *slot = regs.rip;
     let base = mapping.file_offset.wrapping_sub(mapping.start);
     *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
@@ -443,13 +492,15 @@ fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<R
 fn record_locations(stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the claimed slot's state.
     let depth = unsafe { read_volatile(&scratch.state.depth) };
-    let frames: *mut StackFrames = &raw mut scratch.frames;
+    let frames: *mut DeepStackFrames = &raw mut scratch.frames;
     let mut record =
         Record { raw: &scratch.raw, locations: &scratch.locations, frames: frames.cast(), depth };
+    // Frames past the depth are zeroed to the end of the form the stack is stored in.
+    let stored = if depth <= SHALLOW_STACK_DEPTH as u64 { SHALLOW_STACK_DEPTH } else { STACK_DEPTH };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
-    unsafe { bpf_loop(STACK_DEPTH as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
-    store_frames(stats, frames, depth as usize * 4)
+    unsafe { bpf_loop(stored as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
+    store_frames(stats, frames, depth * 4)
 }
 
 /// What `record_frame` works on, on the caller's stack.
@@ -501,13 +552,21 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     0
 }
 
-/// Stores the stack in `scratch` (its first `used` words hashed) in STACKS; its key or NO_STACK.
-fn store_frames(stats: &ProcessStats, scratch: *mut StackFrames, used: usize) -> u64 {
+/// Stores the stack in `scratch` (its first `used` words hashed, zeroed after them) in STACKS, or
+/// in DEEP_STACKS if it has more than `SHALLOW_STACK_DEPTH` frames; its key or NO_STACK.
+fn store_frames(stats: &ProcessStats, scratch: *mut DeepStackFrames, used: u64) -> u64 {
     // SAFETY: the frames of the slot this run claimed; a stack is whole u64 words.
     let words = unsafe { &*(scratch as *const [u64; STACK_DEPTH * 4]) };
     let hash = hash_words(FNV_OFFSET, words, used);
-    // SAFETY: as above.
-    if STACKS.get_ptr(hash).is_none() && STACKS.insert(hash, unsafe { &*scratch }, 0).is_err() {
+    let stored = if used <= (SHALLOW_STACK_DEPTH * 4) as u64 {
+        // SAFETY: as above; a shallow stack is the first frames of the deep form.
+        let shallow = unsafe { &*(scratch as *const StackFrames) };
+        STACKS.get_ptr(hash).is_some() || STACKS.insert(hash, shallow, 0).is_ok()
+    } else {
+        // SAFETY: as above.
+        DEEP_STACKS.get_ptr(hash).is_some() || DEEP_STACKS.insert(hash, unsafe { &*scratch }, 0).is_ok()
+    };
+    if !stored {
         add(&stats.lost_events, 1);
         return NO_STACK;
     }
@@ -521,19 +580,38 @@ fn fnv1a(hash: u64, word: u64) -> u64 {
 }
 
 /// FNV-1a over the first `used` words: 64 bits make collisions between distinct stacks negligible.
-fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: usize) -> u64 {
-    let mut hash = seed;
-    for (i, word) in words.iter().enumerate() {
-        if i >= used {
-            break;
-        }
-        hash = fnv1a(hash, *word);
-    }
-    if hash == NO_STACK {
+/// A word a step of bpf_loop, verified once: a loop of up to 512 words would be walked by the
+/// verifier once per word.
+fn hash_words<const N: usize>(seed: u64, words: &[u64; N], used: u64) -> u64 {
+    let mut run = HashRun { words, hash: seed };
+    let steps = used.min(N as u64) as u32;
+    // SAFETY: the callback is a function of this program; its context lives on this stack for the
+    // whole call, and its words as long as the caller's borrow.
+    unsafe { bpf_loop(steps, hash_word::<N> as *mut c_void, (&raw mut run).cast(), 0) };
+    if run.hash == NO_STACK {
         1
     } else {
-        hash
+        run.hash
     }
+}
+
+/// What `hash_word` works on, on the caller's stack.
+#[repr(C)]
+struct HashRun<const N: usize> {
+    words: *const [u64; N],
+    hash: u64,
+}
+
+/// bpf_loop's callback: folds word `index` into the hash.
+extern "C" fn hash_word<const N: usize>(index: u64, run: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `HashRun` that `hash_words` passed.
+    let run = unsafe { &mut *(run as *mut HashRun<N>) };
+    // SAFETY: the caller's words, borrowed for the whole loop.
+    let Some(word) = (unsafe { &*run.words }).get(index as usize & (N - 1)) else {
+        return 1;
+    };
+    run.hash = fnv1a(run.hash, *word);
+    0
 }
 
 /// Return addresses by frame pointers, from a return probe's registers: the allocator's caller
@@ -543,7 +621,7 @@ fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let (mut ip, mut frame) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
     let mut depth = 0;
-    for slot in raw.iter_mut() {
+    for slot in raw.iter_mut().take(SHALLOW_STACK_DEPTH) {
         *slot = ip;
         depth += 1;
         if frame == 0 {
@@ -563,15 +641,17 @@ fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
     depth
 }
 
-/// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found,
-/// stored in STACKS; its key, or NO_STACK.
+/// The current stack in build-ID form, cut to the `depth` frames the frame-pointer walk found
+/// (at most `SHALLOW_STACK_DEPTH`), stored in STACKS; its key, or NO_STACK.
 fn resolve_build_ids(
     ctx: &RetProbeContext,
     stats: &ProcessStats,
-    frames: &mut StackFrames,
+    deep: &mut DeepStackFrames,
     depth: usize,
 ) -> u64 {
-    let frames: *mut StackFrames = frames;
+    let deep: *mut DeepStackFrames = deep;
+    // The shallow form: the first frames of the deep one.
+    let frames: *mut StackFrames = deep.cast();
     let flags = u64::from(BPF_F_USER_STACK | BPF_F_USER_BUILD_ID);
     let size = core::mem::size_of::<StackFrames>() as u32;
     // bpf_get_stack zeroes what it does not fill, so equal stacks are equal bytes.
@@ -586,9 +666,9 @@ fn resolve_build_ids(
     let mut cut = Cut { frames, kept: depth as u64 };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
-    unsafe { bpf_loop(STACK_DEPTH as u32, cut_frame as *mut c_void, (&raw mut cut).cast(), 0) };
-    let used = (copied as usize / 8).min(cut.kept as usize * 4);
-    store_frames(stats, frames, used)
+    unsafe { bpf_loop(SHALLOW_STACK_DEPTH as u32, cut_frame as *mut c_void, (&raw mut cut).cast(), 0) };
+    let used = (copied as u64 / 8).min(cut.kept * 4);
+    store_frames(stats, deep, used)
 }
 
 /// What `cut_frame` works on, on the caller's stack.
@@ -609,7 +689,7 @@ extern "C" fn cut_frame(index: u64, cut: *mut c_void) -> i64 {
         let frames = &mut *cut.frames;
         (cut, frames)
     };
-    let Some(frame) = frames.frames.get_mut(index as usize & (STACK_DEPTH - 1)) else {
+    let Some(frame) = frames.frames.get_mut(index as usize & (SHALLOW_STACK_DEPTH - 1)) else {
         return 1;
     };
     if index > 0 && frame.status != FRAME_BUILD_ID && cut.kept > index {

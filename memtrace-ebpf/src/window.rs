@@ -24,7 +24,8 @@ const WINDOW_WORDS: usize = 128;
 /// User pages: a stack mapping ends on a page boundary.
 const PAGE_SIZE: u64 = 4096;
 
-/// Words a memoized walk may have read (two a frame to `STACK_DEPTH` frames).
+/// Words a memoized walk may have read: two a frame to `SHALLOW_STACK_DEPTH` frames. A deeper walk
+/// is not memoized (its raw stack is still known by RAW_STACKS).
 const MEMO_WORDS: usize = 64;
 
 /// A frame's registers as far as unwinding needs them.

@@ -188,3 +188,85 @@ fn a_stock_python3_leak_has_its_interpreter_stack() {
     }
     assert!(names.iter().all(|name| !name.contains("[unknown]")), "a frame outside every mapping: {names:?}");
 }
+
+/// deep_recursion.c built without frame pointers, launched by memtrace with `args`.
+fn run_deep(args: &[&str]) -> Outcome {
+    let program = fixture_variant("deep_recursion", "nofp", &NO_FRAME_POINTERS);
+    let outcome = Memtrace::new().arg("--").arg(&program).args(args).run();
+    outcome.assert_exit_code(0);
+    outcome
+}
+
+/// The one leak of deep_recursion.c: 2 blocks of 4000 bytes from the deepest call.
+fn deep_leak(process: &Value) -> &Value {
+    let leak = only_leak_from(process, "descend");
+    assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(8000), Some(2)), "{leak:#}");
+    leak
+}
+
+/// A stack of 104 frames (100 calls of descend, then main down to _start) is taken whole, from
+/// the launched program's first instruction: before memtrace has written its mapping table, the
+/// unwinder finds its files through the kernel's own mappings.
+#[test]
+fn a_stack_of_a_hundred_frames_is_whole_from_the_first_instruction() {
+    let outcome = run_deep(&["100"]);
+    let process = outcome.process();
+    let names = stack_names(deep_leak(process));
+    assert_eq!(names.len(), 104, "{names:?}");
+    assert!(names[..100].iter().all(|name| *name == "descend"), "{names:?}");
+    assert_eq!(names[100], "main", "{names:?}");
+    assert_eq!(names.last(), Some(&"_start"), "{names:?}");
+    assert_eq!(process["unwind_stops"]["whole"], 2, "{:#}", process["unwind_stops"]);
+}
+
+/// A stack deeper than memtrace's 128 frames keeps its innermost 128, and says why it ends.
+#[test]
+fn a_stack_past_the_depth_limit_keeps_128_frames_and_says_so() {
+    let outcome = run_deep(&["200"]);
+    let process = outcome.process();
+    let names = stack_names(deep_leak(process));
+    assert_eq!(names.len(), 128, "{names:?}");
+    assert!(names.iter().all(|name| *name == "descend"), "{names:?}");
+    let stops = &process["unwind_stops"];
+    assert_eq!((stops["depth_limit"].as_u64(), stops["whole"].as_u64()), (Some(2), Some(0)), "{stops:#}");
+}
+
+/// Programs that live a few milliseconds, as a build runs them: each of five runs of the fixture
+/// (a new program at the first, stopped at its exec until its tables are built; known after) has
+/// its stacks whole from its first allocation.
+#[test]
+fn short_lived_programs_a_shell_runs_have_whole_stacks() {
+    let program = fixture_variant("deep_recursion", "nofp", &NO_FRAME_POINTERS);
+    let script = format!("for i in 1 2 3 4 5; do {} 20; done", program.display());
+    let outcome = Memtrace::new().args(["--", "sh", "-c", &script]).run();
+    outcome.assert_exit_code(0);
+    let processes = outcome.summary()["processes"].as_array().unwrap();
+    // The kernel's command name: the file's name, cut to 15 bytes.
+    let runs: Vec<&Value> = processes.iter().filter(|p| p["comm"] == "deep_recursion-").collect();
+    assert_eq!(runs.len(), 5, "{processes:#?}");
+    for run in runs {
+        assert_eq!(stack_names(deep_leak(run)).len(), 24, "{run:#}");
+        assert_eq!(run["unwind_stops"]["whole"], 2, "{:#}", run["unwind_stops"]);
+    }
+}
+
+/// Debian's gcc compiling a file: cc1 lives a fraction of a second and allocates thousands of
+/// times from its first moments; none of its stacks falls back to frame pointers (they all did,
+/// each cut after a frame, before the unwinder could find files through the kernel's mappings).
+#[test]
+fn a_compilers_stacks_are_unwound_from_its_first_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("unit.c");
+    std::fs::write(&source, "#include <stdlib.h>\nint f(int n) { return n ? abs(n) : 0; }\n").unwrap();
+    let object = dir.path().join("unit.o");
+    let outcome = Memtrace::new().args(["--", "gcc", "-O2", "-c"]).arg(&source).arg("-o").arg(&object).run();
+    outcome.assert_exit_code(0);
+    let processes = outcome.summary()["processes"].as_array().unwrap();
+    let cc1 = processes.iter().find(|p| p["comm"] == "cc1").unwrap_or_else(|| panic!("{processes:#?}"));
+    let stops = &cc1["unwind_stops"];
+    let allocations = cc1["allocations"].as_u64().unwrap();
+    assert!(allocations > 1000, "{cc1:#}");
+    assert_eq!(stops["no_mappings"], 0, "{stops:#}");
+    // Whole down to _start, but for the odd frame an unwind table does not cover.
+    assert!(stops["whole"].as_u64().unwrap() * 100 >= allocations * 99, "{stops:#}");
+}

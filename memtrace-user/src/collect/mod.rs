@@ -312,7 +312,7 @@ impl Collector {
             };
             let leak = leaked.get(&key).copied().unwrap_or_default();
             process.stacks.push(StackProfile {
-                frames: self.symbolizer.resolve(&stack, &process.mappings),
+                frames: self.symbolizer.resolve(stack.frames(), &process.mappings),
                 totals: sampling.map_or(totals, |sampling| scale_totals(sampling, totals)),
                 leaked_bytes: leak.bytes.round() as u64,
                 leaked_allocations: leak.allocations.round() as u64,
@@ -356,7 +356,7 @@ impl Collector {
                 let Some(frames) = self.stacks.frames(probes, key.stack)? else { continue };
                 let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
                 stacks.push(PeakConsumer {
-                    frames: self.symbolizer.resolve(&frames, &process.mappings),
+                    frames: self.symbolizer.resolve(frames.frames(), &process.mappings),
                     live_bytes: totals.live_bytes,
                     live_allocations: totals.live_allocations,
                 });
@@ -396,7 +396,7 @@ impl Collector {
                 let Some(frames) = self.stacks.frames(probes, *stack)? else { continue };
                 let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
                 consumers.push(PeakConsumer {
-                    frames: self.symbolizer.resolve(&frames, &process.mappings),
+                    frames: self.symbolizer.resolve(frames.frames(), &process.mappings),
                     live_bytes: totals.live_bytes,
                     live_allocations: totals.live_allocations,
                 });

@@ -13,14 +13,14 @@
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
-use memtrace_common::{StackFrames, StackKey, StackTotals};
+use memtrace_common::{StackKey, StackTotals};
 
-use crate::kernel::{Probes, Taken};
+use crate::kernel::{Probes, Stack, Taken};
 
 #[derive(Default)]
 pub struct StackTable {
     /// Every stack's frames, by key, once taken out of the kernel.
-    frames: HashMap<u64, StackFrames>,
+    frames: HashMap<u64, Stack>,
     /// The totals taken out of the kernel, per (process, stack), of the process's current image.
     kept: HashMap<StackKey, StackTotals>,
     /// The kernel's idle entries as the last drain read them: taken at this one if unchanged.
@@ -80,9 +80,9 @@ impl StackTable {
     }
 
     /// A stack's frames, wherever they are now.
-    pub fn frames(&self, probes: &Probes, stack: u64) -> Result<Option<StackFrames>> {
+    pub fn frames(&self, probes: &Probes, stack: u64) -> Result<Option<Stack>> {
         match self.frames.get(&stack) {
-            Some(frames) => Ok(Some(*frames)),
+            Some(frames) => Ok(Some(frames.clone())),
             None => probes.stack(stack),
         }
     }

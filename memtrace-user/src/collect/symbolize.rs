@@ -16,7 +16,7 @@ use blazesym::symbolize::{
     source::{Elf, Source},
     Input, Symbolized, Symbolizer,
 };
-use memtrace_common::{StackFrames, FRAME_BUILD_ID, FRAME_IP};
+use memtrace_common::{StackFrame, FRAME_BUILD_ID, FRAME_IP};
 
 use crate::{
     model::frame::Frame,
@@ -82,9 +82,8 @@ impl StackSymbolizer {
     /// Resolves the frames of a stack, innermost first. A frame that lies in none of the
     /// process's files (what a frame-pointer walk reads out of a frame without one) ends the
     /// stack; only the allocator's caller is kept as a bare address (JIT code, say).
-    pub fn resolve(&self, stack: &StackFrames, mappings: &[Mapping]) -> Vec<Arc<Frame>> {
+    pub fn resolve(&self, stack: &[StackFrame], mappings: &[Mapping]) -> Vec<Arc<Frame>> {
         stack
-            .frames
             .iter()
             .enumerate()
             .map_while(|(index, frame)| match frame.status {
@@ -193,21 +192,21 @@ fn unresolved(module: String, offset: u64) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memtrace_common::{StackFrame, FRAME_EMPTY, STACK_DEPTH};
+    use memtrace_common::{FRAME_EMPTY, STACK_DEPTH};
 
     const EMPTY: StackFrame = StackFrame { status: FRAME_EMPTY, build_id: [0; 20], offset_or_ip: 0 };
 
     #[test]
     fn frames_in_no_file_end_the_stack_but_the_allocators_caller() {
-        let mut stack = StackFrames { frames: [EMPTY; STACK_DEPTH] };
+        let mut stack = [EMPTY; STACK_DEPTH];
         let address = |ip| StackFrame { status: FRAME_IP, build_id: [0; 20], offset_or_ip: ip };
         // JIT code, say: the allocator's caller is kept whatever maps it.
-        stack.frames[0] = address(0x7fff_0000);
+        stack[0] = address(0x7fff_0000);
         // A file memtrace never found: kept as build ID and offset, for later symbolization.
-        stack.frames[1] = StackFrame { status: FRAME_BUILD_ID, build_id: [0xab; 20], offset_or_ip: 0x1234 };
+        stack[1] = StackFrame { status: FRAME_BUILD_ID, build_id: [0xab; 20], offset_or_ip: 0x1234 };
         // In no mapping: a guess, which ends the stack.
-        stack.frames[2] = address(0x7fff_1000);
-        stack.frames[3] = address(0x7fff_2000);
+        stack[2] = address(0x7fff_1000);
+        stack[3] = address(0x7fff_2000);
         let frames = StackSymbolizer::default().resolve(&stack, &[]);
         assert_eq!(frames.len(), 2, "{frames:?}");
         assert_eq!(frames[0].name(), "[unknown]+0x7fff0000");

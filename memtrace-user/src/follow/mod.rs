@@ -122,7 +122,7 @@ impl Following {
         let allocator = self.attach.target(probes, pid, image, self.reach.scope_for(pid))?;
         // Probed now: a launched command's exec of it needs no stop.
         if let (Some(_), Some(program)) = (&self.held, image.executable()) {
-            probes.know_image(hold::kernel_key(program.id))?;
+            probes.know_image(program.id.kernel_key())?;
         }
         Ok(allocator)
     }
@@ -148,8 +148,14 @@ impl Following {
     }
 
     /// Probes the allocators and USDT sites that newly exec'd programs bring along; returns the
-    /// object files they map (still open), for symbolization.
-    pub fn handle_execs(&mut self, probes: &mut Probes) -> Result<Vec<ObjectFile>> {
+    /// object files they map (still open), for symbolization. `prepare` is given each program's
+    /// files before a process stopped at its exec goes on (their unwind tables, so that its first
+    /// stacks are whole).
+    pub fn handle_execs(
+        &mut self,
+        probes: &mut Probes,
+        mut prepare: impl FnMut(&mut Probes, &[ObjectFile]) -> Result<()>,
+    ) -> Result<Vec<ObjectFile>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
@@ -161,8 +167,10 @@ impl Following {
             if let (Some(key), Some(held)) = (stopped, &self.held) {
                 // Its later execs need no stop; this one goes on, probed (or not: the error says).
                 let known = probed.is_ok().then(|| probes.know_image(key)).transpose();
+                let prepared = prepare(probes, &image.objects);
                 held.probed(pid);
                 known?;
+                prepared?;
             }
             probed?;
             objects.extend(image.objects);

@@ -35,6 +35,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
         let (percpu_counter_count, percpu_counter_size, percpu_counter_counters) = rss_counter_layout(&btf)?;
         let (binprm, file) = (btf.find_struct("linux_binprm")?, btf.find_struct("file")?);
         let (inode, super_block) = (btf.find_struct("inode")?, btf.find_struct("super_block")?);
+        let vma = btf.find_struct("vm_area_struct")?;
         Ok(KernelLayout {
             task_tgid: btf.member_offset(task, "tgid")?,
             task_mm: btf.member_offset(task, "mm")?,
@@ -50,6 +51,10 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             inode_sb: btf.member_offset(inode, "i_sb")?,
             sb_dev: btf.member_offset(super_block, "s_dev")?,
             oom_victim_is_task: u32::from(oom_victim_is_task(&btf)),
+            vma_start: btf.member_offset(vma, "vm_start")?,
+            vma_end: btf.member_offset(vma, "vm_end")?,
+            vma_pgoff: btf.member_offset(vma, "vm_pgoff")?,
+            vma_file: btf.member_offset(vma, "vm_file")?,
             ..memcg_layout(&btf).unwrap_or_default()
         })
     };

@@ -12,12 +12,14 @@ mod loader;
 pub mod log;
 mod map_ops;
 mod per_cpu;
+mod stack;
 pub mod sys;
 pub mod tables;
 mod thread_slots;
 pub mod verifier_report;
 pub use map_ops::ArrayCell;
 pub use map_ops::Taken;
+pub use stack::Stack;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
@@ -29,8 +31,8 @@ use aya::{
 };
 use memtrace_common::{
     reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, KernelLayout, ProbeCookie,
-    ProcessStats, Region, RegionKey, StackFrames, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS,
-    GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS, MAX_PROCESSES,
+    ProcessStats, Region, RegionKey, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
+    MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS, MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -614,10 +616,13 @@ impl Probes {
         tables::STACK_TOTALS.entries(&self.ebpf)
     }
 
-    /// Takes every stack's frames out of the kernel's table, which then never fills: a stack seen
-    /// again is written again, and found here again.
-    pub fn take_stacks(&self) -> Result<Vec<(u64, StackFrames)>> {
-        Ok(tables::STACKS.take(&self.ebpf, |_, _| true)?.taken)
+    /// Takes every stack's frames out of the kernel's tables (shallow and deep), which then never
+    /// fill: a stack seen again is written again, and found here again.
+    pub fn take_stacks(&self) -> Result<Vec<(u64, Stack)>> {
+        let shallow = tables::STACKS.take(&self.ebpf, |_, _| true)?.taken;
+        let deep = tables::DEEP_STACKS.take(&self.ebpf, |_, _| true)?.taken;
+        let shallow = shallow.into_iter().map(|(key, frames)| (key, Stack::new(&frames.frames)));
+        Ok(shallow.chain(deep.into_iter().map(|(key, frames)| (key, Stack::new(&frames.frames)))).collect())
     }
 
     /// Takes out the totals of every (process, stack) with nothing live that `settled` allows: an
@@ -631,8 +636,12 @@ impl Probes {
             .take(&self.ebpf, |key, totals| totals.live_allocations == 0 && settled(key, totals))
     }
 
-    pub fn stack(&self, stack: u64) -> Result<Option<StackFrames>> {
-        tables::STACKS.get(&self.ebpf, &stack)
+    /// A stack's frames, from whichever of the kernel's tables holds it.
+    pub fn stack(&self, stack: u64) -> Result<Option<Stack>> {
+        if let Some(frames) = tables::STACKS.get(&self.ebpf, &stack)? {
+            return Ok(Some(Stack::new(&frames.frames)));
+        }
+        Ok(tables::DEEP_STACKS.get(&self.ebpf, &stack)?.map(|frames| Stack::new(&frames.frames)))
     }
 
     /// A hash map of the kernel's, typed, for updates.
@@ -686,6 +695,7 @@ fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
     live_size.configure(&mut loader);
     let ebpf = loader
         .map_max_entries(tables::STACKS.name, config.max_stacks)
+        .map_max_entries(tables::DEEP_STACKS.name, config.max_stacks)
         .map_max_entries(tables::STACK_TOTALS.name, config.max_stacks)
         .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
         .override_global("SAMPLE_MEAN", &config.sample_mean, true)

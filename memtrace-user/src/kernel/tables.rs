@@ -12,9 +12,9 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    AllocatorCode, DumpRound, ImageKey, LiveSlot, ProcessStats, Region, RegionKey, StackFrames, StackKey,
-    StackTotals, SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow,
-    UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    AllocatorCode, DeepStackFrames, DumpRound, ImageKey, LiveSlot, ProcessStats, Region, RegionKey,
+    StackFrames, StackKey, StackTotals, SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings,
+    UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -36,8 +36,10 @@ pub const EXCLUDED_PIDS: Table<u32, u8> = Table::new("EXCLUDED_PIDS", "the map o
 pub const ALLOWED_COMMS: Table<[u8; 16], u8> = Table::new("ALLOWED_COMMS", "the map of --comm names");
 /// The cgroup ids `--container` and `--cgroup` allow, with their descendants.
 pub const ALLOWED_CGROUPS: Table<u64, u8> = Table::new("ALLOWED_CGROUPS", "the map of traced cgroups");
-/// Stacks in build-ID form, by hash.
+/// Stacks in build-ID form, by hash: those of at most `SHALLOW_STACK_DEPTH` frames.
 pub const STACKS: Table<u64, StackFrames> = Table::new("STACKS", "the stack map");
+/// The deeper stacks, the same way.
+pub const DEEP_STACKS: Table<u64, DeepStackFrames> = Table::new("DEEP_STACKS", "the deep stack map");
 /// What each (process, stack) allocated and still holds.
 pub const STACK_TOTALS: Table<StackKey, StackTotals> = Table::new("STACK_TOTALS", "the per-stack totals map");
 /// Anonymous mappings followed.
@@ -53,6 +55,11 @@ pub const USDT_COUNTERS: Table<UsdtCounterKey, UsdtCounterValue> =
 /// Each traced process's executable mappings, naming unwind file slots (memtrace-ebpf/src/stacks.rs).
 pub const UNWIND_MAPPINGS: Table<u32, UnwindMappings> =
     Table::new("UNWIND_MAPPINGS", "the unwind mapping tables");
+
+/// Unwind file slots by the file's kernel name, for the unwinder's lookups of the kernel's own
+/// mappings (memtrace-ebpf/src/vma.rs).
+pub const UNWIND_FILE_SLOTS: Table<ImageKey, u32> =
+    Table::new("UNWIND_FILE_SLOTS", "the unwind file slots by file");
 
 /// Program files whose execs need no stop (their allocators are probed), as the kernel names them.
 pub const KNOWN_IMAGES: Table<ImageKey, u8> = Table::new("KNOWN_IMAGES", "the map of known programs");

@@ -23,6 +23,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use memtrace_common::ImageKey;
 use nix::fcntl::OFlag;
 
 use super::resolve;
@@ -51,6 +52,15 @@ impl FileId {
     pub fn of_path(path: &Path) -> Option<Self> {
         let metadata = std::fs::metadata(path).ok()?;
         Some(Self { dev: metadata.dev(), ino: metadata.ino() })
+    }
+
+    /// The file as the kernel's BPF side names it (`ImageKey`: the kernel's own dev_t, MKDEV(major,
+    /// minor) = major << 20 | minor, from stat's encoding, glibc's). Where a file system's stat
+    /// names another device than its super block (btrfs subvolumes, overlays, whose mappings are
+    /// of the underlying file), the names differ: the BPF side does not know the file by this name.
+    pub fn kernel_key(self) -> ImageKey {
+        let (major, minor) = (libc::major(self.dev), libc::minor(self.dev));
+        ImageKey { dev: (major << 20) | minor, _pad: 0, ino: self.ino }
     }
 }
 
@@ -261,6 +271,16 @@ mod tests {
     use std::{fs, os::unix::fs::symlink};
 
     use super::*;
+
+    /// /dev/vda1 is 254:1; a device of minor 300 (as loop or nvme partitions have) spreads its
+    /// minor over both halves of st_dev.
+    #[test]
+    fn kernel_keys_use_the_kernels_device_numbers() {
+        let vda1 = FileId { dev: libc::makedev(254, 1), ino: 12 };
+        assert_eq!(vda1.kernel_key(), ImageKey { dev: (254 << 20) | 1, _pad: 0, ino: 12 });
+        let wide = FileId { dev: libc::makedev(259, 300), ino: 7 };
+        assert_eq!(wide.kernel_key().dev, (259 << 20) | 300);
+    }
     use crate::process::resolve::{open_in_root, open_on_host, walk_in_root};
 
     #[test]

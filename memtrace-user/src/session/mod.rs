@@ -55,7 +55,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     // Unwind tables of the targets known now (--pid, a command's files); others follow at each
     // interval, and a command's mappings within milliseconds of its start (see `poll`).
     let mut unwind = KernelTables::new(probe_plan.stacks, probe_plan.unwind_in_background);
-    unwind.preload(&mut probes, preload)?;
+    unwind.preload(&mut probes, &preload)?;
     unwind.update(&mut probes, &model)?;
     let early_refresh = held.is_some().then_some(FIRST_REFRESH);
     following.usdt().check_requests_found(wanted.follows_children())?;

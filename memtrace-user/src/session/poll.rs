@@ -25,6 +25,7 @@ use crate::{
     kernel::Probes,
     model::Model,
     plan::{Retention, Tables, Timing},
+    process::ObjectFile,
 };
 
 /// Why tracing stopped.
@@ -158,7 +159,9 @@ impl Run {
         drop(fds);
         let signal = if signal_ready { signals::read(&self.signals)? } else { None };
         if execs_ready {
-            for object in self.following.handle_execs(&mut self.probes)? {
+            let unwind = &mut self.unwind;
+            let prepare = |probes: &mut Probes, objects: &[ObjectFile]| unwind.preload(probes, objects);
+            for object in self.following.handle_execs(&mut self.probes, prepare)? {
                 self.collector.index_object(&object);
             }
             self.refresh_after_exec |= self.refreshes;

@@ -25,7 +25,7 @@ use memtrace_common::{
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
     kernel::{
-        tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
+        tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
         Probes,
     },
     model::Model,
@@ -41,6 +41,15 @@ enum SlotState {
     Loaded,
     /// No unwind information: frame pointers.
     FramePointers,
+}
+
+/// Where a new file's table is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    /// At once, before the call returns.
+    Now,
+    /// On the worker, where there is one (--all), else at once.
+    Worker,
 }
 
 /// A table built away from the main thread: the file's slot and the table, or None without one.
@@ -102,14 +111,16 @@ impl KernelTables {
         (loaded, self.next_row as usize)
     }
 
-    /// Gives files a slot and their table before any process maps them (a command's image, before
-    /// it runs), so that writing its mapping table later is quick.
-    pub fn preload(&mut self, probes: &mut Probes, objects: Vec<ObjectFile>) -> Result<()> {
+    /// Gives files a slot and their table before any process maps them (a command's image before
+    /// it runs, a program's stopped at its exec), built here and now, not on the worker: the
+    /// process's first stacks are whole (its files found through the kernel's mappings, before
+    /// it has a mapping table). A file known already costs nothing.
+    pub fn preload(&mut self, probes: &mut Probes, objects: &[ObjectFile]) -> Result<()> {
         if !self.enabled {
             return Ok(());
         }
         for object in objects {
-            self.slot_of(probes, object)?;
+            self.slot_of(probes, object.clone(), Build::Now)?;
         }
         self.publish(probes)
     }
@@ -176,7 +187,7 @@ impl KernelTables {
                     let root = root.get_or_insert_with(|| Root::of_process(pid).ok());
                     let object = root.as_ref().and_then(|root| open_mapping(pid, root, mapping).ok());
                     let slot = match object {
-                        Some(object) => self.slot_of(probes, object)?,
+                        Some(object) => self.slot_of(probes, object, Build::Worker)?,
                         None => None,
                     };
                     table.slots.insert(mapping.path.clone(), slot);
@@ -204,9 +215,9 @@ impl KernelTables {
         Ok(())
     }
 
-    /// The slot of a file, made (and its table built or asked for) on first sight; None when the
-    /// slots are all taken.
-    fn slot_of(&mut self, probes: &mut Probes, object: ObjectFile) -> Result<Option<u32>> {
+    /// The slot of a file, made (and its table built, or asked of the worker where there is one)
+    /// on first sight; None when the slots are all taken.
+    fn slot_of(&mut self, probes: &mut Probes, object: ObjectFile, when: Build) -> Result<Option<u32>> {
         if let Some(slot) = self.slots.get(&object.id) {
             return Ok(Some(*slot));
         }
@@ -224,12 +235,15 @@ impl KernelTables {
             ..UnwindFile::default()
         };
         self.write_file(probes, slot, &file)?;
-        match &self.worker {
-            Some((requests, _)) => {
+        // The kernel's way to the slot from a mapping of the file (a process's first moments).
+        // A full map leaves the file to the mapping tables.
+        let _ = probes.writable(&UNWIND_FILE_SLOTS)?.insert(object.id.kernel_key(), slot, 0);
+        match (&self.worker, when) {
+            (Some((requests, _)), Build::Worker) => {
                 // The worker only ends with memtrace.
                 let _ = requests.send((slot, object));
             }
-            None => {
+            _ => {
                 let table = build(&object);
                 self.load_table(probes, slot, table)?;
             }

@@ -37,9 +37,7 @@ use nix::{
     unistd::Pid,
 };
 
-use memtrace_common::ImageKey;
-
-use crate::{kernel::ArrayCell, process::FileId};
+use crate::kernel::ArrayCell;
 
 /// The bound: a stopped exec is continued after this long, probed or not. A stopped process
 /// holds up nothing else (unlike an exec held inside the kernel), so the bound only has to
@@ -180,31 +178,7 @@ impl HeldExecs {
     }
 }
 
-/// A file as the exec tracepoint names it (`ImageKey`: the kernel's own dev_t, MKDEV(major,
-/// minor) = major << 20 | minor) from its identity as stat gives it (glibc's encoding of st_dev).
-/// Where a file system's stat names another device than its super block (btrfs subvolumes,
-/// some overlays) the keys differ, and the file's first exec is stopped once more than needed.
-pub fn kernel_key(file: FileId) -> ImageKey {
-    let (major, minor) = (libc::major(file.dev), libc::minor(file.dev));
-    ImageKey { dev: (major << 20) | minor, _pad: 0, ino: file.ino }
-}
-
 /// SIGCONT: a process that was stopped goes on (one killed meanwhile is gone: ESRCH).
 fn continue_process(pid: u32) {
     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// /dev/vda1 is 254:1; a device of minor 300 (as loop or nvme partitions have) spreads its
-    /// minor over both halves of st_dev.
-    #[test]
-    fn kernel_keys_use_the_kernels_device_numbers() {
-        let vda1 = FileId { dev: libc::makedev(254, 1), ino: 12 };
-        assert_eq!(kernel_key(vda1), ImageKey { dev: (254 << 20) | 1, _pad: 0, ino: 12 });
-        let wide = FileId { dev: libc::makedev(259, 300), ino: 7 };
-        assert_eq!(kernel_key(wide).dev, (259 << 20) | 300);
-    }
 }
