@@ -118,8 +118,8 @@ fn describe_links(kind: LinkKind, features: &KernelFeatures) -> String {
 fn describe_unwinder(features: &KernelFeatures) -> String {
     match features.lacks(Feature::BpfLoop) {
         true => "none: the .eh_frame unwinder needs bpf_loop".into(),
-        false => ".eh_frame tables walked with bpf_loop; frame pointers (bpf_get_stack) until a process's \
-                  tables are loaded"
+        false => ".eh_frame tables walked with bpf_loop; a process's mappings the kernel's (bpf_find_vma) \
+                  until memtrace has read them"
             .into(),
     }
 }

@@ -217,6 +217,8 @@ fn a_stack_of_a_hundred_frames_is_whole_from_the_first_instruction() {
     assert_eq!(names[100], "main", "{names:?}");
     assert_eq!(names.last(), Some(&"_start"), "{names:?}");
     assert_eq!(process["unwind_stops"]["whole"], 2, "{:#}", process["unwind_stops"]);
+    // The text report writes the recursion once, with its count.
+    assert!(outcome.stderr.contains("from descend (x100) <- main <- "), "{}", outcome.stderr);
 }
 
 /// A stack deeper than memtrace's 128 frames keeps its innermost 128, and says why it ends.

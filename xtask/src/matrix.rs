@@ -49,8 +49,18 @@ const PLAN: &[(&str, &[&str])] = &[
             "sampled_leaks_are_estimated_within_five_percent",
         ],
     ),
-    // stacks without frame pointers: the .eh_frame unwinder
-    ("unwind", &["chain_without_frame_pointers_is_whole_and_one_group"]),
+    // stacks without frame pointers: the .eh_frame unwinder; 128 frames; whole from a launched
+    // program's first instruction and in short-lived programs a shell runs, held at their exec
+    // (the kernel's own mappings, bpf_find_vma, before memtrace has read the process's)
+    (
+        "unwind",
+        &[
+            "chain_without_frame_pointers_is_whole_and_one_group",
+            "a_stack_of_a_hundred_frames_is_whole_from_the_first_instruction",
+            "a_stack_past_the_depth_limit_keeps_128_frames_and_says_so",
+            "short_lived_programs_a_shell_runs_have_whole_stacks",
+        ],
+    ),
     // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds
     // (dump_begin/dump_end, a round's values per subsystem), and --usdt arguments, launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
     // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the

@@ -274,9 +274,24 @@ fn write_usdt(text: &mut String, process: &Process) {
     }
 }
 
+/// A stack's frame names with each run of one name (recursion) written once, with its count:
+/// `descend (x100)`.
+fn folded_runs(names: impl Iterator<Item = String>) -> Vec<String> {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for name in names {
+        match runs.last_mut() {
+            Some((last, count)) if *last == name => *count += 1,
+            _ => runs.push((name, 1)),
+        }
+    }
+    runs.into_iter()
+        .map(|(name, count)| if count == 1 { name } else { format!("{name} (x{count})") })
+        .collect()
+}
+
 fn write_stacks(text: &mut String, process: &Process, top: usize) {
     for leak in process.leaks(top) {
-        let names: Vec<String> = leak.frames.iter().map(|frame| frame.name()).collect();
+        let names = folded_runs(leak.frames.iter().map(|frame| frame.name()));
         let _ = writeln!(
             text,
             "    leak: {} in {} blocks, oldest {:.1} s, from {}",
@@ -319,6 +334,12 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recursion_is_folded_into_one_frame_with_its_count() {
+        let names = ["leaf", "descend", "descend", "descend", "main", "main"].map(String::from);
+        assert_eq!(folded_runs(names.into_iter()), ["leaf", "descend (x3)", "main (x2)"]);
+    }
     use std::time::Duration;
 
     #[test]

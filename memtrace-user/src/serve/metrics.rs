@@ -185,6 +185,11 @@ fn register_own(registry: &mut Registry, snapshot: &Snapshot, traced: usize, sum
         counter(snapshot.oom_kills),
     );
     registry.register(
+        "memtrace_oom_profiles_unqueued",
+        "Heap profiles at OOM kills not queued for a push: 100 waited already (they are in --oom-dir)",
+        counter(snapshot.oom_profiles_unqueued),
+    );
+    registry.register(
         "memtrace_traced_processes",
         "Processes traced now (exited ones not counted)",
         gauge(gauge_value(traced as u64)),
@@ -297,6 +302,7 @@ mod tests {
             profile_ticket: 0,
             lost_events: 3,
             oom_kills: 1,
+            oom_profiles_unqueued: 2,
             agent_rss_bytes: 4096,
             agent_cpu_seconds: 0.5,
         }
@@ -329,6 +335,7 @@ mod tests {
             text.contains("# TYPE memtrace_oom_kills_total counter\nmemtrace_oom_kills_total 1\n"),
             "{text}"
         );
+        assert!(text.contains("memtrace_oom_profiles_unqueued_total 2\n"), "{text}");
         assert!(text.contains("memtrace_other_processes 2\n"), "{text}");
         assert!(text.contains("process_resident_memory_bytes 4096\n"), "{text}");
         assert!(text.contains("memtrace_kernel_table_capacity{table=\"live_allocations\"} 1000\n"), "{text}");

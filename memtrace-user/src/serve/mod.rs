@@ -68,6 +68,7 @@ impl Agent {
             profile_ticket: 0,
             lost_events: 0,
             oom_kills: 0,
+            oom_profiles_unqueued: 0,
             agent_rss_bytes: 0,
             agent_cpu_seconds: 0.0,
         };
@@ -154,6 +155,7 @@ impl Exporter for Agent {
             profile_ticket: self.profile_ticket,
             lost_events,
             oom_kills: self.oom.total,
+            oom_profiles_unqueued: self.oom.unqueued,
             agent_rss_bytes: procfs::rss_bytes(std::process::id()).unwrap_or(0),
             agent_cpu_seconds: metrics::own_cpu_seconds(),
         };

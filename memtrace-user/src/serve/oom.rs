@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use memtrace_common::StackTotals;
 use prost::Message;
 
-use super::shared::{KillProfile, Shared};
+use super::shared::{KillProfile, Shared, MAX_WAITING_KILLS};
 use crate::{
     export::{
         heap_profile::Processes,
@@ -33,6 +33,8 @@ pub struct OomKeeper {
     seen: HashSet<(u32, u64)>,
     /// Kills over the run.
     pub total: u64,
+    /// Kill profiles not queued for a push, as too many waited (a push target down for long).
+    pub unqueued: u64,
 }
 
 impl OomKeeper {
@@ -48,7 +50,7 @@ impl OomKeeper {
             std::fs::create_dir_all(dir).with_context(cannot)?;
             tempfile::tempfile_in(dir).with_context(cannot)?;
         }
-        Ok(Self { dir: dir.map(Path::to_owned), push, otlp, seen: HashSet::new(), total: 0 })
+        Ok(Self { dir: dir.map(Path::to_owned), push, otlp, seen: HashSet::new(), total: 0, unqueued: 0 })
     }
 
     /// Keeps every kill the collector has read since the last sample.
@@ -73,14 +75,30 @@ impl OomKeeper {
             }
             let otlp = self.otlp.then(|| kill_request(&victim, kill, &shared.host_name));
             self.keep_files(process, &gzipped, otlp.as_deref());
+            let (pid, comm) = (process.identity.pid, process.identity.comm.clone());
             if let Some(request) = otlp {
-                shared.queue_oom_request(request);
+                self.queued(shared.queue_oom_request(request), pid, "OTLP push");
             }
             if self.push {
-                let (pid, comm) = (process.identity.pid, process.identity.comm.clone());
-                shared.queue_oom_profile(KillProfile { pid, comm, gzipped });
+                self.queued(shared.queue_oom_profile(KillProfile { pid, comm, gzipped }), pid, "push");
             }
         }
+    }
+
+    /// Counts and says a kill's profile that did not fit in the queue for the next push.
+    fn queued(&mut self, queued: bool, pid: u32, push: &str) {
+        if queued {
+            return;
+        }
+        self.unqueued += 1;
+        let kept = match &self.dir {
+            Some(dir) => format!("it is kept in {}", dir.display()),
+            None => "keep kills in files with --oom-dir".to_owned(),
+        };
+        eprintln!(
+            "memtrace: warning: the heap profile of OOM-killed pid {pid} is not queued for the next \
+             {push}: {MAX_WAITING_KILLS} kills' profiles wait already (is the push target down?); {kept}"
+        );
     }
 
     /// Writes a kill's profiles into `--oom-dir`: the gzipped pprof and, where OTLP is configured,

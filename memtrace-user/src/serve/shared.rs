@@ -31,20 +31,24 @@ pub struct Snapshot {
     pub lost_events: u64,
     /// Processes the kernel's OOM killer ended during the run (serve/oom.rs).
     pub oom_kills: u64,
+    /// Kill profiles (pprof or OTLP) not queued for a push: too many waited already.
+    pub oom_profiles_unqueued: u64,
     /// memtrace's own resident set size and CPU time.
     pub agent_rss_bytes: u64,
     pub agent_cpu_seconds: f64,
 }
 
 /// At most this many kill profiles wait for a push (a push target down for long), in each form.
-const MAX_WAITING_KILLS: usize = 100;
+pub(super) const MAX_WAITING_KILLS: usize = 100;
 
-/// Adds `item` to a queue of kill profiles unless MAX_WAITING_KILLS already wait.
-fn push_bounded<T>(queue: &Mutex<Vec<T>>, item: T) {
+/// Adds `item` to a queue of kill profiles unless MAX_WAITING_KILLS already wait; whether it was.
+fn push_bounded<T>(queue: &Mutex<Vec<T>>, item: T) -> bool {
     let mut waiting = queue.lock().unwrap_or_else(|e| e.into_inner());
-    if waiting.len() < MAX_WAITING_KILLS {
+    let room = waiting.len() < MAX_WAITING_KILLS;
+    if room {
         waiting.push(item);
     }
+    room
 }
 
 /// Empties a queue of kill profiles, returning what waited.
@@ -82,9 +86,9 @@ pub struct KillProfile {
 }
 
 impl Shared {
-    /// Queues a kill's heap profile for the next push (at most MAX_WAITING_KILLS wait).
-    pub fn queue_oom_profile(&self, profile: KillProfile) {
-        push_bounded(&self.oom_profiles, profile);
+    /// Queues a kill's heap profile for the next push; false when MAX_WAITING_KILLS wait already.
+    pub fn queue_oom_profile(&self, profile: KillProfile) -> bool {
+        push_bounded(&self.oom_profiles, profile)
     }
 
     /// Takes the heap profiles at OOM kills waiting for a push.
@@ -92,9 +96,10 @@ impl Shared {
         take_all(&self.oom_profiles)
     }
 
-    /// Queues a kill's encoded OTLP request for the next OTLP push (at most MAX_WAITING_KILLS wait).
-    pub fn queue_oom_request(&self, request: Vec<u8>) {
-        push_bounded(&self.oom_requests, request);
+    /// Queues a kill's encoded OTLP request for the next OTLP push; false when MAX_WAITING_KILLS
+    /// wait already.
+    pub fn queue_oom_request(&self, request: Vec<u8>) -> bool {
+        push_bounded(&self.oom_requests, request)
     }
 
     /// Takes the OTLP requests of OOM kills waiting for a push.
@@ -109,5 +114,19 @@ impl Shared {
         let answered =
             async { snapshots.wait_for(|s| s.profile_ticket >= ticket).await.map(|s| Arc::clone(&s)) };
         tokio::time::timeout(self.profile_wait, answered).await.ok()?.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_says_it_did_not_take_the_kill() {
+        let queue = Mutex::new(Vec::new());
+        assert!((0..MAX_WAITING_KILLS).all(|kill| push_bounded(&queue, kill)));
+        assert!(!push_bounded(&queue, MAX_WAITING_KILLS));
+        assert_eq!(take_all(&queue).len(), MAX_WAITING_KILLS);
+        assert!(push_bounded(&queue, 0), "room again once a push took them");
     }
 }
