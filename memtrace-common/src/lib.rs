@@ -420,6 +420,13 @@ impl StackFrame {
     pub const EMPTY: StackFrame = StackFrame { status: FRAME_EMPTY, build_id: [0; 20], offset_or_ip: 0 };
 }
 
+/// A Python frame, stored after the native frames of its stack: `build_id[0..8]` the code
+/// object's address (little-endian), `build_id[8]` 1 for an entry frame (the first a native call
+/// of the eval loop runs; the frames from one entry frame to the next ran in one native frame of
+/// `_PyEval_EvalFrameDefault`), `offset_or_ip` the index of its current instruction (in code
+/// units) in the code object.
+pub const FRAME_PYTHON: i32 = 3;
+
 /// No frame (past the end of the stack).
 pub const FRAME_EMPTY: i32 = 0;
 /// `build_id` and a file offset are valid.
@@ -444,7 +451,83 @@ pub struct DeepStackFrames {
 }
 
 const _: () = assert!(STACK_DEPTH.is_power_of_two() && SHALLOW_STACK_DEPTH.is_power_of_two());
+const _: () = assert!(PYTHON_MAX_FRAMES.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<PythonLayout>().is_multiple_of(8));
 const _: () = assert!(SHALLOW_STACK_DEPTH < STACK_DEPTH);
+
+/// Python frames read per stack at most (innermost first); deeper ones are left out.
+pub const PYTHON_MAX_FRAMES: usize = 32;
+/// Python code objects whose names the kernel keeps at once (all processes).
+pub const PYTHON_MAX_CODES: u32 = 16_384;
+
+/// Where a CPython version keeps what the unwinder reads: byte offsets into its structs (for 3.11,
+/// from its own headers: the interpreter describes itself only from 3.13, `_Py_DebugOffsets`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonLayout {
+    /// `_PyRuntime.gilstate.tstate_current`: the thread state holding the GIL.
+    pub runtime_tstate_current: u32,
+    /// `PyThreadState.native_thread_id` (the thread's tid), `.cframe`, `_PyCFrame.current_frame`.
+    pub tstate_native_thread_id: u32,
+    pub tstate_cframe: u32,
+    pub cframe_current_frame: u32,
+    /// `_PyInterpreterFrame.f_code`, `.previous`, `.prev_instr`, `.is_entry`.
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_prev_instr: u32,
+    pub frame_is_entry: u32,
+    /// `PyCodeObject.co_name`, `.co_filename`, `.co_firstlineno`, `.co_linetable`,
+    /// `.co_code_adaptive` (its instructions).
+    pub code_name: u32,
+    pub code_filename: u32,
+    pub code_firstlineno: u32,
+    pub code_linetable: u32,
+    pub code_instructions: u32,
+    /// `PyASCIIObject.state` and the size of a compact ASCII string's header (its characters
+    /// follow); the state's bits that say compact and ASCII.
+    pub unicode_state: u32,
+    pub unicode_ascii_data: u32,
+    pub unicode_compact_ascii: u32,
+    /// `PyVarObject.ob_size` and `PyBytesObject.ob_sval`.
+    pub bytes_size: u32,
+    pub bytes_data: u32,
+}
+
+/// A process running CPython: where its runtime state is, and the version's layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonProcess {
+    /// The address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    pub layout: PythonLayout,
+}
+
+/// A code object of a process, as the kernel names it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PythonCodeKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub code: u64,
+}
+
+/// What the kernel copies of a code object the first time a stack holds it, so that it is named
+/// after its process is gone: its name and file (NUL-terminated, cut to fit; empty where not
+/// compact ASCII), its first line and its location table (cut to fit; lines past it are the
+/// last line it gives).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PythonCode {
+    pub name: [u8; 64],
+    pub filename: [u8; 192],
+    pub linetable: [u8; 512],
+    /// Bytes of `linetable` copied.
+    pub linetable_len: u32,
+    pub firstlineno: u32,
+    /// 1 once the kernel has written the rest (userspace takes only complete records).
+    pub complete: u32,
+    pub _pad: u32,
+}
 
 /// Key of the per-(process, stack) totals.
 #[repr(C)]
@@ -616,6 +699,9 @@ mod pod {
     unsafe impl aya::Pod for super::UsdtCounterValue {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::DeepStackFrames {}
+    unsafe impl aya::Pod for super::PythonProcess {}
+    unsafe impl aya::Pod for super::PythonCodeKey {}
+    unsafe impl aya::Pod for super::PythonCode {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
     unsafe impl aya::Pod for super::ExecEvent {}
@@ -984,7 +1070,9 @@ pub struct UnwindMapping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnwindMappings {
     pub count: u32,
-    pub _pad: u32,
+    /// Non-zero where the process runs an interpreter whose frames the unwinder reads
+    /// (`PythonProcess`, by tgid).
+    pub interpreter: u32,
     pub mappings: [UnwindMapping; UNWIND_MAX_MAPPINGS],
 }
 

@@ -18,6 +18,7 @@ mod live;
 mod oom;
 mod os_memory;
 mod processes;
+mod python;
 mod sampled;
 mod sampling;
 mod scratch;

@@ -20,6 +20,7 @@ use aya_ebpf::{
 
 use crate::{
     counters::compare_exchange,
+    python::PythonFrames,
     vma::FoundMappings,
     window::{Registers, StackWindow, WalkStart},
 };
@@ -64,6 +65,8 @@ pub(crate) struct Scratch {
     pub(crate) state: UnwindState,
     /// The mappings the walk found through the kernel.
     pub(crate) found: FoundMappings,
+    /// The Python frames of the stack, where the process runs CPython.
+    pub(crate) python: PythonFrames,
     /// The stack in the form it is stored: a shallow stack's frames are the first of these.
     pub(crate) frames: DeepStackFrames,
 }

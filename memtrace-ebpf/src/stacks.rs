@@ -33,8 +33,8 @@ use aya_ebpf::{
 use memtrace_common::{
     unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats, StackFrame,
     StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
-    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
-    MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
+    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, FRAME_PYTHON, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
+    MAX_STACK_TOTALS, NO_STACK, PYTHON_MAX_FRAMES, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
     UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE,
     UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
@@ -42,6 +42,7 @@ use memtrace_common::{
 use crate::{
     counters::{add, add_signed},
     helpers::{loaded, map_value, now_ns},
+    python::{read_python_frames, PythonFrames},
     scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
     vma::FoundMappings,
     window::{tables_epoch, Registers, StackWindow, WalkStart},
@@ -140,14 +141,19 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     // the BPF stack, which the walk's chain of calls needs.
     scratch.start =
         WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
-    let start = &scratch.start;
-    if let Some((key, stop)) = scratch.window.recall(start) {
+    let table = UNWIND_MAPPINGS.get_ptr(tgid);
+    // SAFETY: a map value, valid while the program runs.
+    let interpreter = table.is_some_and(|table| unsafe { (*table).interpreter } != 0);
+    scratch.python.count = 0;
+    if interpreter {
+        // Its Python frames change under the same native frames: read each time, never memoized.
+        read_python_frames(tgid, &mut scratch.python);
+    } else if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
         count_stop(stats, stop as usize);
         return key;
     }
     // A process with no mapping table yet (its first moments) is walked with the kernel's
     // mappings alone (vma.rs).
-    let table = UNWIND_MAPPINGS.get_ptr(tgid);
     let mappings = table.or_else(|| NO_MAPPINGS.get_ptr(0));
     let state: *mut UnwindState = &raw mut scratch.state;
     if let Some(mappings) = mappings {
@@ -176,7 +182,7 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     count_stop(stats, stop);
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(fnv1a(FNV_OFFSET, u64::from(tgid)), stats.started_ns);
-    let raw_key = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH) as u64);
+    let raw_key = raw_stack_key(seed, scratch, depth as u64);
     let key = match known_raw_stack(raw_key) {
         Some(key) => key,
         None => {
@@ -199,10 +205,18 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     };
     // Only a walk by the tables is memoized (it read the stack through the window), and only one
     // that needed no mapping of the kernel's, which can change with no change of the epoch.
-    if by_tables && scratch.found.lookups == 0 && key != NO_STACK {
+    if by_tables && !interpreter && scratch.found.lookups == 0 && key != NO_STACK {
         scratch.window.remember(key, stop as u64);
     }
     key
+}
+
+/// The raw stack's key: its return addresses and its Python frames, hashed from `seed`. Not
+/// inlined: its frame would add to that of every chain through `capture_in`.
+#[inline(never)]
+fn raw_stack_key(seed: u64, scratch: &Scratch, depth: u64) -> u64 {
+    let native = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH as u64));
+    hash_words(native, scratch.python.words(), scratch.python.count * 4)
 }
 
 /// Counts why a stack ended.
@@ -278,11 +292,10 @@ fn locate_frame(walk: &Walk) {
     // SAFETY: the claimed slot's state.
     let (rip, depth) = unsafe { (read_volatile(&(*state).regs.rip), read_volatile(&(*state).depth)) };
     let pc = frame_pc(rip, depth);
-    let mapping = match find_mapping(mappings, pc) {
-        Some(mapping) => *mapping,
-        None => found.find(pc).copied().unwrap_or_default(),
-    };
-    found.current = mapping;
+    match find_mapping(mappings, pc) {
+        Some(mapping) => found.current = *mapping,
+        None => found.locate(pc),
+    }
 }
 
 /// Takes one frame (in the mapping `locate_frame` found) and steps to its caller; false when the
@@ -493,14 +506,22 @@ fn record_locations(stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the claimed slot's state.
     let depth = unsafe { read_volatile(&scratch.state.depth) };
     let frames: *mut DeepStackFrames = &raw mut scratch.frames;
-    let mut record =
-        Record { raw: &scratch.raw, locations: &scratch.locations, frames: frames.cast(), depth };
-    // Frames past the depth are zeroed to the end of the form the stack is stored in.
-    let stored = if depth <= SHALLOW_STACK_DEPTH as u64 { SHALLOW_STACK_DEPTH } else { STACK_DEPTH };
+    // The Python frames follow the native ones, as many as fit.
+    let total = (depth + scratch.python.count).min(STACK_DEPTH as u64);
+    let mut record = Record {
+        raw: &scratch.raw,
+        locations: &scratch.locations,
+        python: &scratch.python,
+        frames: frames.cast(),
+        depth,
+        total,
+    };
+    // Frames past the stack are zeroed to the end of the form it is stored in.
+    let stored = if total <= SHALLOW_STACK_DEPTH as u64 { SHALLOW_STACK_DEPTH } else { STACK_DEPTH };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe { bpf_loop(stored as u32, record_frame as *mut c_void, (&raw mut record).cast(), 0) };
-    store_frames(stats, frames, depth * 4)
+    store_frames(stats, frames, total * 4)
 }
 
 /// What `record_frame` works on, on the caller's stack.
@@ -511,16 +532,19 @@ struct Record {
     /// STACK_SCRATCH, as words: a StackFrame is four u64 words (status and the build ID's first 4
     /// bytes, then 8 and 8 more bytes of it, then the offset or address).
     frames: *mut [[u64; 4]; STACK_DEPTH],
+    python: *const PythonFrames,
+    /// Native frames, then native and Python frames.
     depth: u64,
+    total: u64,
 }
 
 /// bpf_loop's callback: writes frame `index` of the stack (zeroes past the depth).
 extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Record` that `record_locations` passed, whose pointers are
     // into the slot this run claimed.
-    let (raw, locations, frames, depth) = unsafe {
+    let (raw, locations, python, frames, depth, total) = unsafe {
         let record = &*(record as *const Record);
-        (&*record.raw, &*record.locations, &mut *record.frames, record.depth)
+        (&*record.raw, &*record.locations, &*record.python, &mut *record.frames, record.depth, record.total)
     };
     let slot = index as usize & (STACK_DEPTH - 1);
     let (Some(frame), Some(location), Some(address)) =
@@ -528,8 +552,10 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     else {
         return 1;
     };
-    let words = if index >= depth {
+    let words = if index >= total {
         [0; 4]
+    } else if index >= depth {
+        python_frame_words(python, index - depth)
     } else {
         match UNWIND_FILES.get(location.file) {
             Some(file) if file.has_build_id != 0 => {
@@ -550,6 +576,20 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
         unsafe { write_volatile(slot, word) };
     }
     0
+}
+
+/// Python frame `index` as a stored frame (`FRAME_PYTHON`).
+fn python_frame_words(python: &PythonFrames, index: u64) -> [u64; 4] {
+    match python.frames.get(index as usize & (PYTHON_MAX_FRAMES - 1)) {
+        // The code object's address in the build ID's first 8 bytes, the entry flag in its ninth.
+        Some(frame) => [
+            FRAME_PYTHON as u32 as u64 | (frame.code & 0xffff_ffff) << 32,
+            frame.code >> 32 | (frame.entry & 0xff) << 32,
+            0,
+            frame.instruction,
+        ],
+        None => [0; 4],
+    }
 }
 
 /// Stores the stack in `scratch` (its first `used` words hashed, zeroed after them) in STACKS, or

@@ -14,13 +14,13 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::generated::{bpf_find_vma, bpf_get_current_task_btf},
+    helpers::generated::{self, bpf_find_vma, bpf_get_current_task_btf},
     macros::map,
     maps::HashMap,
 };
 use memtrace_common::{ImageKey, UnwindMapping, UNWIND_MAX_FILES};
 
-use crate::kernel::{file_image, layout, read_at};
+use crate::kernel::{file_image, layout};
 
 /// Unwind file slots by the file's kernel name, written by userspace with each slot.
 #[map]
@@ -51,67 +51,89 @@ impl FoundMappings {
         }
     }
 
-    /// The mapping that holds `pc`: one this walk found already, else the kernel's (None where it
-    /// has none, its file has no slot, or the lock is held).
-    pub(crate) fn find(&mut self, pc: u64) -> Option<&UnwindMapping> {
+    /// Makes `current` the mapping that holds `pc`: one this walk found already, else the
+    /// kernel's (`end` 0 where it has none, its file has no slot, or the lock is held).
+    pub(crate) fn locate(&mut self, pc: u64) {
         let known = self.mappings.iter().position(|m| m.start <= pc && pc < m.end);
         let index = match known {
             Some(index) => index,
             None => {
                 let index = self.lookups as usize & (FOUND_MAPPINGS - 1);
                 self.lookups += 1;
-                let slot = self.mappings.get_mut(index)?;
-                *slot = kernel_mapping(pc)?;
+                let Some(slot) = self.mappings.get_mut(index) else { return self.current.end = 0 };
+                if !kernel_mapping(pc, slot) {
+                    slot.end = 0;
+                    return self.current.end = 0;
+                }
                 index
             }
         };
-        self.mappings.get(index)
+        if let Some(mapping) = self.mappings.get(index) {
+            self.current = *mapping;
+        }
     }
 }
 
-/// What `found_vma` works on: on the caller's stack, as bpf_find_vma requires.
+/// What `found_vma` works on: on the caller's stack, as bpf_find_vma requires; the mapping is
+/// written where it is kept (the scratch slot), not on the stack.
 #[repr(C)]
 struct Lookup {
-    found: UnwindMapping,
-    /// 1 once `found` is filled.
+    into: *mut UnwindMapping,
+    /// 1 once `into` is filled.
     filled: u64,
 }
 
-/// The kernel's mapping of `pc` in the current process, naming its file's unwind slot.
+/// Writes the kernel's mapping of `pc` in the current process, naming its file's unwind slot,
+/// into `into`; false where there is none.
 #[inline(never)]
-fn kernel_mapping(pc: u64) -> Option<UnwindMapping> {
+fn kernel_mapping(pc: u64, into: &mut UnwindMapping) -> bool {
     if layout().vma_file == 0 {
-        return None;
+        return false;
     }
-    let mut lookup = Lookup { found: UnwindMapping::default(), filled: 0 };
+    let mut lookup = Lookup { into, filled: 0 };
     // SAFETY: the helper takes the current task's BTF pointer; the callback is a function of this
     // program, and its context lives on this stack for the whole call.
     let result = unsafe {
         bpf_find_vma(bpf_get_current_task_btf(), pc, found_vma as *mut c_void, (&raw mut lookup).cast(), 0)
     };
-    (result == 0 && lookup.filled != 0).then_some(lookup.found)
+    result == 0 && lookup.filled != 0
 }
 
 /// bpf_find_vma's callback, under the mmap lock: the mapping's bounds, file offset and file slot.
 extern "C" fn found_vma(_task: *mut c_void, vma: *mut c_void, lookup: *mut c_void) -> i64 {
-    // SAFETY: bpf_find_vma hands back the `Lookup` that `kernel_mapping` passed.
-    let lookup = unsafe { &mut *(lookup as *mut Lookup) };
+    // SAFETY: bpf_find_vma hands back the `Lookup` that `kernel_mapping` passed, whose mapping is
+    // in the run's scratch slot.
+    let (lookup, into) = unsafe {
+        let lookup = &mut *(lookup as *mut Lookup);
+        let into = &mut *lookup.into;
+        (lookup, into)
+    };
     let layout = layout();
     let vma = vma as u64;
-    let (Some(start), Some(end), Some(page), Some(file)) = (
-        read_at::<u64>(vma, layout.vma_start),
-        read_at::<u64>(vma, layout.vma_end),
-        read_at::<u64>(vma, layout.vma_pgoff),
-        read_at::<u64>(vma, layout.vma_file),
-    ) else {
+    // Read straight into the slot (the file pointer for a moment in `file_offset`): this frame
+    // adds to the unwinder's chain of frames.
+    if !read_into(&mut into.start, vma, layout.vma_start)
+        || !read_into(&mut into.end, vma, layout.vma_end)
+        || !read_into(&mut into.file_offset, vma, layout.vma_file)
+    {
+        return 0;
+    }
+    let Some(slot) = file_image(into.file_offset).and_then(|key| UNWIND_FILE_SLOTS.get_ptr(&key)) else {
         return 0;
     };
-    let Some(slot) = file_image(file).and_then(|key| UNWIND_FILE_SLOTS.get_ptr(&key)) else {
+    if !read_into(&mut into.file_offset, vma, layout.vma_pgoff) {
         return 0;
-    };
+    }
+    into.file_offset <<= 12;
     // SAFETY: a map value, valid while the program runs.
-    let file = unsafe { *slot };
-    lookup.found = UnwindMapping { start, end, file_offset: page << 12, file, _pad: 0 };
+    into.file = unsafe { *slot };
     lookup.filled = 1;
     0
+}
+
+/// Reads the u64 at `offset` into the kernel object at `base` into `into`; false if unreadable.
+fn read_into(into: &mut u64, base: u64, offset: u32) -> bool {
+    let at = base.wrapping_add(u64::from(offset)) as *const c_void;
+    // SAFETY: the helper writes 8 bytes into `into` and validates the kernel address.
+    unsafe { generated::bpf_probe_read_kernel((into as *mut u64).cast(), 8, at) == 0 }
 }

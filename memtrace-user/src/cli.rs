@@ -130,6 +130,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_stacks: bool,
 
+    /// Do not read interpreters' frames (CPython 3.11's functions in the stacks of a python3
+    /// process): native frames alone
+    #[arg(long)]
+    pub no_interpreter_frames: bool,
+
     /// Print the kernel side's own diagnostics on stderr as they happen (`memtrace: bpf: ...`):
     /// why a new stack ends short (the reason, as `unwind_stops` counts it, and the last frame's
     /// address), and each event a full table loses

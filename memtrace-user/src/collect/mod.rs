@@ -4,6 +4,7 @@
 pub mod oom;
 pub mod owners;
 pub mod peaks;
+mod python;
 pub mod skipped_exits;
 pub mod stack_table;
 pub mod symbolize;
@@ -23,10 +24,11 @@ use crate::{
     attach::usdt::UsdtProbes,
     collect::owners::{classify::SeenMapping, free_pool::LiveBlock, OwnersReader},
     collect::peaks::PeakTracker,
+    collect::python::PythonNames,
     collect::skipped_exits::SkippedExits,
     collect::stack_table::StackTable,
     collect::symbolize::StackSymbolizer,
-    kernel::Probes,
+    kernel::{Probes, Stack},
     model::{
         frame::Frame,
         levels::{MemoryLevels, OsMemory},
@@ -45,6 +47,8 @@ pub struct Collector {
     indexed: HashMap<u32, HashSet<PathBuf>>,
     /// What the kernel's stack tables held, taken out at every sample.
     stacks: StackTable,
+    /// The names of the Python code objects the stacks hold.
+    python: PythonNames,
     /// Each process's highest heap at a sample, and its stacks then.
     peaks: PeakTracker,
     /// What exits the kernel skipped left undone.
@@ -108,6 +112,7 @@ impl Collector {
         self.measure_free_pools(probes, model, ts_us)?;
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
+        self.python.drain(probes)?;
         self.peaks.record(model, &live, ts_us);
         self.read_oom_kills(probes, model, &live)?;
         // Read once for the sample: each program's statistics are a syscall.
@@ -265,6 +270,7 @@ impl Collector {
             self.maps_read.remove(&tgid);
             self.maps_first_read.remove(&tgid);
         }
+        self.python.forget(tgids);
         self.stacks.forget(probes, tgids)
     }
 
@@ -312,7 +318,7 @@ impl Collector {
             };
             let leak = leaked.get(&key).copied().unwrap_or_default();
             process.stacks.push(StackProfile {
-                frames: self.symbolizer.resolve(stack.frames(), &process.mappings),
+                frames: self.resolve(key.tgid, &stack, &process.mappings),
                 totals: sampling.map_or(totals, |sampling| scale_totals(sampling, totals)),
                 leaked_bytes: leak.bytes.round() as u64,
                 leaked_allocations: leak.allocations.round() as u64,
@@ -356,7 +362,7 @@ impl Collector {
                 let Some(frames) = self.stacks.frames(probes, key.stack)? else { continue };
                 let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
                 stacks.push(PeakConsumer {
-                    frames: self.symbolizer.resolve(frames.frames(), &process.mappings),
+                    frames: self.resolve(process.identity.pid, &frames, &process.mappings),
                     live_bytes: totals.live_bytes,
                     live_allocations: totals.live_allocations,
                 });
@@ -379,6 +385,12 @@ impl Collector {
         Ok(())
     }
 
+    /// A stack of process `tgid`, symbolized, its Python frames where they ran.
+    fn resolve(&self, tgid: u32, stack: &Stack, mappings: &[Mapping]) -> Vec<Arc<Frame>> {
+        let native = self.symbolizer.resolve(stack.frames(), mappings);
+        self.python.interleave(tgid, stack.frames(), native)
+    }
+
     /// Gives each process the heap peak the samples saw, its stacks symbolized.
     fn symbolize_peaks(
         &mut self,
@@ -396,7 +408,7 @@ impl Collector {
                 let Some(frames) = self.stacks.frames(probes, *stack)? else { continue };
                 let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
                 consumers.push(PeakConsumer {
-                    frames: self.symbolizer.resolve(frames.frames(), &process.mappings),
+                    frames: self.resolve(process.identity.pid, &frames, &process.mappings),
                     live_bytes: totals.live_bytes,
                     live_allocations: totals.live_allocations,
                 });
@@ -502,6 +514,7 @@ mod tests {
                 line: None,
                 module: "m".into(),
                 offset: 0,
+                interpreter: None,
             })
         };
         StackProfile {

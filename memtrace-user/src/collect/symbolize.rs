@@ -186,7 +186,7 @@ fn exported_names(path: &Path) -> HashMap<u64, String> {
 }
 
 fn unresolved(module: String, offset: u64) -> Frame {
-    Frame { function: None, file: None, line: None, module, offset }
+    Frame { function: None, file: None, line: None, module, offset, interpreter: None }
 }
 
 #[cfg(test)]

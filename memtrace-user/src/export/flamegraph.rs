@@ -75,6 +75,7 @@ mod tests {
                 line: None,
                 module: "m".into(),
                 offset: 0,
+                interpreter: None,
             })
         };
         let live = StackTotals {

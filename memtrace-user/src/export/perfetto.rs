@@ -280,6 +280,7 @@ mod tests {
             line: None,
             module: "/usr/bin/app".into(),
             offset,
+            interpreter: None,
         })
     }
 

@@ -265,6 +265,7 @@ mod tests {
                 line: Some(3),
                 module: "/app".into(),
                 offset,
+                interpreter: None,
             })
         };
         let totals = StackTotals {

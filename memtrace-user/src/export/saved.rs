@@ -274,6 +274,7 @@ mod tests {
             line: Some(7),
             module: "/app".into(),
             offset,
+            interpreter: None,
         })
     }
 

@@ -31,8 +31,9 @@ use aya::{
 };
 use memtrace_common::{
     reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, KernelLayout, ProbeCookie,
-    ProcessStats, Region, RegionKey, StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT,
-    MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS, MAX_PROCESSES,
+    ProcessStats, PythonCode, PythonCodeKey, Region, RegionKey, StackKey, StackTotals,
+    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS,
+    MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -634,6 +635,11 @@ impl Probes {
     ) -> Result<Taken<StackKey, StackTotals>> {
         tables::STACK_TOTALS
             .take(&self.ebpf, |key, totals| totals.live_allocations == 0 && settled(key, totals))
+    }
+
+    /// Takes the names of the Python code objects the kernel copied whole since the last call.
+    pub fn take_python_codes(&self) -> Result<Vec<(PythonCodeKey, PythonCode)>> {
+        Ok(tables::PYTHON_CODES.take(&self.ebpf, |_, code| code.complete != 0)?.taken)
     }
 
     /// A stack's frames, from whichever of the kernel's tables holds it.

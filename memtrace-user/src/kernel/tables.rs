@@ -12,9 +12,9 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    AllocatorCode, DeepStackFrames, DumpRound, ImageKey, LiveSlot, ProcessStats, Region, RegionKey,
-    StackFrames, StackKey, StackTotals, SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings,
-    UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    AllocatorCode, DeepStackFrames, DumpRound, ImageKey, LiveSlot, ProcessStats, PythonCode, PythonCodeKey,
+    PythonProcess, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, SubsystemValue,
+    ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -60,6 +60,13 @@ pub const UNWIND_MAPPINGS: Table<u32, UnwindMappings> =
 /// mappings (memtrace-ebpf/src/vma.rs).
 pub const UNWIND_FILE_SLOTS: Table<ImageKey, u32> =
     Table::new("UNWIND_FILE_SLOTS", "the unwind file slots by file");
+
+/// Each CPython process's runtime address and layout (memtrace-ebpf/src/python.rs).
+pub const PYTHON_PROCESSES: Table<u32, PythonProcess> =
+    Table::new("PYTHON_PROCESSES", "the map of Python processes");
+/// The names of the Python code objects stacks hold.
+pub const PYTHON_CODES: Table<PythonCodeKey, PythonCode> =
+    Table::new("PYTHON_CODES", "the map of Python code objects");
 
 /// Program files whose execs need no stop (their allocators are probed), as the kernel names them.
 pub const KNOWN_IMAGES: Table<ImageKey, u8> = Table::new("KNOWN_IMAGES", "the map of known programs");

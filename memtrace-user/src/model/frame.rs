@@ -14,13 +14,21 @@ pub struct Frame {
     pub line: Option<u32>,
     /// The object file (or a description of it when it could not be found).
     pub module: String,
-    /// File offset within `module`, or the virtual address when the module is unknown.
+    /// File offset within `module`, or the virtual address when the module is unknown; for an
+    /// interpreter's frame, the index of its instruction in its code.
     pub offset: u64,
+    /// The interpreter whose frame this is ("python"), for a frame of the program it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
 }
 
 impl Frame {
-    /// The function name, or module+offset where there is none.
+    /// The function name, or module+offset where there is none; an interpreter's frame as
+    /// `function (file:line)`.
     pub fn name(&self) -> String {
+        if let (Some(_), Some(function), Some(file)) = (&self.interpreter, &self.function, &self.file) {
+            return format!("{function} ({file}:{})", self.line.unwrap_or(0));
+        }
         match &self.function {
             Some(function) => function.clone(),
             None => {

@@ -423,7 +423,14 @@ mod tests {
     use super::*;
 
     fn frame(name: &str) -> Frame {
-        Frame { function: Some(name.into()), file: None, line: None, module: "m".into(), offset: 0 }
+        Frame {
+            function: Some(name.into()),
+            file: None,
+            line: None,
+            module: "m".into(),
+            offset: 0,
+            interpreter: None,
+        }
     }
 
     fn stack(names: &[&str], live: i64, allocated: u64) -> StackProfile {

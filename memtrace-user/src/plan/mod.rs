@@ -91,6 +91,8 @@ pub struct ProbePlan {
     pub tables: Tables,
     /// Call stacks are recorded (not with `--no-stacks`).
     pub stacks: bool,
+    /// Interpreters' frames are read into them (not with `--no-interpreter-frames`).
+    pub interpreter_frames: bool,
     /// `--sample`: the mean bytes between sampled allocations; None records every allocation.
     pub sample: Option<u64>,
     /// `--empty-probes`: programs that do nothing, at the same probe points.

@@ -27,6 +27,7 @@ pub fn plan(run: RunArgs, mode: Mode, features: KernelFeatures) -> Result<Plan> 
     let probes = ProbePlan {
         tables: Tables { max_allocations: run.max_allocations, max_stacks: run.max_stacks },
         stacks: !run.no_stacks,
+        interpreter_frames: !run.no_interpreter_frames,
         sample: run.sample,
         app_sampled: run.app_sampled,
         empty_probes: run.empty_probes,

@@ -75,6 +75,38 @@ impl<'data> ElfObject<'data> {
         found
     }
 
+    /// The address of a data object this object defines in .dynsym (`_PyRuntime`, say).
+    pub fn defined_data(&self, name: &str) -> Option<u64> {
+        self.file
+            .dynamic_symbols()
+            .find(|symbol| {
+                symbol.is_definition()
+                    && symbol.kind() == object::SymbolKind::Data
+                    && symbol.name_bytes().is_ok_and(|n| n == name.as_bytes())
+            })
+            .map(|symbol| symbol.address())
+    }
+
+    /// Each PT_LOAD segment: (file offset, virtual address, bytes in the file).
+    pub fn load_segments(&self) -> Vec<(u64, u64, u64)> {
+        let endian = self.file.endian();
+        self.file
+            .elf_program_headers()
+            .iter()
+            .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+            .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
+            .collect()
+    }
+
+    /// `len` bytes of the file at a virtual address its segments hold (fewer past their end).
+    pub fn bytes_at(&self, address: u64, len: usize) -> Option<Vec<u8>> {
+        let (offset, vaddr, _) = self
+            .load_segments()
+            .into_iter()
+            .find(|&(_, vaddr, size)| (vaddr..vaddr.saturating_add(size)).contains(&address))?;
+        Some(self.code_bytes(offset + (address - vaddr), len))
+    }
+
     /// The contents of the section named `name`, if the file has one.
     pub fn section_data(&self, name: &str) -> Option<&'data [u8]> {
         use object::ObjectSection as _;

@@ -14,6 +14,7 @@ use super::{
     entry_points::{resolve_entry_points, ResolvedEntryPoint},
     file::{FileId, ObjectFile},
     map_sites::{resolve_map_sites, MapSite},
+    python::PythonImage,
     sparse::{self, SparseImage},
 };
 use crate::process::elf::{DynamicInfo, ElfObject};
@@ -45,6 +46,8 @@ struct Cached {
     entry_points: HashMap<(FileId, String), EntryPointsOrError>,
     /// file -> the mapping calls it defines, or why they cannot be read.
     map_sites: HashMap<FileId, MapSitesOrError>,
+    /// file -> the CPython interpreter it is, if one.
+    pythons: HashMap<FileId, Result<Arc<Option<PythonImage>>, String>>,
 }
 
 type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
@@ -78,6 +81,12 @@ impl FileCache {
             object.id,
             || read_symbols(object, resolve_map_sites),
         )
+    }
+
+    /// The CPython interpreter `object` is, if it is one.
+    pub fn python(&self, object: &ObjectFile) -> Option<Arc<Option<PythonImage>>> {
+        let read = || read_symbols(object, |elf| Ok(PythonImage::of(elf)));
+        self.symbols_once(|cached| &mut cached.pythons, object.id, read).ok()
     }
 
     /// What `read` finds, or why it cannot, remembered in `table` under `key`.

@@ -214,6 +214,50 @@ impl ObjectFile {
         Ok(Self { path, host_path, id, len: metadata.len(), file: Arc::new(file) })
     }
 
+    /// The names the kernel may know this file by in a mapping of it (`ImageKey`s): its own, and,
+    /// where a file system maps another file than stat names (an overlay maps the file of the
+    /// layer below), that file's, as /proc/self/maps shows a private read-only mapping of one
+    /// page of it that memtrace makes and unmaps at once.
+    pub fn kernel_keys(&self) -> Vec<ImageKey> {
+        let own = self.id.kernel_key();
+        match self.mapped_key().filter(|mapped| *mapped != own) {
+            Some(mapped) => vec![own, mapped],
+            None => vec![own],
+        }
+    }
+
+    fn mapped_key(&self) -> Option<ImageKey> {
+        if self.len == 0 {
+            return None;
+        }
+        // SAFETY: a new private read-only mapping of one page of a file memtrace holds open,
+        // never read, unmapped below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return None;
+        }
+        let maps = std::fs::read_to_string("/proc/self/maps");
+        // SAFETY: the mapping made above, used by nothing else.
+        unsafe { libc::munmap(address, 4096) };
+        let start = format!("{:x}-", address as usize);
+        let line = maps.ok()?.lines().find(|line| line.starts_with(&start))?.to_owned();
+        // start-end perms offset MAJOR:MINOR inode path
+        let mut fields = line.split_whitespace().skip(3);
+        let (major, minor) = fields.next()?.split_once(':')?;
+        let (major, minor) = (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
+        let ino = fields.next()?.parse().ok()?;
+        Some(ImageKey { dev: (major << 20) | minor, _pad: 0, ino })
+    }
+
     /// Reads exactly `buf.len()` bytes at `offset`, never past the size the file was opened with.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if offset.saturating_add(buf.len() as u64) > self.len {
@@ -271,6 +315,13 @@ mod tests {
     use std::{fs, os::unix::fs::symlink};
 
     use super::*;
+
+    /// A file on a plain file system is mapped as itself: one name, stat's.
+    #[test]
+    fn a_plain_files_mapping_has_its_own_name() {
+        let exe = ObjectFile::open_host(&std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(exe.kernel_keys(), [exe.id.kernel_key()]);
+    }
 
     /// /dev/vda1 is 254:1; a device of minor 300 (as loop or nvme partitions have) spreads its
     /// minor over both halves of st_dev.

@@ -29,6 +29,7 @@ pub mod memcg;
 mod objects;
 pub mod pagemap;
 pub mod procfs;
+pub mod python;
 pub mod remote;
 mod resolve;
 pub mod smaps;

@@ -54,7 +54,8 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let what = describe_reach(&wanted, &following, &probes, &model);
     // Unwind tables of the targets known now (--pid, a command's files); others follow at each
     // interval, and a command's mappings within milliseconds of its start (see `poll`).
-    let mut unwind = KernelTables::new(probe_plan.stacks, probe_plan.unwind_in_background);
+    let mut unwind =
+        KernelTables::new(probe_plan.stacks, probe_plan.unwind_in_background, probe_plan.interpreter_frames);
     unwind.preload(&mut probes, &preload)?;
     unwind.update(&mut probes, &model)?;
     let early_refresh = held.is_some().then_some(FIRST_REFRESH);

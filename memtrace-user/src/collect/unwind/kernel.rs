@@ -18,14 +18,17 @@ use std::{
 
 use anyhow::{Context, Result};
 use memtrace_common::{
-    unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS,
-    UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
+    unwind_file_state, PythonProcess, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
 };
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
     kernel::{
-        tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
+        tables::{
+            PYTHON_PROCESSES, UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS, UNWIND_PAGES,
+            UNWIND_ROWS,
+        },
         Probes,
     },
     model::Model,
@@ -67,11 +70,15 @@ struct ProcessTable {
     slots: HashMap<PathBuf, Option<u32>>,
     /// Whether "loaded" has been said for the current mappings.
     announced: bool,
+    /// The CPython interpreter it runs, where the kernel reads its frames.
+    python: Option<PythonProcess>,
 }
 
 /// Loaded tables, their file slots, and every traced process's mapping table.
 pub struct KernelTables {
     enabled: bool,
+    /// Interpreters' frames are read (not with --no-interpreter-frames).
+    interpreter_frames: bool,
     /// Say on stderr when a process's tables are all loaded (not under --all: too many).
     announce: bool,
     slots: HashMap<FileId, u32>,
@@ -87,11 +94,13 @@ pub struct KernelTables {
 }
 
 impl KernelTables {
-    /// `enabled` is false with --no-stacks; `background` builds tables on a worker thread.
-    pub fn new(enabled: bool, background: bool) -> Self {
+    /// `enabled` is false with --no-stacks; `background` builds tables on a worker thread;
+    /// `interpreter_frames` is false with --no-interpreter-frames.
+    pub fn new(enabled: bool, background: bool, interpreter_frames: bool) -> Self {
         let worker = (enabled && background).then(spawn_worker);
         Self {
             enabled,
+            interpreter_frames,
             announce: !background,
             slots: HashMap::new(),
             states: Vec::new(),
@@ -154,9 +163,13 @@ impl KernelTables {
             self.announce_if_ready(process.identity.pid);
         }
         if !gone.is_empty() {
+            for &pid in &gone {
+                if self.processes.remove(&pid).is_some_and(|table| table.python.is_some()) {
+                    let _ = probes.writable(&PYTHON_PROCESSES)?.remove(&pid);
+                }
+            }
             let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
             for pid in gone {
-                self.processes.remove(&pid);
                 let _ = mappings.remove(&pid);
             }
             self.changed = true;
@@ -178,14 +191,20 @@ impl KernelTables {
     fn write_mappings(&mut self, probes: &mut Probes, pid: u32, executable: Vec<Mapping>) -> Result<()> {
         let mut table = self.processes.remove(&pid).unwrap_or_default();
         let mut root = None;
-        let mut value =
-            UnwindMappings { count: 0, _pad: 0, mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS] };
+        let mut value = UnwindMappings {
+            count: 0,
+            interpreter: 0,
+            mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS],
+        };
         for mapping in executable.iter().take(UNWIND_MAX_MAPPINGS) {
             let slot = match table.slots.get(&mapping.path) {
                 Some(slot) => *slot,
                 None => {
                     let root = root.get_or_insert_with(|| Root::of_process(pid).ok());
                     let object = root.as_ref().and_then(|root| open_mapping(pid, root, mapping).ok());
+                    if let Some(object) = object.as_ref().filter(|_| self.interpreter_frames) {
+                        table.python = table.python.or_else(|| self.python_in(object, mapping));
+                    }
                     let slot = match object {
                         Some(object) => self.slot_of(probes, object, Build::Worker)?,
                         None => None,
@@ -205,6 +224,11 @@ impl KernelTables {
             value.count += 1;
         }
         value.mappings[..value.count as usize].sort_by_key(|m| m.start);
+        if let Some(python) = &table.python {
+            // Before the flag that has the kernel read it. A full map leaves native frames alone.
+            value.interpreter =
+                u32::from(probes.writable(&PYTHON_PROCESSES)?.insert(pid, *python, 0).is_ok());
+        }
         let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
         let _ = mappings.insert(pid, value, 0);
@@ -213,6 +237,13 @@ impl KernelTables {
         table.announced = false;
         self.processes.insert(pid, table);
         Ok(())
+    }
+
+    /// Where the kernel reads a process's Python frames, if `object`, mapped by `mapping`, is a
+    /// CPython interpreter of a version memtrace reads.
+    fn python_in(&self, object: &ObjectFile, mapping: &Mapping) -> Option<PythonProcess> {
+        let image = self.facts.python(object)?;
+        image.as_ref().as_ref()?.in_process(mapping.start, mapping.file_offset)
     }
 
     /// The slot of a file, made (and its table built, or asked of the worker where there is one)
@@ -237,7 +268,10 @@ impl KernelTables {
         self.write_file(probes, slot, &file)?;
         // The kernel's way to the slot from a mapping of the file (a process's first moments).
         // A full map leaves the file to the mapping tables.
-        let _ = probes.writable(&UNWIND_FILE_SLOTS)?.insert(object.id.kernel_key(), slot, 0);
+        let mut file_slots = probes.writable(&UNWIND_FILE_SLOTS)?;
+        for key in object.kernel_keys() {
+            let _ = file_slots.insert(key, slot, 0);
+        }
         match (&self.worker, when) {
             (Some((requests, _)), Build::Worker) => {
                 // The worker only ends with memtrace.

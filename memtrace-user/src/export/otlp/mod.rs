@@ -195,6 +195,7 @@ mod tests {
                 line: Some(3),
                 module: "/app".into(),
                 offset,
+                interpreter: None,
             })
         };
         let stack = |frames, allocations, live_allocations| StackProfile {

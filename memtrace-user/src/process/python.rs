@@ -1,0 +1,163 @@
+//! Which object files are a CPython interpreter whose frames the kernel side can read, and where
+//! in a process that maps one its runtime state lies: from what the interpreter exports
+//! (`_PyRuntime`, and `Py_Version`, which says the version), no debug symbols. A version's struct
+//! layout is known here (3.11, from its headers: the interpreter describes itself only from 3.13);
+//! an interpreter of another version is named (`PythonImage::version`) but not read.
+
+use memtrace_common::{PythonLayout, PythonProcess};
+
+use super::elf::ElfObject;
+
+/// A CPython interpreter's file, as its symbols describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonImage {
+    /// (major, minor), from `Py_Version` (PY_VERSION_HEX).
+    pub version: (u8, u8),
+    /// The virtual address of `_PyRuntime` in the file.
+    runtime: u64,
+    /// The file's PT_LOAD segments: (file offset, virtual address, bytes in the file).
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl PythonImage {
+    /// The interpreter `elf` is, if it exports CPython's runtime state and version.
+    pub fn of(elf: &ElfObject<'_>) -> Option<Self> {
+        let runtime = elf.defined_data("_PyRuntime")?;
+        let version = elf.bytes_at(elf.defined_data("Py_Version")?, 4)?;
+        let hex = u32::from_le_bytes(version.try_into().ok()?);
+        Some(Self { version: ((hex >> 24) as u8, (hex >> 16) as u8), runtime, segments: elf.load_segments() })
+    }
+
+    /// What the kernel side reads in a process that maps this file at `start` from file offset
+    /// `file_offset` (one of its mappings); None for a version whose layout memtrace lacks.
+    pub fn in_process(&self, start: u64, file_offset: u64) -> Option<PythonProcess> {
+        let layout = layout(self.version)?;
+        let &(offset, vaddr, _) = self.segments.iter().find(|&&(offset, _, size)| {
+            (offset..offset.saturating_add(size.max(1))).contains(&file_offset)
+        })?;
+        // Where the file's address 0 lies in the process (0 for a non-PIE executable).
+        let bias = start.wrapping_sub(vaddr.wrapping_add(file_offset - offset));
+        Some(PythonProcess { runtime: bias.wrapping_add(self.runtime), layout })
+    }
+}
+
+/// The layout of a CPython version memtrace reads.
+pub fn layout(version: (u8, u8)) -> Option<PythonLayout> {
+    match version {
+        // Include/internal/pycore_runtime.h, pycore_frame.h, cpython/pystate.h, cpython/code.h
+        // and cpython/unicodeobject.h of 3.11 (offsetof, as compiled for x86-64 by Debian's own
+        // python3.11-dev headers).
+        (3, 11) => Some(PythonLayout {
+            // gilstate (568) . tstate_current (8)
+            runtime_tstate_current: 576,
+            tstate_native_thread_id: 160,
+            tstate_cframe: 56,
+            cframe_current_frame: 8,
+            frame_code: 32,
+            frame_previous: 48,
+            frame_prev_instr: 56,
+            frame_is_entry: 68,
+            code_name: 120,
+            code_filename: 112,
+            code_firstlineno: 72,
+            code_linetable: 136,
+            code_instructions: 184,
+            unicode_state: 32,
+            unicode_ascii_data: 48,
+            // state bits: interned (2), kind (3), compact (1), ascii (1)
+            unicode_compact_ascii: 1 << 5 | 1 << 6,
+            bytes_size: 16,
+            bytes_data: 32,
+        }),
+        _ => None,
+    }
+}
+
+/// A code object's line for the instruction at `index` (in code units), from its location table
+/// (3.11's format, Objects/locations.md): entries of a first byte (bit 7 set, a code in bits
+/// 3-6, the units it covers less one in bits 0-2) and the code's varints. None where the table
+/// ends first (it was cut to fit) or says the instruction has no line.
+pub fn line_of(table: &[u8], first_line: u32, index: u64) -> Option<u32> {
+    let mut line = i64::from(first_line);
+    let mut at = 0usize;
+    let mut unit = 0u64;
+    while at < table.len() {
+        let first = table[at];
+        at += 1;
+        let (code, units) = ((first >> 3) & 15, u64::from(first & 7) + 1);
+        let mut no_line = false;
+        match code {
+            15 => no_line = true,
+            14 => {
+                line += signed_varint(table, &mut at)?;
+                for _ in 0..3 {
+                    varint(table, &mut at)?;
+                }
+            }
+            13 => line += signed_varint(table, &mut at)?,
+            10..=12 => {
+                line += i64::from(code - 10);
+                at += 2;
+            }
+            _ => at += 1,
+        }
+        if index < unit + units {
+            return (!no_line).then(|| u32::try_from(line).ok()).flatten();
+        }
+        unit += units;
+    }
+    None
+}
+
+/// An unsigned varint of the location table: 6 bits a byte, low first, bit 6 set where more follow.
+fn varint(table: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *table.get(*at)?;
+        *at += 1;
+        value |= u64::from(byte & 63) << shift;
+        if byte & 64 == 0 || shift > 56 {
+            return Some(value);
+        }
+        shift += 6;
+    }
+}
+
+/// A signed varint: the unsigned one with the sign in its lowest bit.
+fn signed_varint(table: &[u8], at: &mut usize) -> Option<i64> {
+    let value = varint(table, at)?;
+    let magnitude = (value >> 1) as i64;
+    Some(if value & 1 != 0 { -magnitude } else { magnitude })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `def f():\n    x = 1\n    return x` as 3.11 compiles it: RESUME on line 1, then two
+    /// one-line entries (a line on: code 11) and one on the same line (code 10).
+    #[test]
+    fn lines_come_from_the_location_table() {
+        let table = [0x80 | 10 << 3, 0, 0, 0x80 | 11 << 3 | 1, 4, 5, 0x80 | 11 << 3 | 1, 4, 10];
+        assert_eq!(line_of(&table, 1, 0), Some(1));
+        assert_eq!(line_of(&table, 1, 1), Some(2));
+        assert_eq!(line_of(&table, 1, 2), Some(2));
+        assert_eq!(line_of(&table, 1, 3), Some(3));
+        assert_eq!(line_of(&table, 1, 5), None, "past the table");
+        // A long entry: line -1 (signed varint 3), then three varints; then no location.
+        let long = [0x80 | 14 << 3, 3, 0, 0, 0, 0x80 | 15 << 3];
+        assert_eq!(line_of(&long, 10, 0), Some(9));
+        assert_eq!(line_of(&long, 10, 1), None);
+    }
+
+    #[test]
+    fn debians_python3_is_found_with_its_version() {
+        let path = std::path::Path::new("/usr/bin/python3.11");
+        let data = std::fs::read(path).expect("Debian 12's python3 is python3.11");
+        let elf = ElfObject::parse(&data).unwrap();
+        let image = PythonImage::of(&elf).expect("python3.11 exports _PyRuntime and Py_Version");
+        assert_eq!(image.version, (3, 11));
+        assert!(layout(image.version).is_some());
+    }
+}
