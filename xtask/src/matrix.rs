@@ -61,6 +61,9 @@ const PLAN: &[(&str, &[&str])] = &[
             "short_lived_programs_a_shell_runs_have_whole_stacks",
         ],
     ),
+    // Python's own frames: Debian's python3 launched, attached, with threads (the GIL holder's
+    // frames, read from outside in BPF)
+    ("python", &[]),
     // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds
     // (dump_begin/dump_end, a round's values per subsystem), and --usdt arguments, launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
     // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the

@@ -23,6 +23,15 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// The function a frame is in, as the per-function table counts it: `name` but for an
+    /// interpreter's frame, which is one function whatever line it is at (`function (file)`).
+    pub fn function_name(&self) -> String {
+        match (&self.interpreter, &self.function, &self.file) {
+            (Some(_), Some(function), Some(file)) => format!("{function} ({file})"),
+            _ => self.name(),
+        }
+    }
+
     /// The function name, or module+offset where there is none; an interpreter's frame as
     /// `function (file:line)`.
     pub fn name(&self) -> String {

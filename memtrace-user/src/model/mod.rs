@@ -384,8 +384,11 @@ impl Process {
         let mut by_name: BTreeMap<String, FunctionTotals> = BTreeMap::new();
         for stack in &self.stacks {
             let mut seen = std::collections::HashSet::new();
+            // The innermost frame holds the bytes itself; so does the innermost of an
+            // interpreter's frames, among the script's functions.
+            let innermost_script = stack.frames.iter().position(|frame| frame.interpreter.is_some());
             for (depth, frame) in stack.frames.iter().enumerate() {
-                let name = frame.name();
+                let name = frame.function_name();
                 // A recursive function counts once per stack.
                 if !seen.insert(name.clone()) {
                     continue;
@@ -395,7 +398,7 @@ impl Process {
                     .or_insert_with(|| FunctionTotals { name, ..FunctionTotals::default() });
                 totals.live_inclusive_bytes += stack.totals.live_bytes;
                 totals.allocated_inclusive_bytes += stack.totals.allocated_bytes;
-                if depth == 0 {
+                if depth == 0 || Some(depth) == innermost_script {
                     totals.live_exclusive_bytes += stack.totals.live_bytes;
                     totals.allocated_exclusive_bytes += stack.totals.allocated_bytes;
                 }

@@ -1,0 +1,151 @@
+//! Python's own frames in the stacks of Debian's python3 (CPython 3.11, stripped, no frame
+//! pointers), read from outside the interpreter: scripts whose allocations are known from their
+//! source (a bytearray of N bytes is one malloc of N + 1: CPython's small-object allocator takes
+//! only requests of up to 512 bytes, and memtrace sees the rest), launched, attached, with threads,
+//! and with the reading turned off.
+
+use std::{path::Path, process::Command};
+
+use memtrace_tests::{Memtrace, Outcome, Spawned};
+use serde_json::Value;
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// make_cache fills a list the module made (so that it allocates nothing but the bytearrays):
+/// 400 blocks of 10,001 bytes, from line 4, called from line 8.
+const CACHE: &str = "\
+import os, sys
+def make_cache(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(10000)
+keep = [None] * 400
+if len(sys.argv) > 1:
+    sys.stdin.read(1)
+make_cache(keep)
+os._exit(0)
+";
+const CACHE_BYTES: u64 = 400 * 10_001;
+
+fn script(dir: &Path, name: &str, source: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, source).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+fn names(leak: &Value) -> Vec<&str> {
+    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
+}
+
+/// The leak group whose stack holds `frame`; exactly one.
+fn leak_through<'a>(process: &'a Value, frame: &str) -> &'a Value {
+    let leaks: Vec<&Value> =
+        process["leaks"].as_array().unwrap().iter().filter(|leak| names(leak).contains(&frame)).collect();
+    assert_eq!(leaks.len(), 1, "one leak through {frame}: {:#}", process["leaks"]);
+    leaks[0]
+}
+
+/// The per-function row named `name`.
+fn function<'a>(process: &'a Value, name: &str) -> &'a Value {
+    let functions = process["functions"].as_array().unwrap();
+    functions.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("no {name}: {functions:#?}"))
+}
+
+/// The cache script's leak, its frames in order, and make_cache's bytes in the function table.
+fn assert_cache(process: &Value, path: &str) {
+    let cache = format!("make_cache ({path}:4)");
+    let leak = leak_through(process, &cache);
+    assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(CACHE_BYTES), Some(400)));
+    let stack = names(leak);
+    let at = stack.iter().position(|name| *name == cache).unwrap();
+    assert_eq!(stack[at + 1], format!("<module> ({path}:8)"), "{stack:?}");
+    assert_eq!(
+        stack[at + 2],
+        "_PyEval_EvalFrameDefault",
+        "Python frames go before the eval frame: {stack:?}"
+    );
+    let frame = leak["frames"].as_array().unwrap().iter().find(|f| f["function"] == "make_cache").unwrap();
+    assert_eq!((frame["file"].as_str(), frame["line"].as_u64()), (Some(path), Some(4)), "{frame:#}");
+    assert_eq!(frame["interpreter"], "python", "{frame:#}");
+    let row = function(process, &format!("make_cache ({path})"));
+    assert_eq!(row["live_exclusive_bytes"].as_u64(), Some(CACHE_BYTES), "{row:#}");
+}
+
+#[test]
+fn a_launched_scripts_leak_is_named_by_its_functions_and_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "cache.py", CACHE);
+    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
+    outcome.assert_exit_code(0);
+    assert_cache(outcome.process(), &path);
+    // The text report names them the same way.
+    assert!(
+        outcome.stderr.contains(&format!("make_cache ({path}:4) <- <module> ({path}:8)")),
+        "{}",
+        outcome.stderr
+    );
+}
+
+#[test]
+fn an_attached_interpreter_has_its_frames_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "cache.py", CACHE);
+    let mut target = Spawned::spawn({
+        let mut command = Command::new(PYTHON);
+        command.args([path.as_str(), "wait"]);
+        command
+    });
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome: Outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_cache(outcome.process(), &path);
+}
+
+/// Two threads allocate in two functions: each allocation has the frames of the thread that made
+/// it (the one holding the interpreter's lock).
+#[test]
+fn each_threads_allocations_have_its_own_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = "\
+import os, threading
+def fill_a(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(30000)
+def fill_b(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(50000)
+a, b = [None] * 100, [None] * 100
+threads = [threading.Thread(target=fill_a, args=(a,)), threading.Thread(target=fill_b, args=(b,))]
+for t in threads: t.start()
+for t in threads: t.join()
+os._exit(0)
+";
+    let path = script(dir.path(), "threads.py", source);
+    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    for (name, bytes) in [("fill_a", 100 * 30_001), ("fill_b", 100 * 50_001)] {
+        let row = function(process, &format!("{name} ({path})"));
+        assert_eq!(row["live_exclusive_bytes"].as_u64(), Some(bytes), "{row:#}");
+        let leak =
+            leak_through(process, &format!("{name} ({path}:{})", if name == "fill_a" { 4 } else { 7 }));
+        assert_eq!(leak["allocations"], 100, "{leak:#}");
+    }
+}
+
+#[test]
+fn no_interpreter_frames_leaves_native_frames_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "cache.py", CACHE);
+    let outcome = Memtrace::new().args(["--no-interpreter-frames", "--", PYTHON, &path]).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let leak = leak_through(process, "PyByteArray_Resize");
+    assert_eq!(leak["bytes"].as_u64(), Some(CACHE_BYTES), "{leak:#}");
+    let frames = outcome.summary()["frame_table"].as_array().unwrap();
+    assert!(frames.iter().all(|f| f.get("interpreter").is_none()), "{frames:#?}");
+}
