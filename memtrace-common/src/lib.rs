@@ -226,8 +226,13 @@ pub struct KernelLayout {
     pub vma_end: u32,
     pub vma_pgoff: u32,
     pub vma_file: u32,
-    /// Keeps the struct free of padding (its bytes are copied into the BPF object whole).
-    pub _pad: u32,
+    /// Where an overlay's mapping names the file it was opened as (a backing file, 6.6 and later:
+    /// its mapping holds the file of the layer below): `backing_file.user_path` (0 where the
+    /// kernel has no backing files), `path.dentry`, `dentry.d_inode`. (The struct has no padding:
+    /// its bytes are copied into the BPF object whole.)
+    pub backing_user_path: u32,
+    pub path_dentry: u32,
+    pub dentry_inode: u32,
 }
 
 /// A program file as the kernel names it at exec: its file system's device (the kernel's own
@@ -1121,4 +1126,5 @@ mod unwind_kernel_pod {
 
 const _: () = assert!(1 << UNWIND_MAPPING_STEPS == UNWIND_MAX_MAPPINGS);
 const _: () = assert!(core::mem::size_of::<UnwindFile>() == 48);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 120);
 const _: () = assert!(core::mem::size_of::<LiveSlot>() == 48);

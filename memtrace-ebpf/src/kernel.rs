@@ -36,7 +36,9 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     vma_end: 0,
     vma_pgoff: 0,
     vma_file: 0,
-    _pad: 0,
+    backing_user_path: 0,
+    path_dentry: 0,
+    dentry_inode: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -68,8 +70,25 @@ pub(crate) fn exec_image(bprm: u64) -> Option<ImageKey> {
 
 /// A `struct file` as the kernel names it ([`ImageKey`]); None where a pointer cannot be read.
 pub(crate) fn file_image(file: u64) -> Option<ImageKey> {
+    inode_image(read_at(file, layout().file_inode)?)
+}
+
+/// The file an overlay's backing file (a mapping's file there) was opened as: its user path's
+/// inode, as stat names it. Read for any file the first name did not find: on a file that is no
+/// backing file, what lies past its struct names no file memtrace knows (every read is checked,
+/// none can fault).
+pub(crate) fn backing_file_image(file: u64) -> Option<ImageKey> {
     let layout = layout();
-    let inode: u64 = read_at(file, layout.file_inode)?;
+    if layout.backing_user_path == 0 {
+        return None;
+    }
+    let dentry: u64 = read_at(file, layout.backing_user_path + layout.path_dentry)?;
+    inode_image(read_at(dentry, layout.dentry_inode)?)
+}
+
+/// An inode as the kernel names its file.
+fn inode_image(inode: u64) -> Option<ImageKey> {
+    let layout = layout();
     let ino: u64 = read_at(inode, layout.inode_ino)?;
     let super_block: u64 = read_at(inode, layout.inode_sb)?;
     let dev: u32 = read_at(super_block, layout.sb_dev)?;

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{ImageKey, UnwindMapping, UNWIND_MAX_FILES};
 
-use crate::kernel::{file_image, layout};
+use crate::kernel::{backing_file_image, file_image, layout};
 
 /// Unwind file slots by the file's kernel name, written by userspace with each slot.
 #[map]
@@ -118,9 +118,11 @@ extern "C" fn found_vma(_task: *mut c_void, vma: *mut c_void, lookup: *mut c_voi
     {
         return 0;
     }
-    let Some(slot) = file_image(into.file_offset).and_then(|key| UNWIND_FILE_SLOTS.get_ptr(&key)) else {
-        return 0;
-    };
+    let file = into.file_offset;
+    let slot = file_image(file)
+        .and_then(|key| UNWIND_FILE_SLOTS.get_ptr(&key))
+        .or_else(|| backing_file_image(file).and_then(|key| UNWIND_FILE_SLOTS.get_ptr(&key)));
+    let Some(slot) = slot else { return 0 };
     if !read_into(&mut into.file_offset, vma, layout.vma_pgoff) {
         return 0;
     }

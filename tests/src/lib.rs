@@ -24,6 +24,7 @@ use tempfile::TempDir;
 pub mod chromium;
 pub mod containers;
 pub mod kubernetes;
+pub mod memray;
 pub mod otlp;
 pub mod pprof;
 pub mod receiver;

@@ -149,3 +149,53 @@ fn no_interpreter_frames_leaves_native_frames_alone() {
     let frames = outcome.summary()["frame_table"].as_array().unwrap();
     assert!(frames.iter().all(|f| f.get("interpreter").is_none()), "{frames:#?}");
 }
+
+/// The same script under memray and under memtrace: the bytes each of its two allocation sites
+/// allocated (the innermost Python frame of each allocation, as memray counts them) agree
+/// exactly, both tools counting every malloc.
+#[test]
+fn allocation_sites_agree_with_memray() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = "\
+def make_cache(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(10000)
+def other(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(20000)
+keep, more = [None] * 400, [None] * 100
+make_cache(keep)
+other(more)
+";
+    let path = script(dir.path(), "sites.py", source);
+    let memray = memtrace_tests::memray::allocated_by_site(Path::new(&path), dir.path());
+    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let table = outcome.summary()["frame_table"].as_array().unwrap();
+    // Allocated bytes by the innermost Python frame of each stack, as memray names sites.
+    let mut memtrace: std::collections::BTreeMap<String, u64> = Default::default();
+    for stack in process["stacks"].as_array().unwrap() {
+        let innermost = stack["frame_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| &table[id.as_u64().unwrap() as usize])
+            .find(|frame| frame["interpreter"] == "python");
+        if let Some(frame) = innermost {
+            let site = format!(
+                "{}:{}:{}",
+                frame["function"].as_str().unwrap(),
+                frame["file"].as_str().unwrap(),
+                frame["line"]
+            );
+            *memtrace.entry(site).or_default() += stack["allocated_bytes"].as_u64().unwrap();
+        }
+    }
+    for (site, bytes) in
+        [(format!("make_cache:{path}:3"), 400 * 10_001), (format!("other:{path}:6"), 100 * 20_001)]
+    {
+        assert_eq!(memray.get(&site), Some(&bytes), "memray: {memray:#?}");
+        assert_eq!(memtrace.get(&site), Some(&bytes), "memtrace: {memtrace:#?}");
+    }
+}

@@ -62,8 +62,17 @@ const PLAN: &[(&str, &[&str])] = &[
         ],
     ),
     // Python's own frames: Debian's python3 launched, attached, with threads (the GIL holder's
-    // frames, read from outside in BPF)
-    ("python", &[]),
+    // frames, read from outside in BPF). (The comparison with memray stays on the host: the VM
+    // has no network to install it from PyPI.)
+    (
+        "python",
+        &[
+            "a_launched_scripts_leak_is_named_by_its_functions_and_lines",
+            "an_attached_interpreter_has_its_frames_read_too",
+            "each_threads_allocations_have_its_own_frames",
+            "no_interpreter_frames_leaves_native_frames_alone",
+        ],
+    ),
     // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds
     // (dump_begin/dump_end, a round's values per subsystem), and --usdt arguments, launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
     // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the

@@ -55,7 +55,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             vma_end: btf.member_offset(vma, "vm_end")?,
             vma_pgoff: btf.member_offset(vma, "vm_pgoff")?,
             vma_file: btf.member_offset(vma, "vm_file")?,
-            ..memcg_layout(&btf).unwrap_or_default()
+            ..with_backing_files(&btf, memcg_layout(&btf).unwrap_or_default())
         })
     };
     layout().with_context(|| format!("reading {}", path.display()))
@@ -86,6 +86,25 @@ fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32, u32)> {
 fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
     btf.find_struct("trace_event_raw_mark_victim")
         .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
+}
+
+/// `layout` with the way from an overlay's backing file to the file it was opened as, where the
+/// kernel has backing files (6.6 and later; `struct backing_file`, its `user_path`).
+fn with_backing_files(btf: &Btf<'_>, layout: KernelLayout) -> KernelLayout {
+    let offsets = || -> Result<(u32, u32, u32)> {
+        let backing = btf.find_struct("backing_file")?;
+        Ok((
+            btf.member_offset(backing, "user_path")?,
+            btf.member_offset(btf.find_struct("path")?, "dentry")?,
+            btf.member_offset(btf.find_struct("dentry")?, "d_inode")?,
+        ))
+    };
+    match offsets() {
+        Ok((backing_user_path, path_dentry, dentry_inode)) => {
+            KernelLayout { backing_user_path, path_dentry, dentry_inode, ..layout }
+        }
+        Err(_) => layout,
+    }
 }
 
 /// The way from a task to its memory cgroup's id (`KernelLayout::task_cgroups` ...); an error

@@ -1,6 +1,7 @@
 //! What tracing costs real Python work (bench/json_work.py: JSON encoding and decoding, timed
 //! inside the script so that start-up and shutdown are not counted): untraced; memtrace exact
-//! with stacks, without stacks and sampled (`--sample 512KiB`); heaptrack; and the fleet mode,
+//! with stacks (with Python's frames, and without them), without stacks and sampled (`--sample
+//! 512KiB`); heaptrack; memray (PyPI); and the fleet mode,
 //! `--app-sampled`, on the same work with bench/otel_sampler.c preloaded (glibc's malloc made a
 //! sampling allocator that fires OpenTelemetry's otel_memory probes), set against the same
 //! preloaded work untraced, so that the ratio is what memtrace adds. Last, the same work with
@@ -26,6 +27,8 @@ enum Runner {
     Untraced,
     Memtrace(&'static [&'static str]),
     Heaptrack,
+    /// Bloomberg's memray (PyPI), which runs the script in Debian's python3 itself.
+    Memray,
 }
 
 /// How python3 itself runs, whoever runs it.
@@ -53,16 +56,19 @@ impl Variant {
 }
 
 pub fn run(memtrace: &Path) -> Result<()> {
-    toolchain::ensure_packages(&["python3", "heaptrack"])?;
+    toolchain::ensure_packages(&["python3", "python3-venv", "heaptrack"])?;
+    let memray = ensure_memray()?;
     let sampler = compile_c("bench/otel_sampler.c", "bench", &["-shared", "-fPIC", "-lm"])?;
     let script = workspace_root().join("bench/json_work.py");
     let out = workspace_root().join("target/bench");
     let mut variants = [
         Variant::new("untraced", Runner::Untraced, Python::Stock),
         Variant::new("memtrace exact", Runner::Memtrace(&[]), Python::Stock),
+        Variant::new("  no Python frames", Runner::Memtrace(&["--no-interpreter-frames"]), Python::Stock),
         Variant::new("memtrace --no-stacks", Runner::Memtrace(&["--no-stacks"]), Python::Stock),
         Variant::new("memtrace --sample 512KiB", Runner::Memtrace(&["--sample", "512KiB"]), Python::Stock),
         Variant::new("heaptrack", Runner::Heaptrack, Python::Stock),
+        Variant::new("memray", Runner::Memray, Python::Stock),
         Variant::new("sampler, untraced", Runner::Untraced, Python::Sampler),
         Variant::new("sampler, --app-sampled", Runner::Memtrace(&["--app-sampled"]), Python::Sampler),
         Variant::new("malloc, untraced", Runner::Untraced, Python::SystemMalloc),
@@ -74,7 +80,8 @@ pub fn run(memtrace: &Path) -> Result<()> {
         for variant in &mut variants {
             let preload = (variant.python == Python::Sampler).then_some(sampler.as_path());
             let malloc = variant.python == Python::SystemMalloc;
-            let seconds = seconds_of(command(variant.runner, memtrace, &script, (preload, malloc), &out))?;
+            let tools = Tools { memtrace, memray: &memray };
+            let seconds = seconds_of(command(variant.runner, tools, &script, (preload, malloc), &out))?;
             variant.best_s = variant.best_s.min(seconds);
         }
     }
@@ -108,7 +115,7 @@ fn print(variants: &[Variant]) {
 /// through env, it traces env and not what env execs).
 fn command(
     runner: Runner,
-    memtrace: &Path,
+    Tools { memtrace, memray }: Tools<'_>,
     script: &Path,
     (preload, malloc): (Option<&Path>, bool),
     out: &Path,
@@ -141,7 +148,45 @@ fn command(
             command.args(&python);
             command
         }
+        Runner::Memray => {
+            let mut command = Command::new("env");
+            command.args(&assignments).arg(memray).args(["run", "--quiet", "--force", "-o"]);
+            command.arg(out.join("python.memray")).arg(script);
+            command
+        }
     }
+}
+
+/// The tracers a variant may run.
+#[derive(Clone, Copy)]
+struct Tools<'a> {
+    memtrace: &'a Path,
+    memray: &'a Path,
+}
+
+/// The memray release the bench runs (the one tests/src/memray.rs compares with).
+const MEMRAY_VERSION: &str = "1.20.0";
+
+/// memray in a venv of Debian's python3 under target/ (the tests' venv), installed when missing.
+fn ensure_memray() -> Result<PathBuf> {
+    let venv = workspace_root().join("target/memray-venv");
+    let memray = venv.join("bin/memray");
+    let check = format!("import importlib.metadata as m; assert m.version('memray') == '{MEMRAY_VERSION}'");
+    let python = venv.join("bin/python3");
+    if python.exists() && Command::new(&python).args(["-c", &check]).status().is_ok_and(|s| s.success()) {
+        return Ok(memray);
+    }
+    let made = Command::new("/usr/bin/python3").arg("-m").arg("venv").arg(&venv).status()?;
+    let pip = venv.join("bin/pip");
+    if !made.success()
+        || !Command::new(&pip)
+            .args(["install", "--quiet", &format!("memray=={MEMRAY_VERSION}")])
+            .status()?
+            .success()
+    {
+        bail!("installing memray {MEMRAY_VERSION} from PyPI into {} failed", venv.display());
+    }
+    Ok(memray)
 }
 
 /// Runs the script and reads the seconds it printed.
