@@ -139,19 +139,16 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     };
     // The epoch is read before any table the walk reads. The start is kept in the slot, not on
     // the BPF stack, which the walk's chain of calls needs.
+    scratch.start =
+        WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
     let table = UNWIND_MAPPINGS.get_ptr(tgid);
     // SAFETY: a map value, valid while the program runs.
     let interpreter = table.is_some_and(|table| unsafe { (*table).interpreter } != 0);
     scratch.python.count = 0;
     if interpreter {
-        // Its Python frames change under the same native frames: read each time, and part of
-        // what the memo's walk started from.
+        // Its Python frames change under the same native frames: read each time, never memoized.
         read_python_frames(tgid, &mut scratch.python);
-    }
-    let python = python_hash(scratch);
-    scratch.start =
-        WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs, python };
-    if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
+    } else if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
         count_stop(stats, stop as usize);
         return key;
     }
@@ -208,27 +205,18 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     };
     // Only a walk by the tables is memoized (it read the stack through the window), and only one
     // that needed no mapping of the kernel's, which can change with no change of the epoch.
-    if by_tables && scratch.found.lookups == 0 && key != NO_STACK {
+    if by_tables && !interpreter && scratch.found.lookups == 0 && key != NO_STACK {
         scratch.window.remember(key, stop as u64);
     }
     key
 }
 
-/// The raw stack's key: its return addresses, hashed from `seed`, and its Python frames. Not
+/// The raw stack's key: its return addresses and its Python frames, hashed from `seed`. Not
 /// inlined: its frame would add to that of every chain through `capture_in`.
 #[inline(never)]
 fn raw_stack_key(seed: u64, scratch: &Scratch, depth: u64) -> u64 {
     let native = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH as u64));
-    fnv1a(native, scratch.start.python)
-}
-
-/// A hash of the slot's Python frames; 0 where there are none.
-#[inline(never)]
-fn python_hash(scratch: &Scratch) -> u64 {
-    match scratch.python.count {
-        0 => 0,
-        count => hash_words(FNV_OFFSET, scratch.python.words(), count * 4),
-    }
+    hash_words(native, scratch.python.words(), scratch.python.count * 4)
 }
 
 /// Counts why a stack ended.

@@ -49,9 +49,6 @@ pub(crate) struct WalkStart {
     /// `UNWIND_EPOCH` when the walk began.
     pub(crate) epoch: u64,
     pub(crate) regs: Registers,
-    /// A hash of the stack's Python frames (0 without): the same native walk under other Python
-    /// frames is another stack.
-    pub(crate) python: u64,
 }
 
 impl WalkStart {
@@ -63,8 +60,7 @@ impl WalkStart {
             | (self.epoch ^ other.epoch)
             | (self.regs.rip ^ other.regs.rip)
             | (self.regs.rsp ^ other.regs.rsp)
-            | (self.regs.rbp ^ other.regs.rbp)
-            | (self.python ^ other.python);
+            | (self.regs.rbp ^ other.regs.rbp);
         differ == 0
     }
 }
