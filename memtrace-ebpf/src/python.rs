@@ -115,7 +115,8 @@ extern "C" fn python_step(index: u64, walk: *mut c_void) -> i64 {
     if frame == 0 || !read_user_into(&mut frames.read, base) {
         return 1;
     }
-    let word = |offset: u32| frames.read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize & 7).copied();
+    let word =
+        |offset: u32| frames.read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize & 7).copied();
     let (Some(code), Some(previous), Some(prev_instr), Some(entry_word)) = (
         word(layout.frame_code),
         word(layout.frame_previous),
