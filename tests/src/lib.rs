@@ -29,6 +29,7 @@ pub mod otlp;
 pub mod pprof;
 pub mod receiver;
 pub mod tmux;
+pub mod venv;
 
 /// How long any wait in a test may last before the test fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(120);

@@ -1,48 +1,23 @@
-//! Bloomberg's memray (PyPI), the tracer Python users compare memtrace with, installed into a venv
-//! under target/ when missing: a script run under it and its allocation sites as `memray stats`
-//! reports them.
+//! Bloomberg's memray (PyPI), the tracer Python users compare memtrace with (venv.rs installs it):
+//! a script run under it and its allocation sites as `memray stats` reports them.
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
-    sync::Mutex,
 };
 
 use serde_json::Value;
 
-use crate::workspace_root;
+use crate::venv::{self, run};
 
 /// The memray release the tests compare with.
 const MEMRAY_VERSION: &str = "1.20.0";
 
-/// The venv's memray command, installed once per test binary.
+/// The venv's memray command (the venv's python is Debian's python3: the interpreter memtrace
+/// traces).
 fn memray() -> PathBuf {
-    static READY: Mutex<bool> = Mutex::new(false);
-    let venv = workspace_root().join("target").join("memray-venv");
-    let memray = venv.join("bin").join("memray");
-    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
-    if !*ready {
-        let python = venv.join("bin").join("python3");
-        let check =
-            format!("import importlib.metadata as m; assert m.version('memray') == '{MEMRAY_VERSION}'");
-        let installed =
-            python.exists() && Command::new(&python).args(["-c", &check]).status().is_ok_and(|s| s.success());
-        if !installed {
-            // The venv's python is Debian's python3: the interpreter memtrace traces.
-            run(Command::new("/usr/bin/python3").arg("-m").arg("venv").arg(&venv));
-            run(Command::new(venv.join("bin").join("pip"))
-                .args(["install", "--quiet"])
-                .arg(format!("memray=={MEMRAY_VERSION}")));
-        }
-        *ready = true;
-    }
-    memray
-}
-
-fn run(command: &mut Command) {
-    let status = command.status().unwrap_or_else(|err| panic!("running {command:?}: {err}"));
-    assert!(status.success(), "{command:?} failed: {status}");
+    venv::with_package("memray-venv", "memray", MEMRAY_VERSION).join("bin").join("memray")
 }
 
 /// Bytes allocated by each allocation site (`function:file:line`, the innermost Python frame) of

@@ -6,41 +6,19 @@ use std::{
     io::Write,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::Mutex,
 };
 
 use serde_json::Value;
 
-use crate::workspace_root;
+use crate::{venv, workspace_root};
 
 /// The version of PyPI's opentelemetry-proto the tests decode with (its profiles v1development
 /// has the ProfilesDictionary layout of proto 1.10.0 and 1.11.0).
 const OTLP_PROTO_VERSION: &str = "1.45.2";
 
-/// The venv's python, with opentelemetry-proto installed (once per test binary).
+/// The venv's python, with opentelemetry-proto installed.
 fn python() -> PathBuf {
-    static READY: Mutex<bool> = Mutex::new(false);
-    let venv = workspace_root().join("target").join("otlp-venv");
-    let python = venv.join("bin").join("python3");
-    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
-    if !*ready {
-        let check = format!("import importlib.metadata as m; assert m.version('opentelemetry-proto') == '{OTLP_PROTO_VERSION}'");
-        let installed =
-            python.exists() && Command::new(&python).args(["-c", &check]).status().is_ok_and(|s| s.success());
-        if !installed {
-            run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
-            run(Command::new(venv.join("bin").join("pip"))
-                .args(["install", "--quiet"])
-                .arg(format!("opentelemetry-proto=={OTLP_PROTO_VERSION}")));
-        }
-        *ready = true;
-    }
-    python
-}
-
-fn run(command: &mut Command) {
-    let status = command.status().unwrap_or_else(|err| panic!("running {command:?}: {err}"));
-    assert!(status.success(), "{command:?} failed: {status}");
+    venv::with_package("otlp-venv", "opentelemetry-proto", OTLP_PROTO_VERSION).join("bin").join("python3")
 }
 
 /// The request in `body`, decoded by tests/otlp_decode.py.
