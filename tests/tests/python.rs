@@ -32,6 +32,13 @@ fn script(dir: &Path, name: &str, source: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// Debian's python3 running the script at `path`, launched by memtrace with `options`; exits 0.
+fn run_python(path: &str, options: &[&str]) -> Outcome {
+    let outcome = Memtrace::new().args(options).args(["--", PYTHON, path]).run();
+    outcome.assert_exit_code(0);
+    outcome
+}
+
 fn names(leak: &Value) -> Vec<&str> {
     leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
 }
@@ -74,8 +81,7 @@ fn assert_cache(process: &Value, path: &str) {
 fn a_launched_scripts_leak_is_named_by_its_functions_and_lines() {
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "cache.py", CACHE);
-    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
-    outcome.assert_exit_code(0);
+    let outcome = run_python(&path, &[]);
     assert_cache(outcome.process(), &path);
     // The text report names them the same way.
     assert!(
@@ -125,8 +131,7 @@ for t in threads: t.join()
 os._exit(0)
 ";
     let path = script(dir.path(), "threads.py", source);
-    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
-    outcome.assert_exit_code(0);
+    let outcome = run_python(&path, &[]);
     let process = outcome.process();
     for (name, bytes) in [("fill_a", 100 * 30_001), ("fill_b", 100 * 50_001)] {
         let row = function(process, &format!("{name} ({path})"));
@@ -141,8 +146,7 @@ os._exit(0)
 fn no_interpreter_frames_leaves_native_frames_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "cache.py", CACHE);
-    let outcome = Memtrace::new().args(["--no-interpreter-frames", "--", PYTHON, &path]).run();
-    outcome.assert_exit_code(0);
+    let outcome = run_python(&path, &["--no-interpreter-frames"]);
     let process = outcome.process();
     let leak = leak_through(process, "PyByteArray_Resize");
     assert_eq!(leak["bytes"].as_u64(), Some(CACHE_BYTES), "{leak:#}");
@@ -169,8 +173,7 @@ other(more)
 ";
     let path = script(dir.path(), "sites.py", source);
     let memray = memtrace_tests::memray::allocated_by_site(Path::new(&path), dir.path());
-    let outcome = Memtrace::new().args(["--", PYTHON, &path]).run();
-    outcome.assert_exit_code(0);
+    let outcome = run_python(&path, &[]);
     let process = outcome.process();
     let table = outcome.summary()["frame_table"].as_array().unwrap();
     // Allocated bytes by the innermost Python frame of each stack, as memray names sites.
