@@ -432,6 +432,24 @@ impl StackFrame {
 /// units) in the code object.
 pub const FRAME_PYTHON: i32 = 3;
 
+/// A Perl frame, stored after the native frames of its stack: `build_id[0..8]` its code (the CV
+/// of a sub; for another kind, the address of its file's name), `build_id[8]` 1 for the last frame
+/// of a stack of contexts (one run of the op loop), `build_id[9]` its `perl_frame` kind,
+/// `offset_or_ip` the line it is at.
+pub const FRAME_PERL: i32 = 4;
+
+/// What a Perl frame is (`FRAME_PERL`'s `build_id[9]`).
+pub mod perl_frame {
+    /// A sub's body: its code is its CV.
+    pub const SUB: u8 = 0;
+    /// The main program's code outside any sub (NYTProf's `main::RUNTIME`).
+    pub const MAIN: u8 = 1;
+    /// An `eval` (a string or a block).
+    pub const EVAL: u8 = 2;
+    /// A file's code run by `require` or `use`.
+    pub const REQUIRE: u8 = 3;
+}
+
 /// No frame (past the end of the stack).
 pub const FRAME_EMPTY: i32 = 0;
 /// `build_id` and a file offset are valid.
@@ -458,6 +476,7 @@ pub struct DeepStackFrames {
 const _: () = assert!(STACK_DEPTH.is_power_of_two() && SHALLOW_STACK_DEPTH.is_power_of_two());
 const _: () = assert!(PYTHON_MAX_FRAMES.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<PythonLayout>().is_multiple_of(8));
+const _: () = assert!(core::mem::size_of::<PerlLayout>().is_multiple_of(8));
 const _: () = assert!(SHALLOW_STACK_DEPTH < STACK_DEPTH);
 
 /// Python frames read per stack at most (innermost first); deeper ones are left out.
@@ -507,10 +526,96 @@ pub struct PythonProcess {
     pub layout: PythonLayout,
 }
 
-/// A code object of a process, as the kernel names it.
+/// A NUL-terminated string the kernel copied (a name of `PythonCode`, `PerlSub`), without its NUL
+/// and what follows it.
+pub fn until_nul(bytes: &[u8]) -> &[u8] {
+    bytes.split(|&b| b == 0).next().unwrap_or(bytes)
+}
+
+/// The interpreters whose frames the unwinder reads (`UnwindMappings::interpreter`).
+pub mod interpreter {
+    pub const NONE: u32 = 0;
+    pub const PYTHON: u32 = 1;
+    pub const PERL: u32 = 2;
+}
+
+/// Where Perl 5.36 keeps what the unwinder reads: byte offsets into its structs, from its own
+/// headers (`offsetof`, as Debian's perl is built: threads and multiplicity, x86-64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerlLayout {
+    /// `PerlInterpreter.Icurcop` (the statement running), `.Icurstackinfo`.
+    pub interp_curcop: u32,
+    pub interp_curstackinfo: u32,
+    /// `.Iphase` (an enum, 4 bytes) and `PERL_PHASE_RUN`: the main program runs (not compiled,
+    /// constructed or destructed).
+    pub interp_phase: u32,
+    pub phase_run: u32,
+    /// `PERL_SI.si_cxstack`, `.si_prev`, `.si_cxix` (the innermost context's index, I32).
+    pub si_cxstack: u32,
+    pub si_prev: u32,
+    pub si_cxix: u32,
+    /// `sizeof(PERL_CONTEXT)`; its `blk_oldcop` (the caller's statement) and `blk_sub.cv`. Its
+    /// first word holds the type (`cx_type & CXTYPEMASK`) and, in bytes 2 and 3, `blk_u16`, whose
+    /// bits from 7 up are an eval's op type (`CxOLD_OP_TYPE`).
+    pub context_size: u32,
+    pub context_oldcop: u32,
+    pub context_sub_cv: u32,
+    /// `CXt_SUB`, `CXt_EVAL`, `CXTYPEMASK`, and `OP_REQUIRE`.
+    pub type_sub: u32,
+    pub type_eval: u32,
+    pub type_mask: u32,
+    pub op_require: u32,
+    /// `COP.cop_line` (U32) and `.cop_file` (a char pointer, with threads).
+    pub cop_line: u32,
+    pub cop_file: u32,
+    /// `XPVCV.xcv_gv_u` (the sub's GV; its name's HEK for a lexical sub), `.xcv_file`,
+    /// `.xcv_flags` (U32), `.xcv_stash`; `CVf_NAMED`.
+    pub cv_gv: u32,
+    pub cv_file: u32,
+    pub cv_flags: u32,
+    pub cv_stash: u32,
+    pub cv_named: u32,
+    /// `XPVGV.xiv_u.xivu_namehek` (the GV's name) and `.xnv_u.xgv_stash` (its package).
+    pub gv_name: u32,
+    pub gv_stash: u32,
+    /// The stash's body: `xpvhv_with_aux.xhv_aux.xhv_name_u` and `.xhv_name_count` (I32).
+    pub stash_name: u32,
+    pub stash_name_count: u32,
+    /// `HEK.hek_key`: a name's characters.
+    pub hek_key: u32,
+}
+
+/// A process running Perl: the address of its `PL_curinterp` (the main thread's interpreter), and
+/// the version's layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerlProcess {
+    pub curinterp: u64,
+    pub layout: PerlLayout,
+}
+
+/// What the kernel copies of a Perl frame's code the first time a stack holds it: a sub's package,
+/// name and file; another kind's file alone (NUL-terminated, cut to fit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerlSub {
+    pub package: [u8; 64],
+    pub name: [u8; 64],
+    pub file: [u8; 192],
+    /// 1 once the kernel has written the rest (userspace takes only complete records).
+    pub complete: u32,
+    pub _pad: u32,
+}
+
+/// Perl frames read per stack at most (they share `PYTHON_MAX_FRAMES` slots); the contexts looked
+/// at for them, at most.
+pub const PERL_MAX_CONTEXTS: u32 = 128;
+
+/// A code object (Python) or sub (Perl) of a process, as the kernel names it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PythonCodeKey {
+pub struct InterpreterCodeKey {
     pub tgid: u32,
     pub _pad: u32,
     pub code: u64,
@@ -705,8 +810,10 @@ mod pod {
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::DeepStackFrames {}
     unsafe impl aya::Pod for super::PythonProcess {}
-    unsafe impl aya::Pod for super::PythonCodeKey {}
+    unsafe impl aya::Pod for super::InterpreterCodeKey {}
     unsafe impl aya::Pod for super::PythonCode {}
+    unsafe impl aya::Pod for super::PerlProcess {}
+    unsafe impl aya::Pod for super::PerlSub {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackTotals {}
     unsafe impl aya::Pod for super::ExecEvent {}
@@ -1075,8 +1182,8 @@ pub struct UnwindMapping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnwindMappings {
     pub count: u32,
-    /// Non-zero where the process runs an interpreter whose frames the unwinder reads
-    /// (`PythonProcess`, by tgid).
+    /// The interpreter whose frames the unwinder reads in the process (`interpreter::PYTHON`,
+    /// its `PythonProcess` by tgid; `interpreter::PERL`, its `PerlProcess`), or `interpreter::NONE`.
     pub interpreter: u32,
     pub mappings: [UnwindMapping; UNWIND_MAX_MAPPINGS],
 }

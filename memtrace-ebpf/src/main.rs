@@ -12,11 +12,13 @@
 mod counters;
 mod debug;
 mod helpers;
+mod interpreter;
 mod kernel;
 mod kernel_stack;
 mod live;
 mod oom;
 mod os_memory;
+mod perl;
 mod processes;
 mod python;
 mod sampled;
@@ -25,6 +27,7 @@ mod scratch;
 mod stacks;
 mod threads;
 mod usdt;
+mod user_memory;
 mod vma;
 mod window;
 

@@ -15,13 +15,18 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated},
+    helpers::{bpf_get_current_pid_tgid, generated},
     macros::map,
     maps::{Array, HashMap},
 };
 use memtrace_common::{
-    PythonCode, PythonCodeKey, PythonLayout, PythonProcess, PYTHON_MAX_CODES, PYTHON_MAX_FRAMES,
-    UNWIND_MAX_PROCESSES,
+    InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON, PYTHON_MAX_CODES,
+    PYTHON_MAX_FRAMES, UNWIND_MAX_PROCESSES,
+};
+
+use crate::{
+    interpreter::{InterpreterFrame, InterpreterFrames},
+    user_memory::{read_bytes, read_string, read_user, read_user_into},
 };
 
 /// Each CPython process's runtime address and layout, by tgid (written by userspace).
@@ -31,30 +36,17 @@ static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
 
 /// The names of the code objects stacks hold, by process and code object (taken by userspace).
 #[map]
-static PYTHON_CODES: HashMap<PythonCodeKey, PythonCode> =
+static PYTHON_CODES: HashMap<InterpreterCodeKey, PythonCode> =
     HashMap::with_max_entries(PYTHON_MAX_CODES, BPF_F_NO_PREALLOC);
 
 /// A zeroed code record, never written: new entries are inserted from here.
 #[map]
 static FRESH_PYTHON_CODE: Array<PythonCode> = Array::with_max_entries(1, 0);
 
-/// One Python frame as read: its code object, its current instruction, whether it is an entry frame.
+/// Where the walk is (in the run's scratch slot): the interpreter frame read next, and the words
+/// read of one (`f_code` to `is_entry`).
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct PythonFrame {
-    pub(crate) code: u64,
-    pub(crate) instruction: u64,
-    pub(crate) entry: u64,
-    /// Four words a frame: the frames hash as a power-of-two array of words.
-    pub(crate) _pad: u64,
-}
-
-/// The Python frames of one stack, innermost first (in the run's scratch slot).
-#[repr(C)]
-pub(crate) struct PythonFrames {
-    pub(crate) count: u64,
-    pub(crate) frames: [PythonFrame; PYTHON_MAX_FRAMES],
-    /// The interpreter frame being read next, and the words read of one (`f_code` to `is_entry`).
+pub(crate) struct PythonCursor {
     next: u64,
     read: [u64; 5],
 }
@@ -63,23 +55,24 @@ pub(crate) struct PythonFrames {
 #[repr(C)]
 struct PythonWalk {
     process: *const PythonProcess,
-    frames: *mut PythonFrames,
+    frames: *mut InterpreterFrames,
+    cursor: *mut PythonCursor,
     tgid: u64,
 }
 
 /// Reads the current thread's Python frames into `frames` (none where the process runs no
 /// interpreter memtrace knows, or another thread holds the GIL).
 #[inline(never)]
-pub(crate) fn read_python_frames(tgid: u32, frames: &mut PythonFrames) {
-    frames.count = 0;
+pub(crate) fn read_python_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PythonCursor) {
+    frames.begin(FRAME_PYTHON);
     let Some(process) = PYTHON_PROCESSES.get_ptr(&tgid) else { return };
     // SAFETY: a map value, valid while the program runs.
     let layout = unsafe { &(*process).layout };
     // SAFETY: as above.
     let runtime = unsafe { (*process).runtime };
     let Some(first) = current_frame(runtime, layout) else { return };
-    frames.next = first;
-    let mut walk = PythonWalk { process, frames, tgid: u64::from(tgid) };
+    cursor.next = first;
+    let mut walk = PythonWalk { process, frames, cursor, tgid: u64::from(tgid) };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe {
@@ -101,22 +94,22 @@ fn current_frame(runtime: u64, layout: &PythonLayout) -> Option<u64> {
 }
 
 /// bpf_loop's callback: one Python frame; 1 ends the loop.
-extern "C" fn python_step(index: u64, walk: *mut c_void) -> i64 {
+extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `PythonWalk` that `read_python_frames` passed, whose
     // pointers are map values that live as long as the program runs.
-    let (layout, frames, tgid) = unsafe {
+    let (layout, frames, cursor, tgid) = unsafe {
         let walk = &*(walk as *const PythonWalk);
-        (&(*walk.process).layout, &mut *walk.frames, walk.tgid)
+        (&(*walk.process).layout, &mut *walk.frames, &mut *walk.cursor, walk.tgid)
     };
-    let frame = frames.next;
+    let frame = cursor.next;
     // f_code to is_entry, in one read into the slot (the layout keeps them in that order, within 40
     // bytes: checked by userspace).
     let base = frame + u64::from(layout.frame_code);
-    if frame == 0 || !read_user_into(&mut frames.read, base) {
+    if frame == 0 || !read_user_into(&mut cursor.read, base) {
         return 1;
     }
-    let word =
-        |offset: u32| frames.read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize & 7).copied();
+    let read = &cursor.read;
+    let word = |offset: u32| read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize & 7).copied();
     let (Some(code), Some(previous), Some(prev_instr), Some(entry_word)) = (
         word(layout.frame_code),
         word(layout.frame_previous),
@@ -127,10 +120,11 @@ extern "C" fn python_step(index: u64, walk: *mut c_void) -> i64 {
     };
     let entry = (entry_word >> ((layout.frame_is_entry & 7) * 8)) & 0xff;
     let instructions = code + u64::from(layout.code_instructions);
-    let Some(slot) = frames.frames.get_mut(index as usize & (PYTHON_MAX_FRAMES - 1)) else { return 1 };
-    *slot = PythonFrame { code, instruction: prev_instr.wrapping_sub(instructions) / 2, entry, _pad: 0 };
-    frames.count = index + 1;
-    frames.next = previous;
+    let at = prev_instr.wrapping_sub(instructions) / 2;
+    if !frames.push(InterpreterFrame { code, at, entry, kind: 0 }) {
+        return 1;
+    }
+    cursor.next = previous;
     remember_code(tgid as u32, code, layout);
     0
 }
@@ -138,7 +132,7 @@ extern "C" fn python_step(index: u64, walk: *mut c_void) -> i64 {
 /// Copies a code object's names into PYTHON_CODES the first time the process's stacks hold it.
 #[inline(never)]
 fn remember_code(tgid: u32, code: u64, layout: &PythonLayout) {
-    let key = PythonCodeKey { tgid, _pad: 0, code };
+    let key = InterpreterCodeKey { tgid, _pad: 0, code };
     if PYTHON_CODES.get_ptr(&key).is_some() {
         return;
     }
@@ -175,38 +169,5 @@ fn read_ascii<const N: usize>(into: &mut [u8; N], string: u64, layout: &PythonLa
     if state as u32 & layout.unicode_compact_ascii != layout.unicode_compact_ascii {
         return;
     }
-    let data = string + u64::from(layout.unicode_ascii_data);
-    // SAFETY: the helper writes at most N bytes into `into`, NUL-terminated, and checks the user
-    // address, failing rather than faulting.
-    unsafe { generated::bpf_probe_read_user_str(into.as_mut_ptr().cast(), N as u32, data as *const c_void) };
-}
-
-/// A word of the traced process at `address`.
-fn read_user(address: u64) -> Option<u64> {
-    // SAFETY: the helper checks the user address and fails rather than faults.
-    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
-}
-
-/// Words of the traced process at `address` into `into` (a map value); false if unreadable.
-fn read_user_into<const N: usize>(into: &mut [u64; N], address: u64) -> bool {
-    read_bytes_raw(into.as_mut_ptr().cast(), address, (N * 8) as u64)
-}
-
-/// `len` bytes (at most `N`) of the traced process at `address` into `into`.
-fn read_bytes<const N: usize>(into: &mut [u8; N], address: u64, len: u64) -> bool {
-    len <= N as u64 && read_bytes_raw(into.as_mut_ptr().cast(), address, len)
-}
-
-fn read_bytes_raw(into: *mut c_void, address: u64, len: u64) -> bool {
-    // SAFETY: callers pass a destination of at least `len` bytes; the helper checks the user
-    // address and fails rather than faults.
-    unsafe { generated::bpf_probe_read_user(into, len as u32, address as *const c_void) == 0 }
-}
-
-impl PythonFrames {
-    /// The frames as words, four a frame, `count` of them valid.
-    pub(crate) fn words(&self) -> &[u64; PYTHON_MAX_FRAMES * 4] {
-        // SAFETY: #[repr(C)] frames of four u64 words each.
-        unsafe { &*(&raw const self.frames).cast() }
-    }
+    read_string(into, string + u64::from(layout.unicode_ascii_data));
 }

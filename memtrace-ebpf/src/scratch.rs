@@ -20,7 +20,9 @@ use aya_ebpf::{
 
 use crate::{
     counters::compare_exchange,
-    python::PythonFrames,
+    interpreter::InterpreterFrames,
+    perl::PerlCursor,
+    python::PythonCursor,
     vma::FoundMappings,
     window::{Registers, StackWindow, WalkStart},
 };
@@ -65,8 +67,11 @@ pub(crate) struct Scratch {
     pub(crate) state: UnwindState,
     /// The mappings the walk found through the kernel.
     pub(crate) found: FoundMappings,
-    /// The Python frames of the stack, where the process runs CPython.
-    pub(crate) python: PythonFrames,
+    /// The interpreter frames of the stack, where the process runs CPython or Perl, and where
+    /// each one's walk is.
+    pub(crate) interpreter: InterpreterFrames,
+    pub(crate) python: PythonCursor,
+    pub(crate) perl: PerlCursor,
     /// The stack in the form it is stored: a shallow stack's frames are the first of these.
     pub(crate) frames: DeepStackFrames,
 }

@@ -31,18 +31,20 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats, StackFrame,
-    StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
-    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, FRAME_PYTHON, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
-    MAX_STACK_TOTALS, NO_STACK, PYTHON_MAX_FRAMES, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS,
-    UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS,
-    UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
+    interpreter, unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats,
+    StackFrame, StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
+    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
+    MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE,
+    UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::{
     counters::{add, add_signed},
     helpers::{loaded, map_value, now_ns},
-    python::{read_python_frames, PythonFrames},
+    interpreter::InterpreterFrames,
+    perl::read_perl_frames,
+    python::read_python_frames,
     scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
     vma::FoundMappings,
     window::{tables_epoch, Registers, StackWindow, WalkStart},
@@ -143,11 +145,13 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
         WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
     let table = UNWIND_MAPPINGS.get_ptr(tgid);
     // SAFETY: a map value, valid while the program runs.
-    let interpreter = table.is_some_and(|table| unsafe { (*table).interpreter } != 0);
-    scratch.python.count = 0;
-    if interpreter {
-        // Its Python frames change under the same native frames: read each time, never memoized.
-        read_python_frames(tgid, &mut scratch.python);
+    let interpreter = table.map_or(interpreter::NONE, |table| unsafe { (*table).interpreter });
+    scratch.interpreter.count = 0;
+    // Its interpreter frames change under the same native frames: read each time, never memoized.
+    if interpreter == interpreter::PYTHON {
+        read_python_frames(tgid, &mut scratch.interpreter, &mut scratch.python);
+    } else if interpreter == interpreter::PERL {
+        read_perl_frames(tgid, &mut scratch.interpreter, &mut scratch.perl);
     } else if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
         count_stop(stats, stop as usize);
         return key;
@@ -205,18 +209,18 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     };
     // Only a walk by the tables is memoized (it read the stack through the window), and only one
     // that needed no mapping of the kernel's, which can change with no change of the epoch.
-    if by_tables && !interpreter && scratch.found.lookups == 0 && key != NO_STACK {
+    if by_tables && interpreter == interpreter::NONE && scratch.found.lookups == 0 && key != NO_STACK {
         scratch.window.remember(key, stop as u64);
     }
     key
 }
 
-/// The raw stack's key: its return addresses and its Python frames, hashed from `seed`. Not
+/// The raw stack's key: its return addresses and its interpreter frames, hashed from `seed`. Not
 /// inlined: its frame would add to that of every chain through `capture_in`.
 #[inline(never)]
 fn raw_stack_key(seed: u64, scratch: &Scratch, depth: u64) -> u64 {
     let native = hash_words(seed, &scratch.raw, depth.min(STACK_DEPTH as u64));
-    hash_words(native, scratch.python.words(), scratch.python.count * 4)
+    hash_words(native, scratch.interpreter.words(), scratch.interpreter.count * 4)
 }
 
 /// Counts why a stack ended.
@@ -506,12 +510,12 @@ fn record_locations(stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the claimed slot's state.
     let depth = unsafe { read_volatile(&scratch.state.depth) };
     let frames: *mut DeepStackFrames = &raw mut scratch.frames;
-    // The Python frames follow the native ones, as many as fit.
-    let total = (depth + scratch.python.count).min(STACK_DEPTH as u64);
+    // The interpreter frames follow the native ones, as many as fit.
+    let total = (depth + scratch.interpreter.count).min(STACK_DEPTH as u64);
     let mut record = Record {
         raw: &scratch.raw,
         locations: &scratch.locations,
-        python: &scratch.python,
+        interpreter: &scratch.interpreter,
         frames: frames.cast(),
         depth,
         total,
@@ -532,8 +536,8 @@ struct Record {
     /// STACK_SCRATCH, as words: a StackFrame is four u64 words (status and the build ID's first 4
     /// bytes, then 8 and 8 more bytes of it, then the offset or address).
     frames: *mut [[u64; 4]; STACK_DEPTH],
-    python: *const PythonFrames,
-    /// Native frames, then native and Python frames.
+    interpreter: *const InterpreterFrames,
+    /// Native frames, then native and interpreter frames.
     depth: u64,
     total: u64,
 }
@@ -542,9 +546,16 @@ struct Record {
 extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Record` that `record_locations` passed, whose pointers are
     // into the slot this run claimed.
-    let (raw, locations, python, frames, depth, total) = unsafe {
+    let (raw, locations, interpreter, frames, depth, total) = unsafe {
         let record = &*(record as *const Record);
-        (&*record.raw, &*record.locations, &*record.python, &mut *record.frames, record.depth, record.total)
+        (
+            &*record.raw,
+            &*record.locations,
+            &*record.interpreter,
+            &mut *record.frames,
+            record.depth,
+            record.total,
+        )
     };
     let slot = index as usize & (STACK_DEPTH - 1);
     let (Some(frame), Some(location), Some(address)) =
@@ -555,7 +566,7 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
     let words = if index >= total {
         [0; 4]
     } else if index >= depth {
-        python_frame_words(python, index - depth)
+        interpreter.stored_words(index - depth)
     } else {
         match UNWIND_FILES.get(location.file) {
             Some(file) if file.has_build_id != 0 => {
@@ -576,20 +587,6 @@ extern "C" fn record_frame(index: u64, record: *mut c_void) -> i64 {
         unsafe { write_volatile(slot, word) };
     }
     0
-}
-
-/// Python frame `index` as a stored frame (`FRAME_PYTHON`).
-fn python_frame_words(python: &PythonFrames, index: u64) -> [u64; 4] {
-    match python.frames.get(index as usize & (PYTHON_MAX_FRAMES - 1)) {
-        // The code object's address in the build ID's first 8 bytes, the entry flag in its ninth.
-        Some(frame) => [
-            FRAME_PYTHON as u32 as u64 | (frame.code & 0xffff_ffff) << 32,
-            frame.code >> 32 | (frame.entry & 0xff) << 32,
-            0,
-            frame.instruction,
-        ],
-        None => [0; 4],
-    }
 }
 
 /// Stores the stack in `scratch` (its first `used` words hashed, zeroed after them) in STACKS, or

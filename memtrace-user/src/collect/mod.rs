@@ -1,9 +1,11 @@
 //! Reads the kernel's maps and /proc into the model, for every process at one moment, and at the end
 //! of the run turns the kernel's stacks into symbolized per-stack profiles.
 
+mod interpreter;
 pub mod oom;
 pub mod owners;
 pub mod peaks;
+mod perl;
 mod python;
 pub mod skipped_exits;
 pub mod stack_table;
@@ -22,9 +24,9 @@ use memtrace_common::{ProcessStats, StackKey, StackTotals};
 
 use crate::{
     attach::usdt::UsdtProbes,
+    collect::interpreter::InterpreterNames,
     collect::owners::{classify::SeenMapping, free_pool::LiveBlock, OwnersReader},
     collect::peaks::PeakTracker,
-    collect::python::PythonNames,
     collect::skipped_exits::SkippedExits,
     collect::stack_table::StackTable,
     collect::symbolize::StackSymbolizer,
@@ -47,8 +49,8 @@ pub struct Collector {
     indexed: HashMap<u32, HashSet<PathBuf>>,
     /// What the kernel's stack tables held, taken out at every sample.
     stacks: StackTable,
-    /// The names of the Python code objects the stacks hold.
-    python: PythonNames,
+    /// The names of the interpreter frames (Python code objects, Perl subs) the stacks hold.
+    interpreters: InterpreterNames,
     /// Each process's highest heap at a sample, and its stacks then.
     peaks: PeakTracker,
     /// What exits the kernel skipped left undone.
@@ -112,7 +114,7 @@ impl Collector {
         self.measure_free_pools(probes, model, ts_us)?;
         let live =
             self.stacks.drain(probes, |tgid| model.processes.get(&tgid).map(|p| p.stats.started_ns))?;
-        self.python.drain(probes)?;
+        self.interpreters.drain(probes)?;
         self.peaks.record(model, &live, ts_us);
         self.read_oom_kills(probes, model, &live)?;
         // Read once for the sample: each program's statistics are a syscall.
@@ -270,7 +272,7 @@ impl Collector {
             self.maps_read.remove(&tgid);
             self.maps_first_read.remove(&tgid);
         }
-        self.python.forget(tgids);
+        self.interpreters.forget(tgids);
         self.stacks.forget(probes, tgids)
     }
 
@@ -385,10 +387,10 @@ impl Collector {
         Ok(())
     }
 
-    /// A stack of process `tgid`, symbolized, its Python frames where they ran.
+    /// A stack of process `tgid`, symbolized, its interpreter frames where they ran.
     fn resolve(&self, tgid: u32, stack: &Stack, mappings: &[Mapping]) -> Vec<Arc<Frame>> {
         let native = self.symbolizer.resolve(stack.frames(), mappings);
-        self.python.interleave(tgid, stack.frames(), native)
+        self.interpreters.interleave(tgid, stack.frames(), native)
     }
 
     /// Gives each process the heap peak the samples saw, its stacks symbolized.

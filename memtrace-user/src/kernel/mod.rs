@@ -30,8 +30,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, KernelLayout, ProbeCookie,
-    ProcessStats, PythonCode, PythonCodeKey, Region, RegionKey, StackKey, StackTotals,
+    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, InterpreterCodeKey,
+    KernelLayout, PerlSub, ProbeCookie, ProcessStats, PythonCode, Region, RegionKey, StackKey, StackTotals,
     DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS,
     MAX_PROCESSES,
 };
@@ -637,8 +637,13 @@ impl Probes {
             .take(&self.ebpf, |key, totals| totals.live_allocations == 0 && settled(key, totals))
     }
 
+    /// Takes the names of the Perl subs the kernel copied whole since the last call.
+    pub fn take_perl_subs(&self) -> Result<Vec<(InterpreterCodeKey, PerlSub)>> {
+        Ok(tables::PERL_SUBS.take(&self.ebpf, |_, sub| sub.complete != 0)?.taken)
+    }
+
     /// Takes the names of the Python code objects the kernel copied whole since the last call.
-    pub fn take_python_codes(&self) -> Result<Vec<(PythonCodeKey, PythonCode)>> {
+    pub fn take_python_codes(&self) -> Result<Vec<(InterpreterCodeKey, PythonCode)>> {
         Ok(tables::PYTHON_CODES.take(&self.ebpf, |_, code| code.complete != 0)?.taken)
     }
 

@@ -12,9 +12,10 @@ use aya::{
     Ebpf,
 };
 use memtrace_common::{
-    AllocatorCode, DeepStackFrames, DumpRound, ImageKey, LiveSlot, ProcessStats, PythonCode, PythonCodeKey,
-    PythonProcess, Region, RegionKey, StackFrames, StackKey, StackTotals, SubsystemKey, SubsystemValue,
-    ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey, UsdtCounterValue, UsdtSpec,
+    AllocatorCode, DeepStackFrames, DumpRound, ImageKey, InterpreterCodeKey, LiveSlot, PerlProcess, PerlSub,
+    ProcessStats, PythonCode, PythonProcess, Region, RegionKey, StackFrames, StackKey, StackTotals,
+    SubsystemKey, SubsystemValue, ThreadSlot, UnwindFile, UnwindMappings, UnwindRow, UsdtCounterKey,
+    UsdtCounterValue, UsdtSpec,
 };
 
 use super::map_ops::{self, Taken};
@@ -65,8 +66,12 @@ pub const UNWIND_FILE_SLOTS: Table<ImageKey, u32> =
 pub const PYTHON_PROCESSES: Table<u32, PythonProcess> =
     Table::new("PYTHON_PROCESSES", "the map of Python processes");
 /// The names of the Python code objects stacks hold.
-pub const PYTHON_CODES: Table<PythonCodeKey, PythonCode> =
+pub const PYTHON_CODES: Table<InterpreterCodeKey, PythonCode> =
     Table::new("PYTHON_CODES", "the map of Python code objects");
+/// Each Perl process's `PL_curinterp` address and layout (memtrace-ebpf/src/perl.rs).
+pub const PERL_PROCESSES: Table<u32, PerlProcess> = Table::new("PERL_PROCESSES", "the map of Perl processes");
+/// The names of the Perl subs (and files) stacks hold.
+pub const PERL_SUBS: Table<InterpreterCodeKey, PerlSub> = Table::new("PERL_SUBS", "the map of Perl subs");
 
 /// Program files whose execs need no stop (their allocators are probed), as the kernel names them.
 pub const KNOWN_IMAGES: Table<ImageKey, u8> = Table::new("KNOWN_IMAGES", "the map of known programs");

@@ -13,8 +13,8 @@ use anyhow::{anyhow, Context, Result};
 use super::{
     entry_points::{resolve_entry_points, ResolvedEntryPoint},
     file::{FileId, ObjectFile},
+    interpreter::Interpreter,
     map_sites::{resolve_map_sites, MapSite},
-    python::PythonImage,
     sparse::{self, SparseImage},
 };
 use crate::process::elf::{DynamicInfo, ElfObject};
@@ -46,8 +46,8 @@ struct Cached {
     entry_points: HashMap<(FileId, String), EntryPointsOrError>,
     /// file -> the mapping calls it defines, or why they cannot be read.
     map_sites: HashMap<FileId, MapSitesOrError>,
-    /// file -> the CPython interpreter it is, if one.
-    pythons: HashMap<FileId, Result<Arc<Option<PythonImage>>, String>>,
+    /// file -> the interpreter it is, if one.
+    interpreters: HashMap<FileId, Result<Arc<Option<Interpreter>>, String>>,
 }
 
 type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
@@ -83,10 +83,10 @@ impl FileCache {
         )
     }
 
-    /// The CPython interpreter `object` is, if it is one.
-    pub fn python(&self, object: &ObjectFile) -> Option<Arc<Option<PythonImage>>> {
-        let read = || read_symbols(object, |elf| Ok(PythonImage::of(elf)));
-        self.symbols_once(|cached| &mut cached.pythons, object.id, read).ok()
+    /// The interpreter (CPython, Perl) `object` is, if it is one.
+    pub fn interpreter(&self, object: &ObjectFile) -> Option<Arc<Option<Interpreter>>> {
+        let read = || read_symbols(object, |elf| Ok(Interpreter::of(elf)));
+        self.symbols_once(|cached| &mut cached.interpreters, object.id, read).ok()
     }
 
     /// What `read` finds, or why it cannot, remembered in `table` under `key`.

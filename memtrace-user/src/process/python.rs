@@ -6,7 +6,7 @@
 
 use memtrace_common::{PythonLayout, PythonProcess};
 
-use super::elf::ElfObject;
+use super::elf::{load_bias, ElfObject};
 
 /// A CPython interpreter's file, as its symbols describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,11 +32,7 @@ impl PythonImage {
     /// `file_offset` (one of its mappings); None for a version whose layout memtrace lacks.
     pub fn in_process(&self, start: u64, file_offset: u64) -> Option<PythonProcess> {
         let layout = layout(self.version)?;
-        let &(offset, vaddr, _) = self.segments.iter().find(|&&(offset, _, size)| {
-            (offset..offset.saturating_add(size.max(1))).contains(&file_offset)
-        })?;
-        // Where the file's address 0 lies in the process (0 for a non-PIE executable).
-        let bias = start.wrapping_sub(vaddr.wrapping_add(file_offset - offset));
+        let bias = load_bias(&self.segments, start, file_offset)?;
         Some(PythonProcess { runtime: bias.wrapping_add(self.runtime), layout })
     }
 }

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use memtrace_common::{
-    unwind_file_state, PythonProcess, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
+    interpreter, unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
     UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
 };
 
@@ -26,13 +26,13 @@ use super::{build::table_of_file, index::UnwindTable};
 use crate::{
     kernel::{
         tables::{
-            PYTHON_PROCESSES, UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS, UNWIND_PAGES,
-            UNWIND_ROWS,
+            PERL_PROCESSES, PYTHON_PROCESSES, UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS,
+            UNWIND_PAGES, UNWIND_ROWS,
         },
         Probes,
     },
     model::Model,
-    process::procfs::Mapping,
+    process::{interpreter::InterpreterProcess, procfs::Mapping},
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
 };
 
@@ -70,8 +70,8 @@ struct ProcessTable {
     slots: HashMap<PathBuf, Option<u32>>,
     /// Whether "loaded" has been said for the current mappings.
     announced: bool,
-    /// The CPython interpreter it runs, where the kernel reads its frames.
-    python: Option<PythonProcess>,
+    /// The interpreter it runs, where the kernel reads its frames.
+    interpreter: Option<InterpreterProcess>,
 }
 
 /// Loaded tables, their file slots, and every traced process's mapping table.
@@ -164,8 +164,14 @@ impl KernelTables {
         }
         if !gone.is_empty() {
             for &pid in &gone {
-                if self.processes.remove(&pid).is_some_and(|table| table.python.is_some()) {
-                    let _ = probes.writable(&PYTHON_PROCESSES)?.remove(&pid);
+                match self.processes.remove(&pid).and_then(|table| table.interpreter) {
+                    Some(InterpreterProcess::Python(_)) => {
+                        let _ = probes.writable(&PYTHON_PROCESSES)?.remove(&pid);
+                    }
+                    Some(InterpreterProcess::Perl(_)) => {
+                        let _ = probes.writable(&PERL_PROCESSES)?.remove(&pid);
+                    }
+                    None => {}
                 }
             }
             let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
@@ -203,7 +209,8 @@ impl KernelTables {
                     let root = root.get_or_insert_with(|| Root::of_process(pid).ok());
                     let object = root.as_ref().and_then(|root| open_mapping(pid, root, mapping).ok());
                     if let Some(object) = object.as_ref().filter(|_| self.interpreter_frames) {
-                        table.python = table.python.or_else(|| self.python_in(object, mapping));
+                        table.interpreter =
+                            table.interpreter.or_else(|| self.interpreter_in(object, mapping));
                     }
                     let slot = match object {
                         Some(object) => self.slot_of(probes, object, Build::Worker)?,
@@ -224,10 +231,15 @@ impl KernelTables {
             value.count += 1;
         }
         value.mappings[..value.count as usize].sort_by_key(|m| m.start);
-        if let Some(python) = &table.python {
+        if let Some(process) = &table.interpreter {
             // Before the flag that has the kernel read it. A full map leaves native frames alone.
-            value.interpreter =
-                u32::from(probes.writable(&PYTHON_PROCESSES)?.insert(pid, *python, 0).is_ok());
+            let written = match process {
+                InterpreterProcess::Python(python) => {
+                    probes.writable(&PYTHON_PROCESSES)?.insert(pid, *python, 0)
+                }
+                InterpreterProcess::Perl(perl) => probes.writable(&PERL_PROCESSES)?.insert(pid, *perl, 0),
+            };
+            value.interpreter = if written.is_ok() { process.kind() } else { interpreter::NONE };
         }
         let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
@@ -239,10 +251,10 @@ impl KernelTables {
         Ok(())
     }
 
-    /// Where the kernel reads a process's Python frames, if `object`, mapped by `mapping`, is a
-    /// CPython interpreter of a version memtrace reads.
-    fn python_in(&self, object: &ObjectFile, mapping: &Mapping) -> Option<PythonProcess> {
-        let image = self.facts.python(object)?;
+    /// Where the kernel reads a process's interpreter frames, if `object`, mapped by `mapping`, is
+    /// an interpreter (CPython, Perl) of a version memtrace reads.
+    fn interpreter_in(&self, object: &ObjectFile, mapping: &Mapping) -> Option<InterpreterProcess> {
+        let image = self.facts.interpreter(object)?;
         image.as_ref().as_ref()?.in_process(mapping.start, mapping.file_offset)
     }
 

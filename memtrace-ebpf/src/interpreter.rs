@@ -1,0 +1,76 @@
+//! An interpreter's frames as the kernel side reads them (python.rs, perl.rs) and stores them
+//! after a stack's native frames (stacks.rs): the same four words a frame whichever interpreter.
+
+use memtrace_common::{FRAME_PERL, FRAME_PYTHON, PYTHON_MAX_FRAMES};
+
+/// One interpreter frame as read: its code (a code object, a CV), where in it (an instruction, a
+/// line), whether it ends a run of the interpreter's loop, and its kind (Perl's `perl_frame`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct InterpreterFrame {
+    pub(crate) code: u64,
+    pub(crate) at: u64,
+    pub(crate) entry: u64,
+    pub(crate) kind: u64,
+}
+
+/// The interpreter frames of one stack, innermost first (in the run's scratch slot).
+#[repr(C)]
+pub(crate) struct InterpreterFrames {
+    /// `FRAME_PYTHON` or `FRAME_PERL`: how they are stored.
+    pub(crate) status: u64,
+    pub(crate) count: u64,
+    pub(crate) frames: [InterpreterFrame; PYTHON_MAX_FRAMES],
+}
+
+impl InterpreterFrames {
+    /// Starts a stack of `status` frames (none yet).
+    pub(crate) fn begin(&mut self, status: i32) {
+        self.status = status as u64;
+        self.count = 0;
+    }
+
+    /// Adds a frame innermost-to-outermost; false when they are all taken.
+    pub(crate) fn push(&mut self, frame: InterpreterFrame) -> bool {
+        let index = self.count;
+        match self.frames.get_mut(index as usize & (PYTHON_MAX_FRAMES - 1)) {
+            Some(slot) if index < PYTHON_MAX_FRAMES as u64 => {
+                *slot = frame;
+                self.count = index + 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the last frame taken as ending a run of the interpreter's loop.
+    pub(crate) fn mark_entry(&mut self) {
+        let last = self.count.wrapping_sub(1);
+        if let Some(frame) = self.frames.get_mut(last as usize & (PYTHON_MAX_FRAMES - 1)) {
+            if last < PYTHON_MAX_FRAMES as u64 {
+                frame.entry = 1;
+            }
+        }
+    }
+
+    /// The frames as words, four a frame, `count` of them valid.
+    pub(crate) fn words(&self) -> &[u64; PYTHON_MAX_FRAMES * 4] {
+        // SAFETY: #[repr(C)] frames of four u64 words each.
+        unsafe { &*(&raw const self.frames).cast() }
+    }
+
+    /// Frame `index` as a stored frame: the code in the build ID's first 8 bytes, the entry flag in
+    /// its ninth, the kind in its tenth, the instruction or line as the offset.
+    pub(crate) fn stored_words(&self, index: u64) -> [u64; 4] {
+        let status = if self.status == FRAME_PERL as u64 { FRAME_PERL } else { FRAME_PYTHON };
+        match self.frames.get(index as usize & (PYTHON_MAX_FRAMES - 1)) {
+            Some(frame) => [
+                status as u32 as u64 | (frame.code & 0xffff_ffff) << 32,
+                frame.code >> 32 | (frame.entry & 0xff) << 32 | (frame.kind & 0xff) << 40,
+                0,
+                frame.at,
+            ],
+            None => [0; 4],
+        }
+    }
+}
