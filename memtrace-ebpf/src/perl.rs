@@ -81,13 +81,11 @@ pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor
     // SAFETY: a map value, valid while the program runs.
     let (layout, curinterp) = unsafe { (&(*process).layout, (*process).curinterp) };
     let Some(interpreter) = read_user(curinterp).filter(|&at| at != 0) else { return };
-    let (Some(cop), Some(stackinfo), Some(phase)) = (
-        read_user(interpreter + u64::from(layout.interp_curcop)),
-        read_user(interpreter + u64::from(layout.interp_curstackinfo)),
-        read_user(interpreter + u64::from(layout.interp_phase)),
-    ) else {
-        return;
-    };
+    // One read at a time, each checked before the next: a tuple of them is code that 6.1's
+    // verifier cannot follow (a register read on a path it thinks possible, "R1 !read_ok").
+    let Some(cop) = read_user(interpreter + u64::from(layout.interp_curcop)) else { return };
+    let Some(stackinfo) = read_user(interpreter + u64::from(layout.interp_curstackinfo)) else { return };
+    let Some(phase) = read_user(interpreter + u64::from(layout.interp_phase)) else { return };
     cursor.cop = cop;
     cursor.running = u64::from(phase as u32 == layout.phase_run);
     if !enter_stackinfo(cursor, stackinfo, layout) {
@@ -101,12 +99,8 @@ pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor
 
 /// Points the cursor at the innermost context of `stackinfo`; false where it cannot be read.
 fn enter_stackinfo(cursor: &mut PerlCursor, stackinfo: u64, layout: &PerlLayout) -> bool {
-    let (Some(contexts), Some(index)) = (
-        read_user(stackinfo + u64::from(layout.si_cxstack)),
-        read_user(stackinfo + u64::from(layout.si_cxix)),
-    ) else {
-        return false;
-    };
+    let Some(contexts) = read_user(stackinfo + u64::from(layout.si_cxstack)) else { return false };
+    let Some(index) = read_user(stackinfo + u64::from(layout.si_cxix)) else { return false };
     cursor.stackinfo = stackinfo;
     cursor.contexts = contexts;
     // si_cxix is an I32.
@@ -141,9 +135,8 @@ extern "C" fn perl_step(_index: u64, walk: *mut c_void) -> i64 {
         perl_frame::SUB => read_user(context + u64::from(layout.context_sub_cv)),
         _ => read_user(cursor.cop + u64::from(layout.cop_file)),
     };
-    let (Some(code), Some(caller)) = (code, read_user(context + u64::from(layout.context_oldcop))) else {
-        return 1;
-    };
+    let Some(code) = code else { return 1 };
+    let Some(caller) = read_user(context + u64::from(layout.context_oldcop)) else { return 1 };
     if !push_frame(tgid, frames, cursor.cop, code, kind, layout) {
         return 1;
     }
@@ -220,11 +213,8 @@ fn remember_sub(tgid: u32, code: u64, kind: u8, layout: &PerlLayout) {
 /// name's HEK and its stash.
 fn name_sub(record: &mut PerlSub, cv: u64, layout: &PerlLayout) {
     let Some(body) = read_user(cv) else { return };
-    let (Some(gv), Some(flags)) =
-        (read_user(body + u64::from(layout.cv_gv)), read_user(body + u64::from(layout.cv_flags)))
-    else {
-        return;
-    };
+    let Some(gv) = read_user(body + u64::from(layout.cv_gv)) else { return };
+    let Some(flags) = read_user(body + u64::from(layout.cv_flags)) else { return };
     let named = flags as u32 & layout.cv_named != 0;
     let (name, stash) = match named {
         true => (Some(gv), read_user(body + u64::from(layout.cv_stash))),

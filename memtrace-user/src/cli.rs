@@ -131,7 +131,7 @@ pub struct RunArgs {
     pub no_stacks: bool,
 
     /// Do not read interpreters' frames (CPython 3.11's functions in the stacks of a python3
-    /// process): native frames alone
+    /// process, Perl 5.36's subs in a perl's): native frames alone
     #[arg(long)]
     pub no_interpreter_frames: bool,
 

@@ -73,6 +73,16 @@ const PLAN: &[(&str, &[&str])] = &[
             "no_interpreter_frames_leaves_native_frames_alone",
         ],
     ),
+    // Perl's own frames: Debian's perl launched and attached, each sub's bytes inclusive and
+    // exclusive (the main thread's contexts, read from outside in BPF).
+    (
+        "perl",
+        &[
+            "a_launched_scripts_subs_hold_their_bytes_inclusive_and_exclusive",
+            "an_attached_perl_has_its_frames_read_too",
+            "no_interpreter_frames_leaves_perls_native_frames_alone",
+        ],
+    ),
     // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds
     // (dump_begin/dump_end, a round's values per subsystem), and --usdt arguments, launched. (usdt.rs's semaphore test by --pid stays on the host: on the preemptible kernels it
     // missed a hit twice in five runs; our reading is that the kernel raises a semaphore before the

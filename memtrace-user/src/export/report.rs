@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use super::exporter::Exporter;
-use crate::model::{Model, Process, RunEnd};
+use crate::model::{FunctionTotals, Model, Process, RunEnd};
 
 pub struct TextReport {
     /// How many leaking stacks and functions to list per process.
@@ -302,10 +302,20 @@ fn write_stacks(text: &mut String, process: &Process, top: usize) {
         );
     }
     let functions = process.function_totals();
-    if !functions.is_empty() {
-        let _ = writeln!(text, "    live bytes by function (inclusive / exclusive):");
+    write_functions(text, "function", functions.iter().take(top));
+    // A script's own functions, which the native ones above would crowd out.
+    for (interpreter, what) in [("python", "Python function"), ("perl", "Perl sub")] {
+        let script = functions.iter().filter(|f| f.interpreter.as_deref() == Some(interpreter));
+        write_functions(text, what, script.take(top));
     }
-    for function in functions.iter().take(top) {
+}
+
+/// A table of bytes per function, headed "by `what`" (nothing where there are none).
+fn write_functions<'a>(text: &mut String, what: &str, functions: impl Iterator<Item = &'a FunctionTotals>) {
+    for (index, function) in functions.enumerate() {
+        if index == 0 {
+            let _ = writeln!(text, "    live bytes by {what} (inclusive / exclusive):");
+        }
         let _ = writeln!(
             text,
             "      {:>10} / {:>10}  {}",

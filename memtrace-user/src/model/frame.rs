@@ -17,7 +17,7 @@ pub struct Frame {
     /// File offset within `module`, or the virtual address when the module is unknown; for an
     /// interpreter's frame, the index of its instruction in its code.
     pub offset: u64,
-    /// The interpreter whose frame this is ("python"), for a frame of the program it runs.
+    /// The interpreter whose frame this is ("python", "perl"), for a frame of the program it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<String>,
 }

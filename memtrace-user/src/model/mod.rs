@@ -372,6 +372,9 @@ pub struct RunEnd {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionTotals {
     pub name: String,
+    /// The interpreter ("python", "perl") whose function (a Perl sub) this is, for a script's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
     pub live_inclusive_bytes: i64,
     pub live_exclusive_bytes: i64,
     pub allocated_inclusive_bytes: u64,
@@ -393,9 +396,11 @@ impl Process {
                 if !seen.insert(name.clone()) {
                     continue;
                 }
-                let totals = by_name
-                    .entry(name.clone())
-                    .or_insert_with(|| FunctionTotals { name, ..FunctionTotals::default() });
+                let totals = by_name.entry(name.clone()).or_insert_with(|| FunctionTotals {
+                    name,
+                    interpreter: frame.interpreter.clone(),
+                    ..FunctionTotals::default()
+                });
                 totals.live_inclusive_bytes += stack.totals.live_bytes;
                 totals.allocated_inclusive_bytes += stack.totals.allocated_bytes;
                 if depth == 0 || Some(depth) == innermost_script {

@@ -1,0 +1,143 @@
+//! Perl's own frames in the stacks of Debian's perl (5.36, stripped, threads and multiplicity),
+//! read from outside the interpreter: a script whose allocations are known from its source,
+//! launched, attached, and with the reading turned off.
+//!
+//! The figures: assigning a 10,000-character string to a scalar that holds a short one grows its
+//! buffer with one realloc to 10,008 bytes (sv.c's sv_grow: the length, its NUL and the byte
+//! copy-on-write keeps spare, 10,002, rounded up to the 8 bytes of PERL_STRLEN_ROUNDUP); 20,000
+//! characters make 20,008. The scalars are made (map) and the strings folded (`x` of constants)
+//! before the subs run, so the subs allocate nothing else.
+
+use std::{path::Path, process::Command};
+
+use memtrace_tests::{Memtrace, Outcome, Spawned};
+use serde_json::Value;
+
+const PERL: &str = "/usr/bin/perl";
+
+/// make_cache (line 5) fills 400 scalars, make_index (line 8) 100; build (line 10) calls both,
+/// from line 12 of the main program. With an argument, it waits for a line on stdin first.
+const SUBS: &str = "\
+use strict;
+my @cache = map { \"\" . $_ } 1 .. 400;
+my @index = map { \"\" . $_ } 1 .. 100;
+sub make_cache {
+    $_ = \"x\" x 10000 for @cache;
+}
+sub make_index {
+    $_ = \"y\" x 20000 for @index;
+}
+sub build { make_cache(); make_index(); }
+<STDIN> if @ARGV;
+build();
+exit 0;
+";
+const CACHE_BYTES: u64 = 400 * 10_008;
+const INDEX_BYTES: u64 = 100 * 20_008;
+
+fn script(dir: &Path) -> String {
+    let path = dir.join("subs.pl");
+    std::fs::write(&path, SUBS).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+fn names(leak: &Value) -> Vec<&str> {
+    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
+}
+
+/// The leak group whose stack holds `frame`; exactly one.
+fn leak_through<'a>(process: &'a Value, frame: &str) -> &'a Value {
+    let leaks: Vec<&Value> =
+        process["leaks"].as_array().unwrap().iter().filter(|leak| names(leak).contains(&frame)).collect();
+    assert_eq!(leaks.len(), 1, "one leak through {frame}: {:#}", process["leaks"]);
+    leaks[0]
+}
+
+/// The per-function row named `name`: (live inclusive, live exclusive) bytes.
+fn function(process: &Value, name: &str) -> (Option<u64>, Option<u64>) {
+    let functions = process["functions"].as_array().unwrap();
+    let row =
+        functions.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("no {name}: {functions:#?}"));
+    (row["live_inclusive_bytes"].as_u64(), row["live_exclusive_bytes"].as_u64())
+}
+
+/// Each sub's leak, its frames in order where they ran, and the per-sub table.
+fn assert_subs(process: &Value, path: &str) {
+    for (sub, line, bytes, blocks) in
+        [("make_cache", 5, CACHE_BYTES, 400), ("make_index", 8, INDEX_BYTES, 100)]
+    {
+        let frame = format!("main::{sub} ({path}:{line})");
+        let leak = leak_through(process, &frame);
+        assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(bytes), Some(blocks)));
+        let stack = names(leak);
+        let at = stack.iter().position(|name| *name == frame).unwrap();
+        assert_eq!(
+            stack[at + 1..at + 4],
+            [
+                format!("main::build ({path}:10)"),
+                format!("main::RUNTIME ({path}:12)"),
+                "Perl_runops_standard".into()
+            ],
+            "Perl frames go before the op loop that ran them: {stack:?}"
+        );
+        let frame =
+            leak["frames"].as_array().unwrap().iter().find(|f| f["function"] == format!("main::{sub}"));
+        let frame = frame.unwrap_or_else(|| panic!("no frame of {sub}: {leak:#}"));
+        assert_eq!((frame["file"].as_str(), frame["line"].as_u64()), (Some(path), Some(line)), "{frame:#}");
+        assert_eq!(frame["interpreter"], "perl", "{frame:#}");
+        assert_eq!(function(process, &format!("main::{sub} ({path})")), (Some(bytes), Some(bytes)));
+    }
+    let both = CACHE_BYTES + INDEX_BYTES;
+    assert_eq!(function(process, &format!("main::build ({path})")), (Some(both), Some(0)));
+}
+
+#[test]
+fn a_launched_scripts_subs_hold_their_bytes_inclusive_and_exclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path());
+    let outcome = Memtrace::new().args(["--", PERL, &path]).run();
+    outcome.assert_exit_code(0);
+    assert_subs(outcome.process(), &path);
+    // The text report names them the same way, and its table has each sub once.
+    let chain =
+        format!("main::make_cache ({path}:5) <- main::build ({path}:10) <- main::RUNTIME ({path}:12)");
+    assert!(outcome.stderr.contains(&chain), "{}", outcome.stderr);
+    assert!(
+        outcome.stderr.contains(&format!("3.8 MiB /    3.8 MiB  main::make_cache ({path})")),
+        "{}",
+        outcome.stderr
+    );
+}
+
+#[test]
+fn an_attached_perl_has_its_frames_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path());
+    let mut target = Spawned::spawn({
+        let mut command = Command::new(PERL);
+        command.args([path.as_str(), "wait"]);
+        command
+    });
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    target.send(b"go\n");
+    assert!(target.wait().success());
+    let outcome: Outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_subs(outcome.process(), &path);
+}
+
+#[test]
+fn no_interpreter_frames_leaves_perls_native_frames_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path());
+    let outcome = Memtrace::new().args(["--no-interpreter-frames", "--", PERL, &path]).run();
+    outcome.assert_exit_code(0);
+    let frames = outcome.summary()["frame_table"].as_array().unwrap();
+    assert!(frames.iter().all(|f| f.get("interpreter").is_none()), "{frames:#?}");
+    // The subs' 500 reallocs are one stack of native frames now.
+    let leak = leak_through(outcome.process(), "Perl_pp_sassign");
+    assert_eq!(leak["bytes"].as_u64(), Some(CACHE_BYTES + INDEX_BYTES), "{leak:#}");
+}
