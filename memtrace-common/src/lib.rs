@@ -485,21 +485,37 @@ pub const PYTHON_MAX_FRAMES: usize = 32;
 pub const PYTHON_MAX_CODES: u32 = 16_384;
 
 /// Where a CPython version keeps what the unwinder reads: byte offsets into its structs (for 3.11,
-/// from its own headers: the interpreter describes itself only from 3.13, `_Py_DebugOffsets`).
+/// from its own headers; for 3.13, from the interpreter's own `_Py_DebugOffsets`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonLayout {
-    /// `_PyRuntime.gilstate.tstate_current`: the thread state holding the GIL.
+    /// 0: the thread is the GIL holder, `_PyRuntime.gilstate.tstate_current` (3.11); 1: the
+    /// thread is found in its interpreter's list of threads (3.12 and later keep the current
+    /// one in a thread-local).
+    pub thread_list: u32,
+    /// `_PyRuntime.gilstate.tstate_current`: the thread state holding the GIL (3.11).
     pub runtime_tstate_current: u32,
-    /// `PyThreadState.native_thread_id` (the thread's tid), `.cframe`, `_PyCFrame.current_frame`.
+    /// `_PyRuntime.interpreters.head`, `PyInterpreterState.threads.head`, `PyThreadState.next`
+    /// (the list of threads), and `PyThreadState.current_frame` (3.13).
+    pub runtime_interpreters_head: u32,
+    pub interp_threads_head: u32,
+    pub tstate_next: u32,
+    pub tstate_current_frame: u32,
+    /// `PyThreadState.native_thread_id` (the thread's tid), `.cframe`, `_PyCFrame.current_frame`
+    /// (3.11).
     pub tstate_native_thread_id: u32,
     pub tstate_cframe: u32,
     pub cframe_current_frame: u32,
-    /// `_PyInterpreterFrame.f_code`, `.previous`, `.prev_instr`, `.is_entry`.
+    /// `_PyInterpreterFrame.f_code` (3.13: `f_executable`), `.previous`, `.prev_instr` (3.13:
+    /// `instr_ptr`), `.is_entry` (3.11), `.owner` (3.13; a byte), all within 72 bytes of the
+    /// first (checked by userspace); the owner of a shim frame its eval loop runs from
+    /// (`FRAME_OWNED_BY_CSTACK`, 3.13).
     pub frame_code: u32,
     pub frame_previous: u32,
     pub frame_prev_instr: u32,
     pub frame_is_entry: u32,
+    pub frame_owner: u32,
+    pub owner_cstack: u32,
     /// `PyCodeObject.co_name`, `.co_filename`, `.co_firstlineno`, `.co_linetable`,
     /// `.co_code_adaptive` (its instructions).
     pub code_name: u32,
@@ -515,7 +531,15 @@ pub struct PythonLayout {
     /// `PyVarObject.ob_size` and `PyBytesObject.ob_sval`.
     pub bytes_size: u32,
     pub bytes_data: u32,
+    pub _pad: u32,
 }
+
+/// The words of an interpreter frame the unwinder reads at once, from its `frame_code`.
+pub const PYTHON_FRAME_WORDS: usize = 9;
+/// Thread states looked at to find the allocating thread's (3.13), at most.
+pub const PYTHON_MAX_THREADS: u32 = 256;
+/// Threads whose thread states the kernel remembers (3.13; all processes).
+pub const PYTHON_CACHED_THREADS: u32 = 4096;
 
 /// A process running CPython: where its runtime state is, and the version's layout.
 #[repr(C)]

@@ -4,9 +4,12 @@
 //! the process's mapping table, memtrace-user/src/collect/unwind/kernel.rs; not with
 //! --no-interpreter-frames). Nothing is written into the process.
 //!
-//! The frames are those of the thread holding the GIL (`gilstate.tstate_current`), and only when
-//! that is the allocating thread (its `native_thread_id`): an allocation made without the GIL
-//! (PyMem_RawMalloc in a thread that released it) has native frames alone. Each frame gives its
+//! On 3.11 the frames are those of the thread holding the GIL (`gilstate.tstate_current`), and
+//! only when that is the allocating thread (its `native_thread_id`): an allocation made without
+//! the GIL (PyMem_RawMalloc in a thread that released it) has native frames alone. 3.13 keeps the
+//! current thread state in a thread-local; the allocating thread's is found in the main
+//! interpreter's list of threads by its `native_thread_id` (and remembered, PYTHON_THREADS), so
+//! its frames are read whether it holds the GIL or not. Each frame gives its
 //! code object and its current instruction; the first time a code object is seen in a process,
 //! its name, file, first line and location table are copied into PYTHON_CODES, so that the frame
 //! is named after the process is gone. A frame that cannot be read ends the Python part.
@@ -17,14 +20,15 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, generated},
     macros::map,
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, LruHashMap},
 };
 use memtrace_common::{
-    InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON, PYTHON_MAX_CODES,
-    PYTHON_MAX_FRAMES, UNWIND_MAX_PROCESSES,
+    InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON, PYTHON_CACHED_THREADS,
+    PYTHON_FRAME_WORDS, PYTHON_MAX_CODES, PYTHON_MAX_FRAMES, PYTHON_MAX_THREADS, UNWIND_MAX_PROCESSES,
 };
 
 use crate::{
+    helpers::map_value,
     interpreter::{InterpreterFrame, InterpreterFrames},
     user_memory::{read_bytes, read_string, read_user, read_user_into},
 };
@@ -43,12 +47,19 @@ static PYTHON_CODES: HashMap<InterpreterCodeKey, PythonCode> =
 #[map]
 static FRESH_PYTHON_CODE: Array<PythonCode> = Array::with_max_entries(1, 0);
 
-/// Where the walk is (in the run's scratch slot): the interpreter frame read next, and the words
-/// read of one (`f_code` to `is_entry`).
+/// The thread state of each thread whose frames were read (3.13), by tid: checked against the
+/// state's `native_thread_id` at each use, so a stale one is only looked for again.
+#[map]
+static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PYTHON_CACHED_THREADS, 0);
+
+/// Where the walk is (in the run's scratch slot): the interpreter frame read next (the thread
+/// state looked at next, while the thread is looked for), the thread state found, and the words
+/// read of one frame.
 #[repr(C)]
 pub(crate) struct PythonCursor {
     next: u64,
-    read: [u64; 5],
+    found: u64,
+    read: [u64; PYTHON_FRAME_WORDS],
 }
 
 /// What each step of the walk works on, on the caller's stack.
@@ -61,18 +72,15 @@ struct PythonWalk {
 }
 
 /// Reads the current thread's Python frames into `frames` (none where the process runs no
-/// interpreter memtrace knows, or another thread holds the GIL).
+/// interpreter memtrace knows, or, on 3.11, another thread holds the GIL).
 #[inline(never)]
 pub(crate) fn read_python_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PythonCursor) {
     frames.begin(FRAME_PYTHON);
     let Some(process) = PYTHON_PROCESSES.get_ptr(&tgid) else { return };
-    // SAFETY: a map value, valid while the program runs.
-    let layout = unsafe { &(*process).layout };
-    // SAFETY: as above.
-    let runtime = unsafe { (*process).runtime };
-    let Some(first) = current_frame(runtime, layout) else { return };
-    cursor.next = first;
     let mut walk = PythonWalk { process, frames, cursor, tgid: u64::from(tgid) };
+    let Some(first) = current_frame(&mut walk) else { return };
+    // SAFETY: the cursor is the claimed slot's.
+    unsafe { (*walk.cursor).next = first };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe {
@@ -80,17 +88,79 @@ pub(crate) fn read_python_frames(tgid: u32, frames: &mut InterpreterFrames, curs
     };
 }
 
-/// The interpreter frame the allocating thread runs, if it holds the GIL.
-fn current_frame(runtime: u64, layout: &PythonLayout) -> Option<u64> {
-    let tstate = read_user(runtime + u64::from(layout.runtime_tstate_current))?;
+/// The interpreter frame the allocating thread runs: on 3.11 only if it holds the GIL.
+fn current_frame(walk: &mut PythonWalk) -> Option<u64> {
+    // SAFETY: a map value, valid while the program runs.
+    let (layout, runtime) = unsafe { (&(*walk.process).layout, (*walk.process).runtime) };
     // The low half of pid_tgid is the thread's id.
-    let tid = bpf_get_current_pid_tgid() as u32 as u64;
-    if tstate == 0 || read_user(tstate + u64::from(layout.tstate_native_thread_id))? != tid {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if layout.thread_list != 0 {
+        let tstate = thread_state(walk, tid)?;
+        let frame = read_user(tstate + u64::from(layout.tstate_current_frame))?;
+        return (frame != 0).then_some(frame);
+    }
+    let tstate = read_user(runtime + u64::from(layout.runtime_tstate_current))?;
+    if tstate == 0 || read_user(tstate + u64::from(layout.tstate_native_thread_id))? != u64::from(tid) {
         return None;
     }
     let cframe = read_user(tstate + u64::from(layout.tstate_cframe))?;
     let frame = read_user(cframe + u64::from(layout.cframe_current_frame))?;
     (frame != 0).then_some(frame)
+}
+
+/// The thread state of thread `tid`, from the cache or the main interpreter's list of threads.
+#[inline(never)]
+fn thread_state(walk: &mut PythonWalk, tid: u32) -> Option<u64> {
+    // SAFETY: map values, valid while the program runs; the cursor is the claimed slot's.
+    let (layout, runtime, cursor) =
+        unsafe { (&(*walk.process).layout, (*walk.process).runtime, &mut *walk.cursor) };
+    if let Some(&cached) = PYTHON_THREADS.get_ptr(&tid).map(map_value) {
+        if read_user(cached + u64::from(layout.tstate_native_thread_id)) == Some(u64::from(tid)) {
+            return Some(cached);
+        }
+    }
+    let interpreter = read_user(runtime + u64::from(layout.runtime_interpreters_head))?;
+    cursor.next = read_user(interpreter + u64::from(layout.interp_threads_head))?;
+    cursor.found = 0;
+    // SAFETY: the callback is a function of this program; its context lives on this stack for the
+    // whole call.
+    unsafe {
+        generated::bpf_loop(
+            PYTHON_MAX_THREADS,
+            thread_step as *mut c_void,
+            (walk as *mut PythonWalk).cast(),
+            0,
+        )
+    };
+    let found = cursor.found;
+    if found == 0 {
+        return None;
+    }
+    let _ = PYTHON_THREADS.insert(&tid, &found, 0);
+    Some(found)
+}
+
+/// bpf_loop's callback: one thread state of the list; 1 ends the loop (found, or the list ended).
+extern "C" fn thread_step(_index: u64, walk: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the `PythonWalk` that `thread_state` passed.
+    let (layout, cursor) = unsafe {
+        let walk = &*(walk as *const PythonWalk);
+        (&(*walk.process).layout, &mut *walk.cursor)
+    };
+    let tstate = cursor.next;
+    if tstate == 0 {
+        return 1;
+    }
+    // The low half of pid_tgid is the thread's id.
+    let tid = u64::from(bpf_get_current_pid_tgid() as u32);
+    let Some(native) = read_user(tstate + u64::from(layout.tstate_native_thread_id)) else { return 1 };
+    if native == tid {
+        cursor.found = tstate;
+        return 1;
+    }
+    let Some(next) = read_user(tstate + u64::from(layout.tstate_next)) else { return 1 };
+    cursor.next = next;
+    0
 }
 
 /// bpf_loop's callback: one Python frame; 1 ends the loop.
@@ -102,29 +172,34 @@ extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
         (&(*walk.process).layout, &mut *walk.frames, &mut *walk.cursor, walk.tgid)
     };
     let frame = cursor.next;
-    // f_code to is_entry, in one read into the slot (the layout keeps them in that order, within 40
-    // bytes: checked by userspace).
-    let base = frame + u64::from(layout.frame_code);
-    if frame == 0 || !read_user_into(&mut cursor.read, base) {
+    // The frame's fields, in one read into the slot (the layout keeps them within
+    // PYTHON_FRAME_WORDS words of f_code: checked by userspace).
+    if frame == 0 || !read_user_into(&mut cursor.read, frame + u64::from(layout.frame_code)) {
         return 1;
     }
     let read = &cursor.read;
-    let word = |offset: u32| read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize & 7).copied();
-    let (Some(code), Some(previous), Some(prev_instr), Some(entry_word)) = (
-        word(layout.frame_code),
-        word(layout.frame_previous),
-        word(layout.frame_prev_instr),
-        word(layout.frame_is_entry & !7),
-    ) else {
-        return 1;
+    let word = |offset: u32| read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize).copied();
+    let byte = |offset: u32| word(offset & !7).map(|word| (word >> ((offset & 7) * 8)) & 0xff);
+    let Some(code) = word(layout.frame_code) else { return 1 };
+    let Some(previous) = word(layout.frame_previous) else { return 1 };
+    let Some(prev_instr) = word(layout.frame_prev_instr) else { return 1 };
+    cursor.next = previous;
+    let entry = if layout.thread_list != 0 {
+        // 3.13: an eval loop's run starts from a shim frame of its own, not a Python one: the
+        // frame before it is the run's entry frame.
+        if byte(layout.frame_owner) == Some(u64::from(layout.owner_cstack)) {
+            frames.mark_entry();
+            return 0;
+        }
+        0
+    } else {
+        byte(layout.frame_is_entry).unwrap_or(0)
     };
-    let entry = (entry_word >> ((layout.frame_is_entry & 7) * 8)) & 0xff;
     let instructions = code + u64::from(layout.code_instructions);
     let at = prev_instr.wrapping_sub(instructions) / 2;
     if !frames.push(InterpreterFrame { code, at, entry, kind: 0 }) {
         return 1;
     }
-    cursor.next = previous;
     remember_code(tgid as u32, code, layout);
     0
 }
