@@ -428,8 +428,9 @@ impl StackFrame {
 /// A Python frame, stored after the native frames of its stack: `build_id[0..8]` the code
 /// object's address (little-endian), `build_id[8]` 1 for an entry frame (the first a native call
 /// of the eval loop runs; the frames from one entry frame to the next ran in one native frame of
-/// `_PyEval_EvalFrameDefault`), `offset_or_ip` the index of its current instruction (in code
-/// units) in the code object.
+/// `_PyEval_EvalFrameDefault`), `build_id[12..20]` the code object's fingerprint
+/// (`InterpreterCodeKey::fingerprint`), `offset_or_ip` the index of its current instruction (in
+/// code units) in the code object.
 pub const FRAME_PYTHON: i32 = 3;
 
 /// A Perl frame, stored after the native frames of its stack: `build_id[0..8]` its code (the CV
@@ -643,6 +644,9 @@ pub struct InterpreterCodeKey {
     pub tgid: u32,
     pub _pad: u32,
     pub code: u64,
+    /// What tells the code object from another freed before it at the same address (Python's:
+    /// its name's and file's string objects; 0 for Perl).
+    pub fingerprint: u64,
 }
 
 /// What the kernel copies of a code object the first time a stack holds it, so that it is named

@@ -4,14 +4,22 @@
 use memtrace_common::{FRAME_PERL, FRAME_PYTHON, PYTHON_MAX_FRAMES};
 
 /// One interpreter frame as read: its code (a code object, a CV), where in it (an instruction, a
-/// line), whether it ends a run of the interpreter's loop, and its kind (Perl's `perl_frame`).
+/// line), whether it ends a run of the interpreter's loop and its kind (Perl's `perl_frame`), and
+/// what tells its code from another that had the same address before it (Python's).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct InterpreterFrame {
     pub(crate) code: u64,
     pub(crate) at: u64,
-    pub(crate) entry: u64,
-    pub(crate) kind: u64,
+    /// 1 for an entry frame, and the kind from bit 8.
+    pub(crate) flags: u64,
+    pub(crate) fingerprint: u64,
+}
+
+impl InterpreterFrame {
+    pub(crate) fn new(code: u64, at: u64, entry: u64, kind: u8, fingerprint: u64) -> Self {
+        Self { code, at, flags: entry & 1 | u64::from(kind) << 8, fingerprint }
+    }
 }
 
 /// The interpreter frames of one stack, innermost first (in the run's scratch slot).
@@ -48,7 +56,7 @@ impl InterpreterFrames {
         let last = self.count.wrapping_sub(1);
         if let Some(frame) = self.frames.get_mut(last as usize & (PYTHON_MAX_FRAMES - 1)) {
             if last < PYTHON_MAX_FRAMES as u64 {
-                frame.entry = 1;
+                frame.flags |= 1;
             }
         }
     }
@@ -60,14 +68,15 @@ impl InterpreterFrames {
     }
 
     /// Frame `index` as a stored frame: the code in the build ID's first 8 bytes, the entry flag in
-    /// its ninth, the kind in its tenth, the instruction or line as the offset.
+    /// its ninth, the kind in its tenth, the fingerprint in its last 8, the instruction or line as
+    /// the offset.
     pub(crate) fn stored_words(&self, index: u64) -> [u64; 4] {
         let status = if self.status == FRAME_PERL as u64 { FRAME_PERL } else { FRAME_PYTHON };
         match self.frames.get(index as usize & (PYTHON_MAX_FRAMES - 1)) {
             Some(frame) => [
                 status as u32 as u64 | (frame.code & 0xffff_ffff) << 32,
-                frame.code >> 32 | (frame.entry & 0xff) << 32 | (frame.kind & 0xff) << 40,
-                0,
+                frame.code >> 32 | (frame.flags & 0xffff) << 32,
+                frame.fingerprint,
                 frame.at,
             ],
             None => [0; 4],

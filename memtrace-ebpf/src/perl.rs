@@ -177,7 +177,7 @@ fn push_frame(
 ) -> bool {
     // cop_line is a U32.
     let line = read_user(cop + u64::from(layout.cop_line)).map_or(0, |word| word as u32);
-    let frame = InterpreterFrame { code, at: u64::from(line), entry: 0, kind: u64::from(kind) };
+    let frame = InterpreterFrame::new(code, u64::from(line), 0, kind, 0);
     if !frames.push(frame) {
         return false;
     }
@@ -189,7 +189,7 @@ fn push_frame(
 /// process's stacks hold it.
 #[inline(never)]
 fn remember_sub(tgid: u32, code: u64, kind: u8, layout: &PerlLayout) {
-    let key = InterpreterCodeKey { tgid, _pad: 0, code };
+    let key = InterpreterCodeKey { tgid, _pad: 0, code, fingerprint: 0 };
     if PERL_SUBS.get_ptr(&key).is_some() {
         return;
     }

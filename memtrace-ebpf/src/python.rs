@@ -197,17 +197,26 @@ extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
     };
     let instructions = code + u64::from(layout.code_instructions);
     let at = prev_instr.wrapping_sub(instructions) / 2;
-    if !frames.push(InterpreterFrame { code, at, entry, kind: 0 }) {
+    let fingerprint = fingerprint(code, layout);
+    if !frames.push(InterpreterFrame::new(code, at, entry, 0, fingerprint)) {
         return 1;
     }
-    remember_code(tgid as u32, code, layout);
+    remember_code(InterpreterCodeKey { tgid: tgid as u32, _pad: 0, code, fingerprint }, layout);
     0
+}
+
+/// What tells a code object from one freed before it at the same address: its name's and file's
+/// string objects (a function of the same name in the same file may share them, and its name).
+fn fingerprint(code: u64, layout: &PythonLayout) -> u64 {
+    let name = read_user(code + u64::from(layout.code_name)).unwrap_or(0);
+    let file = read_user(code + u64::from(layout.code_filename)).unwrap_or(0);
+    name ^ file.rotate_left(32)
 }
 
 /// Copies a code object's names into PYTHON_CODES the first time the process's stacks hold it.
 #[inline(never)]
-fn remember_code(tgid: u32, code: u64, layout: &PythonLayout) {
-    let key = InterpreterCodeKey { tgid, _pad: 0, code };
+fn remember_code(key: InterpreterCodeKey, layout: &PythonLayout) {
+    let code = key.code;
     if PYTHON_CODES.get_ptr(&key).is_some() {
         return;
     }

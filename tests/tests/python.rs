@@ -6,7 +6,7 @@
 
 use std::{path::Path, process::Command};
 
-use memtrace_tests::{Memtrace, Outcome, Spawned};
+use memtrace_tests::{debian13, Memtrace, Outcome, Spawned};
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -34,7 +34,12 @@ fn script(dir: &Path, name: &str, source: &str) -> String {
 
 /// Debian's python3 running the script at `path`, launched by memtrace with `options`; exits 0.
 fn run_python(path: &str, options: &[&str]) -> Outcome {
-    let outcome = Memtrace::new().args(options).args(["--", PYTHON, path]).run();
+    run_script(&[PYTHON, path], options)
+}
+
+/// `command` (an interpreter and its script), launched by memtrace with `options`; exits 0.
+fn run_script(command: &[&str], options: &[&str]) -> Outcome {
+    let outcome = Memtrace::new().args(options).arg("--").args(command).run();
     outcome.assert_exit_code(0);
     outcome
 }
@@ -111,12 +116,8 @@ fn an_attached_interpreter_has_its_frames_read_too() {
     assert_cache(outcome.process(), &path);
 }
 
-/// Two threads allocate in two functions: each allocation has the frames of the thread that made
-/// it (the one holding the interpreter's lock).
-#[test]
-fn each_threads_allocations_have_its_own_frames() {
-    let dir = tempfile::tempdir().unwrap();
-    let source = "\
+/// Two threads allocate in two functions.
+const THREADS: &str = "\
 import os, threading
 def fill_a(keep):
     for i in range(len(keep)):
@@ -130,9 +131,9 @@ for t in threads: t.start()
 for t in threads: t.join()
 os._exit(0)
 ";
-    let path = script(dir.path(), "threads.py", source);
-    let outcome = run_python(&path, &[]);
-    let process = outcome.process();
+
+/// Each allocation of THREADS (run at `path`) has the frames of the thread that made it.
+fn assert_threads(process: &Value, path: &str) {
     for (name, bytes) in [("fill_a", 100 * 30_001), ("fill_b", 100 * 50_001)] {
         let row = function(process, &format!("{name} ({path})"));
         assert_eq!(row["live_exclusive_bytes"].as_u64(), Some(bytes), "{row:#}");
@@ -140,6 +141,16 @@ os._exit(0)
             leak_through(process, &format!("{name} ({path}:{})", if name == "fill_a" { 4 } else { 7 }));
         assert_eq!(leak["allocations"], 100, "{leak:#}");
     }
+}
+
+/// Each thread's allocations have its own frames (on 3.11, those of the thread holding the
+/// interpreter's lock, which is the allocating one).
+#[test]
+fn each_threads_allocations_have_its_own_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "threads.py", THREADS);
+    let outcome = run_python(&path, &[]);
+    assert_threads(outcome.process(), &path);
 }
 
 #[test]
@@ -201,4 +212,67 @@ other(more)
         assert_eq!(memray.get(&site), Some(&bytes), "memray: {memray:#?}");
         assert_eq!(memtrace.get(&site), Some(&bytes), "memtrace: {memtrace:#?}");
     }
+}
+
+/// A script for Debian 13's python3.13, in a directory of its own under its root's /tmp.
+struct Debian13Script {
+    root: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    /// The script's path as the interpreter sees it.
+    path: String,
+}
+
+impl Debian13Script {
+    fn new(name: &str, source: &str) -> Self {
+        let root = debian13::root();
+        let dir = tempfile::tempdir_in(root.join("tmp")).unwrap();
+        script(dir.path(), name, source);
+        let inside = Path::new("/tmp").join(dir.path().file_name().unwrap()).join(name);
+        Self { root, _dir: dir, path: inside.to_str().unwrap().to_owned() }
+    }
+
+    /// chroot's command line that runs it, with `args`.
+    fn command<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut command = vec!["chroot", self.root.to_str().unwrap(), debian13::PYTHON, &self.path];
+        command.extend(args);
+        command
+    }
+}
+
+/// CPython 3.13: its layout from its own _Py_DebugOffsets, the allocating thread found in the
+/// interpreter's list of threads.
+#[test]
+fn python_3_13s_frames_are_read_from_its_own_description() {
+    let script = Debian13Script::new("cache.py", CACHE);
+    let outcome = run_script(&script.command(&[]), &[]);
+    assert_cache(outcome.process(), &script.path);
+    let executable = outcome.process()["executable"].as_str().unwrap_or_default().to_owned();
+    assert!(executable.ends_with("python3.13"), "the process is Debian 13's python3.13: {executable}");
+}
+
+#[test]
+fn python_3_13s_threads_have_their_own_frames() {
+    let script = Debian13Script::new("threads.py", THREADS);
+    let outcome = run_script(&script.command(&[]), &[]);
+    assert_threads(outcome.process(), &script.path);
+}
+
+#[test]
+fn an_attached_python_3_13_has_its_frames_read_too() {
+    let script = Debian13Script::new("cache.py", CACHE);
+    let mut target = Spawned::spawn({
+        let command = script.command(&["wait"]);
+        let mut spawned = Command::new(command[0]);
+        spawned.args(&command[1..]);
+        spawned
+    });
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    target.send(b"g");
+    assert!(target.wait().success());
+    let outcome: Outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    assert_cache(outcome.process(), &script.path);
 }

@@ -46,9 +46,9 @@ impl InterpreterNames {
         let interpreted: Vec<(Arc<Frame>, bool)> = stack
             .iter()
             .filter_map(|stored| {
-                let (code, entry, kind, at) = stored_frame(stored);
+                let (code, entry, kind, fingerprint, at) = stored_frame(stored);
                 let frame = match stored.status {
-                    FRAME_PYTHON => self.python.frame(tgid, code, at),
+                    FRAME_PYTHON => self.python.frame(tgid, code, fingerprint, at),
                     FRAME_PERL => {
                         loop_functions = PERL_LOOP;
                         self.perl.frame(tgid, code, kind, at)
@@ -88,12 +88,12 @@ fn place(
     frames
 }
 
-/// A stored interpreter frame's code, entry flag, kind and instruction or line
+/// A stored interpreter frame's code, entry flag, kind, fingerprint and instruction or line
 /// (`FRAME_PYTHON`, `FRAME_PERL`).
-fn stored_frame(frame: &StackFrame) -> (u64, bool, u8, u64) {
+fn stored_frame(frame: &StackFrame) -> (u64, bool, u8, u64, u64) {
     let id = &frame.build_id;
-    let code = u64::from_le_bytes([id[0], id[1], id[2], id[3], id[4], id[5], id[6], id[7]]);
-    (code, id[8] != 0, id[9], frame.offset_or_ip)
+    let word = |at: usize| u64::from_le_bytes(id[at..at + 8].try_into().expect("8 bytes"));
+    (word(0), id[8] != 0, id[9], word(12), frame.offset_or_ip)
 }
 
 #[cfg(test)]

@@ -21,26 +21,28 @@ struct Code {
 /// The code objects of every traced process, by process and address.
 #[derive(Default)]
 pub struct PythonNames {
-    codes: HashMap<(u32, u64), Code>,
+    /// By process, address and fingerprint (a code object freed and another made at its address
+    /// are two).
+    codes: HashMap<(u32, u64, u64), Code>,
 }
 
 impl PythonNames {
     /// Takes what the kernel copied since the last sample.
     pub fn drain(&mut self, probes: &Probes) -> Result<()> {
         for (key, code) in probes.take_python_codes()? {
-            self.codes.insert((key.tgid, key.code), Code::from_kernel(&code));
+            self.codes.insert((key.tgid, key.code, key.fingerprint), Code::from_kernel(&code));
         }
         Ok(())
     }
 
     /// Forgets the code objects of processes gone.
     pub fn forget(&mut self, tgids: &HashSet<u32>) {
-        self.codes.retain(|(tgid, _), _| !tgids.contains(tgid));
+        self.codes.retain(|(tgid, _, _), _| !tgids.contains(tgid));
     }
 
     /// A Python frame, named by its code object where the kernel copied it.
-    pub(super) fn frame(&self, tgid: u32, code: u64, instruction: u64) -> Frame {
-        let known = self.codes.get(&(tgid, code));
+    pub(super) fn frame(&self, tgid: u32, code: u64, fingerprint: u64, instruction: u64) -> Frame {
+        let known = self.codes.get(&(tgid, code, fingerprint));
         let line = known.and_then(|code| line_of(&code.linetable, code.first_line, instruction));
         Frame {
             function: Some(known.map_or_else(|| format!("[code {code:#x}]"), |code| code.name.clone())),
