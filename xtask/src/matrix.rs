@@ -61,8 +61,9 @@ const PLAN: &[(&str, &[&str])] = &[
             "short_lived_programs_a_shell_runs_have_whole_stacks",
         ],
     ),
-    // Python's own frames: Debian's python3 launched, attached, with threads (the GIL holder's
-    // frames, read from outside in BPF). (The comparison with memray stays on the host: the VM
+    // Python's own frames: Debian's python3 (3.11) launched, attached, with threads (the GIL
+    // holder's frames, read from outside in BPF), and Debian 13's python3.13 the same way in a
+    // root of its own (its threads found in its list of threads). (The comparison with memray stays on the host: the VM
     // has no network to install it from PyPI.)
     (
         "python",
@@ -71,6 +72,9 @@ const PLAN: &[(&str, &[&str])] = &[
             "an_attached_interpreter_has_its_frames_read_too",
             "each_threads_allocations_have_its_own_frames",
             "no_interpreter_frames_leaves_native_frames_alone",
+            "python_3_13s_frames_are_read_from_its_own_description",
+            "python_3_13s_threads_have_their_own_frames",
+            "an_attached_python_3_13_has_its_frames_read_too",
         ],
     ),
     // Perl's own frames: Debian's perl launched and attached, each sub's bytes inclusive and
@@ -193,6 +197,13 @@ pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Resul
     let entries = selection.entries()?;
     let kernels = kernels::resolve(packages)?;
     let tests = planned(&entries, &test_executables()?)?;
+    if entries.iter().any(|(binary, _)| *binary == "python") {
+        // Debian 13's python3.13, unpacked here: the VM has no network to fetch it.
+        let root = workspace_root().join("target/debian13-python");
+        crate::run(
+            Command::new("sh").arg(workspace_root().join("tests/fixtures/debian13-python.sh")).arg(root),
+        )?;
+    }
     let out = workspace_root().join("target/matrix");
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let mut failed = Vec::new();

@@ -175,6 +175,16 @@ fn search_list(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(':').filter(|dir| !dir.is_empty()).map(str::to_owned)
 }
 
+/// Where a file's address 0 lies in a process that maps it at `start` from file offset
+/// `file_offset` (one of its mappings), given its PT_LOAD segments (`ElfObject::load_segments`):
+/// 0 for a non-PIE executable; None where no segment holds the offset.
+pub fn load_bias(segments: &[(u64, u64, u64)], start: u64, file_offset: u64) -> Option<u64> {
+    let &(offset, vaddr, _) = segments
+        .iter()
+        .find(|&&(offset, _, size)| (offset..offset.saturating_add(size.max(1))).contains(&file_offset))?;
+    Some(start.wrapping_sub(vaddr.wrapping_add(file_offset - offset)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,14 +204,4 @@ mod tests {
         assert!(ElfObject::parse(b"not an ELF file").is_err());
         assert!(ElfObject::parse(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).is_err());
     }
-}
-
-/// Where a file's address 0 lies in a process that maps it at `start` from file offset
-/// `file_offset` (one of its mappings), given its PT_LOAD segments (`ElfObject::load_segments`):
-/// 0 for a non-PIE executable; None where no segment holds the offset.
-pub fn load_bias(segments: &[(u64, u64, u64)], start: u64, file_offset: u64) -> Option<u64> {
-    let &(offset, vaddr, _) = segments
-        .iter()
-        .find(|&&(offset, _, size)| (offset..offset.saturating_add(size.max(1))).contains(&file_offset))?;
-    Some(start.wrapping_sub(vaddr.wrapping_add(file_offset - offset)))
 }
