@@ -220,6 +220,22 @@ impl Lines {
     }
 }
 
+/// `command` (a program that waits for `release` on its stdin before it does its work), attached
+/// with `memtrace --pid` once its unwind tables are loaded, released, and traced to its exit 0;
+/// memtrace's outcome, which exited 0.
+pub fn attached_until_released(command: Command, release: &[u8]) -> Outcome {
+    let mut target = Spawned::spawn(command);
+    let pid = target.pid().to_string();
+    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
+    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
+    memtrace.wait_for_stderr("memtrace: tracing");
+    target.send(release);
+    assert!(target.wait().success(), "{pid} exited 0");
+    let outcome = memtrace.finish();
+    outcome.assert_exit_code(0);
+    outcome
+}
+
 /// A child process with piped stdin, stdout and stderr, killed if the test ends before it does.
 pub struct Spawned {
     what: String,

@@ -6,7 +6,7 @@
 
 use std::{path::Path, process::Command};
 
-use memtrace_tests::{debian13, Memtrace, Outcome, Spawned};
+use memtrace_tests::{debian13, Memtrace, Outcome};
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -100,19 +100,9 @@ fn a_launched_scripts_leak_is_named_by_its_functions_and_lines() {
 fn an_attached_interpreter_has_its_frames_read_too() {
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "cache.py", CACHE);
-    let mut target = Spawned::spawn({
-        let mut command = Command::new(PYTHON);
-        command.args([path.as_str(), "wait"]);
-        command
-    });
-    let pid = target.pid().to_string();
-    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
-    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
-    memtrace.wait_for_stderr("memtrace: tracing");
-    target.send(b"g");
-    assert!(target.wait().success());
-    let outcome: Outcome = memtrace.finish();
-    outcome.assert_exit_code(0);
+    let mut command = Command::new(PYTHON);
+    command.args([path.as_str(), "wait"]);
+    let outcome = memtrace_tests::attached_until_released(command, b"g");
     assert_cache(outcome.process(), &path);
 }
 
@@ -260,19 +250,9 @@ fn python_3_13s_threads_have_their_own_frames() {
 #[test]
 fn an_attached_python_3_13_has_its_frames_read_too() {
     let script = Debian13Script::new("cache.py", CACHE);
-    let mut target = Spawned::spawn({
-        let command = script.command(&["wait"]);
-        let mut spawned = Command::new(command[0]);
-        spawned.args(&command[1..]);
-        spawned
-    });
-    let pid = target.pid().to_string();
-    let mut memtrace = Memtrace::new().args(["--pid", &pid]).spawn();
-    memtrace.wait_for_stderr_containing(&format!("unwind tables loaded for pid {pid}"));
-    memtrace.wait_for_stderr("memtrace: tracing");
-    target.send(b"g");
-    assert!(target.wait().success());
-    let outcome: Outcome = memtrace.finish();
-    outcome.assert_exit_code(0);
+    let command = script.command(&["wait"]);
+    let mut spawned = Command::new(command[0]);
+    spawned.args(&command[1..]);
+    let outcome = memtrace_tests::attached_until_released(spawned, b"g");
     assert_cache(outcome.process(), &script.path);
 }
