@@ -143,6 +143,38 @@ fn each_threads_allocations_have_its_own_frames() {
     assert_threads(outcome.process(), &path);
 }
 
+/// A generator's and a coroutine's frames are read as a function's are: chunks (line 4) runs as
+/// list() drives it, fill (line 7) as asyncio's loop does.
+const GENERATORS: &str = "\
+import asyncio, os
+def chunks(n):
+    for i in range(n):
+        yield bytearray(20000)
+async def fill(keep):
+    for i in range(len(keep)):
+        keep[i] = bytearray(30000)
+        await asyncio.sleep(0)
+made = list(chunks(100))
+kept = [None] * 100
+asyncio.run(fill(kept))
+os._exit(0)
+";
+
+/// Each of GENERATORS (run at `path`) holds its bytes exactly, under its own frame.
+fn assert_generators(process: &Value, path: &str) {
+    for (name, bytes) in [("chunks", 100 * 20_001), ("fill", 100 * 30_001)] {
+        let row = function(process, &format!("{name} ({path})"));
+        assert_eq!(row["live_exclusive_bytes"].as_u64(), Some(bytes), "{row:#}");
+    }
+}
+
+#[test]
+fn generators_and_coroutines_have_their_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "generators.py", GENERATORS);
+    assert_generators(run_python(&path, &[]).process(), &path);
+}
+
 #[test]
 fn no_interpreter_frames_leaves_native_frames_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -255,4 +287,11 @@ fn an_attached_python_3_13_has_its_frames_read_too() {
     spawned.args(&command[1..]);
     let outcome = memtrace_tests::attached_until_released(spawned, b"g");
     assert_cache(outcome.process(), &script.path);
+}
+
+#[test]
+fn python_3_13s_generators_and_coroutines_have_their_frames() {
+    let script = Debian13Script::new("generators.py", GENERATORS);
+    let outcome = run_script(&script.command(&[]), &[]);
+    assert_generators(outcome.process(), &script.path);
 }

@@ -75,6 +75,8 @@ const PLAN: &[(&str, &[&str])] = &[
             "python_3_13s_frames_are_read_from_its_own_description",
             "python_3_13s_threads_have_their_own_frames",
             "an_attached_python_3_13_has_its_frames_read_too",
+            "generators_and_coroutines_have_their_frames",
+            "python_3_13s_generators_and_coroutines_have_their_frames",
         ],
     ),
     // Perl's own frames: Debian's perl launched and attached, each sub's bytes inclusive and
