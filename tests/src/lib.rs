@@ -226,6 +226,29 @@ impl Lines {
     }
 }
 
+/// A leak group's stack, as the summary names its frames.
+pub fn leak_stack(leak: &Value) -> Vec<&str> {
+    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
+}
+
+/// The leak group of `process` (the summary's) whose stack holds `frame`; exactly one.
+pub fn leak_through<'a>(process: &'a Value, frame: &str) -> &'a Value {
+    let leaks: Vec<&Value> = process["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|leak| leak_stack(leak).contains(&frame))
+        .collect();
+    assert_eq!(leaks.len(), 1, "one leak through {frame}: {:#}", process["leaks"]);
+    leaks[0]
+}
+
+/// The row of `process`'s per-function table named `name`.
+pub fn function_row<'a>(process: &'a Value, name: &str) -> &'a Value {
+    let functions = process["functions"].as_array().unwrap();
+    functions.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("no {name}: {functions:#?}"))
+}
+
 /// `command` (a program that waits for `release` on its stdin before it does its work), attached
 /// with `memtrace --pid` once its unwind tables are loaded, released, and traced to its exit 0;
 /// memtrace's outcome, which exited 0.

@@ -10,7 +10,7 @@
 
 use std::{path::Path, process::Command};
 
-use memtrace_tests::Memtrace;
+use memtrace_tests::{function_row, leak_stack, leak_through, Memtrace};
 use serde_json::Value;
 
 const PERL: &str = "/usr/bin/perl";
@@ -41,23 +41,9 @@ fn script(dir: &Path) -> String {
     path.to_str().unwrap().to_owned()
 }
 
-fn names(leak: &Value) -> Vec<&str> {
-    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
-}
-
-/// The leak group whose stack holds `frame`; exactly one.
-fn leak_through<'a>(process: &'a Value, frame: &str) -> &'a Value {
-    let leaks: Vec<&Value> =
-        process["leaks"].as_array().unwrap().iter().filter(|leak| names(leak).contains(&frame)).collect();
-    assert_eq!(leaks.len(), 1, "one leak through {frame}: {:#}", process["leaks"]);
-    leaks[0]
-}
-
 /// The per-function row named `name`: (live inclusive, live exclusive) bytes.
 fn function(process: &Value, name: &str) -> (Option<u64>, Option<u64>) {
-    let functions = process["functions"].as_array().unwrap();
-    let row =
-        functions.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("no {name}: {functions:#?}"));
+    let row = function_row(process, name);
     (row["live_inclusive_bytes"].as_u64(), row["live_exclusive_bytes"].as_u64())
 }
 
@@ -69,7 +55,7 @@ fn assert_subs(process: &Value, path: &str) {
         let frame = format!("main::{sub} ({path}:{line})");
         let leak = leak_through(process, &frame);
         assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(bytes), Some(blocks)));
-        let stack = names(leak);
+        let stack = leak_stack(leak);
         let at = stack.iter().position(|name| *name == frame).unwrap();
         assert_eq!(
             stack[at + 1..at + 4],

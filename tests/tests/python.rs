@@ -6,7 +6,7 @@
 
 use std::{path::Path, process::Command};
 
-use memtrace_tests::{debian13, Memtrace, Outcome};
+use memtrace_tests::{debian13, function_row as function, leak_stack, leak_through, Memtrace, Outcome};
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -44,30 +44,12 @@ fn run_script(command: &[&str], options: &[&str]) -> Outcome {
     outcome
 }
 
-fn names(leak: &Value) -> Vec<&str> {
-    leak["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect()
-}
-
-/// The leak group whose stack holds `frame`; exactly one.
-fn leak_through<'a>(process: &'a Value, frame: &str) -> &'a Value {
-    let leaks: Vec<&Value> =
-        process["leaks"].as_array().unwrap().iter().filter(|leak| names(leak).contains(&frame)).collect();
-    assert_eq!(leaks.len(), 1, "one leak through {frame}: {:#}", process["leaks"]);
-    leaks[0]
-}
-
-/// The per-function row named `name`.
-fn function<'a>(process: &'a Value, name: &str) -> &'a Value {
-    let functions = process["functions"].as_array().unwrap();
-    functions.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("no {name}: {functions:#?}"))
-}
-
 /// The cache script's leak, its frames in order, and make_cache's bytes in the function table.
 fn assert_cache(process: &Value, path: &str) {
     let cache = format!("make_cache ({path}:4)");
     let leak = leak_through(process, &cache);
     assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(CACHE_BYTES), Some(400)));
-    let stack = names(leak);
+    let stack = leak_stack(leak);
     let at = stack.iter().position(|name| *name == cache).unwrap();
     assert_eq!(stack[at + 1], format!("<module> ({path}:8)"), "{stack:?}");
     assert_eq!(
