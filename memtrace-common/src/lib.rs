@@ -125,6 +125,8 @@ pub struct ProcessStats {
     pub comm: [u8; 16],
     /// Stacks taken, by why the unwinder ended them (`unwind_stop`).
     pub unwind_stops: [u64; unwind_stop::COUNT],
+    /// Stacks whose interpreter frames ended short, by why (`interpreter_stop`).
+    pub interpreter_stops: [u64; interpreter_stop::COUNT],
     /// Allocations freed before the thread that made them allocated anything else (heaptrack's
     /// temporary allocations).
     pub temporary_allocations: u64,
@@ -482,6 +484,9 @@ const _: () = assert!(SHALLOW_STACK_DEPTH < STACK_DEPTH);
 
 /// Python frames read per stack at most (innermost first); deeper ones are left out.
 pub const PYTHON_MAX_FRAMES: usize = 32;
+/// The frames the Python walk looks at, at most: the Python ones it keeps, 3.13's shim frames
+/// (one a run of the eval loop) between them, and one more, which says whether they were cut.
+pub const PYTHON_MAX_STEPS: u32 = 2 * PYTHON_MAX_FRAMES as u32 + 1;
 /// Python code objects whose names the kernel keeps at once (all processes).
 pub const PYTHON_MAX_CODES: u32 = 16_384;
 
@@ -1249,6 +1254,21 @@ pub mod unwind_stop {
         "read_fault",
         "depth_limit",
     ];
+}
+
+/// Why a stack's interpreter frames (Python's, Perl's) ended before the interpreter's outermost
+/// frame: the index of its counter in `ProcessStats::interpreter_stops`. A stack whose interpreter
+/// part is whole, or that has none, counts nothing here.
+pub mod interpreter_stop {
+    /// A frame (or the list of frames, a context) could not be read: the part ends before it.
+    pub const UNREADABLE: usize = 0;
+    /// `PYTHON_MAX_FRAMES` interpreter frames were taken, or the stack's `STACK_DEPTH` frames
+    /// were full with native ones: the outer ones are cut.
+    pub const DEPTH_LIMIT: usize = 1;
+    /// Counters.
+    pub const COUNT: usize = 2;
+    /// Their names, by index, as the summary shows them among its `unwind_stops`.
+    pub const NAMES: [&str; COUNT] = ["interpreter_unreadable", "interpreter_depth_limit"];
 }
 
 #[cfg(feature = "user")]

@@ -1,7 +1,7 @@
 //! An interpreter's frames as the kernel side reads them (python.rs, perl.rs) and stores them
 //! after a stack's native frames (stacks.rs): the same four words a frame whichever interpreter.
 
-use memtrace_common::{FRAME_PERL, FRAME_PYTHON, PYTHON_MAX_FRAMES};
+use memtrace_common::{interpreter_stop, FRAME_PERL, FRAME_PYTHON, PYTHON_MAX_FRAMES};
 
 /// One interpreter frame as read: its code (a code object, a CV), where in it (an instruction, a
 /// line), whether it ends a run of the interpreter's loop and its kind (Perl's `perl_frame`), and
@@ -28,6 +28,8 @@ pub(crate) struct InterpreterFrames {
     /// `FRAME_PYTHON` or `FRAME_PERL`: how they are stored.
     pub(crate) status: u64,
     pub(crate) count: u64,
+    /// Why they end short: 1 + an `interpreter_stop`, 0 when they are whole.
+    pub(crate) cut: u64,
     pub(crate) frames: [InterpreterFrame; PYTHON_MAX_FRAMES],
 }
 
@@ -36,9 +38,11 @@ impl InterpreterFrames {
     pub(crate) fn begin(&mut self, status: i32) {
         self.status = status as u64;
         self.count = 0;
+        self.cut = 0;
     }
 
-    /// Adds a frame innermost-to-outermost; false when they are all taken.
+    /// Adds a frame innermost-to-outermost; false when they are all taken (and the frames are
+    /// then cut at the depth limit).
     pub(crate) fn push(&mut self, frame: InterpreterFrame) -> bool {
         let index = self.count;
         match self.frames.get_mut(index as usize & (PYTHON_MAX_FRAMES - 1)) {
@@ -47,8 +51,30 @@ impl InterpreterFrames {
                 self.count = index + 1;
                 true
             }
-            _ => false,
+            _ => {
+                self.cut_at(interpreter_stop::DEPTH_LIMIT);
+                false
+            }
         }
+    }
+
+    /// Says why the frames end here, where they end short (`interpreter_stop`); the first reason
+    /// given stands.
+    pub(crate) fn cut_at(&mut self, stop: usize) {
+        if self.cut == 0 {
+            self.cut = stop as u64 + 1;
+        }
+    }
+
+    /// Ends a walk (bpf_loop's 1) at a frame that could not be read.
+    pub(crate) fn unreadable(&mut self) -> i64 {
+        self.cut_at(interpreter_stop::UNREADABLE);
+        1
+    }
+
+    /// Why the frames end short (an `interpreter_stop`), if they do.
+    pub(crate) fn stop(&self) -> Option<usize> {
+        self.cut.checked_sub(1).map(|stop| stop as usize)
     }
 
     /// Marks the last frame taken as ending a run of the interpreter's loop.

@@ -10,7 +10,8 @@
 //! `require` is a frame the same way; loops and blocks are not frames. The statement the walk ends
 //! at is the main program's (`main::RUNTIME`, as NYTProf names it). Each CV's package, name and
 //! file (another kind's file) is copied once into PERL_SUBS, so that the frame is named after the
-//! process is gone.
+//! process is gone. A context that cannot be read ends the Perl part, and the stack counts it
+//! (`interpreter_stop`).
 //!
 //! Only the main thread's frames are read: `PL_curinterp` is its interpreter; a thread that
 //! `threads` made runs its own, found through a thread-local key, and has native frames alone.
@@ -24,8 +25,8 @@ use aya_ebpf::{
     maps::{Array, HashMap},
 };
 use memtrace_common::{
-    perl_frame, InterpreterCodeKey, PerlLayout, PerlProcess, PerlSub, FRAME_PERL, PERL_MAX_CONTEXTS,
-    PYTHON_MAX_CODES, UNWIND_MAX_PROCESSES,
+    interpreter_stop, perl_frame, InterpreterCodeKey, PerlLayout, PerlProcess, PerlSub, FRAME_PERL,
+    PERL_MAX_CONTEXTS, PYTHON_MAX_CODES, UNWIND_MAX_PROCESSES,
 };
 
 use crate::{
@@ -47,7 +48,7 @@ static PERL_SUBS: HashMap<InterpreterCodeKey, PerlSub> =
 #[map]
 static FRESH_PERL_SUB: Array<PerlSub> = Array::with_max_entries(1, 0);
 
-/// Where the walk is (in the run's scratch slot): the stack of contexts, its contexts, the index
+/// Where the walk is (in the run's scratch slot): the stack of contexts (0 once the walk is whole), its contexts, the index
 /// of the next one (-1 once they are all seen), the statement running in the frame it is in, and
 /// whether the main program runs.
 #[repr(C)]
@@ -88,13 +89,22 @@ pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor
     let Some(phase) = read_user(interpreter + u64::from(layout.interp_phase)) else { return };
     cursor.cop = cop;
     cursor.running = u64::from(phase as u32 == layout.phase_run);
+    // No stack of contexts yet (perl constructs its interpreter) or any more: no Perl runs.
+    if stackinfo == 0 || cop == 0 {
+        return;
+    }
     if !enter_stackinfo(cursor, stackinfo, layout) {
+        frames.unreadable();
         return;
     }
     let mut walk = PerlWalk { process, frames, cursor, tgid: u64::from(tgid) };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
     unsafe { generated::bpf_loop(PERL_MAX_CONTEXTS, perl_step as *mut c_void, (&raw mut walk).cast(), 0) };
+    if cursor.stackinfo != 0 {
+        // The contexts ran out before the main program's (a reason found first stands).
+        frames.cut_at(interpreter_stop::DEPTH_LIMIT);
+    }
 }
 
 /// Points the cursor at the innermost context of `stackinfo`; false where it cannot be read.
@@ -121,7 +131,7 @@ extern "C" fn perl_step(_index: u64, walk: *mut c_void) -> i64 {
     }
     let context = cursor.contexts + cursor.index as u64 * u64::from(layout.context_size);
     cursor.index -= 1;
-    let Some(head) = read_user(context) else { return 1 };
+    let Some(head) = read_user(context) else { return frames.unreadable() };
     let kind = match head as u32 & layout.type_mask {
         t if t == layout.type_sub => perl_frame::SUB,
         t if t == layout.type_eval && (head >> 16 & 0xffff) as u32 >> 7 == layout.op_require => {
@@ -135,8 +145,10 @@ extern "C" fn perl_step(_index: u64, walk: *mut c_void) -> i64 {
         perl_frame::SUB => read_user(context + u64::from(layout.context_sub_cv)),
         _ => read_user(cursor.cop + u64::from(layout.cop_file)),
     };
-    let Some(code) = code else { return 1 };
-    let Some(caller) = read_user(context + u64::from(layout.context_oldcop)) else { return 1 };
+    let Some(code) = code else { return frames.unreadable() };
+    let Some(caller) = read_user(context + u64::from(layout.context_oldcop)) else {
+        return frames.unreadable();
+    };
     if !push_frame(tgid, frames, cursor.cop, code, kind, layout) {
         return 1;
     }
@@ -155,7 +167,10 @@ fn end_of_stackinfo(
 ) -> i64 {
     if let Some(previous) = read_user(cursor.stackinfo + u64::from(layout.si_prev)).filter(|&at| at != 0) {
         frames.mark_entry();
-        return i64::from(!enter_stackinfo(cursor, previous, layout));
+        return match enter_stackinfo(cursor, previous, layout) {
+            true => 0,
+            false => frames.unreadable(),
+        };
     }
     if cursor.running != 0 {
         if let Some(file) = read_user(cursor.cop + u64::from(layout.cop_file)) {
@@ -163,6 +178,8 @@ fn end_of_stackinfo(
         }
     }
     frames.mark_entry();
+    // The walk is whole.
+    cursor.stackinfo = 0;
     1
 }
 

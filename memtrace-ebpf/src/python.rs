@@ -12,7 +12,8 @@
 //! its frames are read whether it holds the GIL or not. Each frame gives its
 //! code object and its current instruction; the first time a code object is seen in a process,
 //! its name, file, first line and location table are copied into PYTHON_CODES, so that the frame
-//! is named after the process is gone. A frame that cannot be read ends the Python part.
+//! is named after the process is gone. A frame that cannot be read ends the Python part, and the
+//! stack counts it (`interpreter_stop`).
 
 use core::ffi::c_void;
 
@@ -23,8 +24,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap},
 };
 use memtrace_common::{
-    InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON, PYTHON_CACHED_THREADS,
-    PYTHON_FRAME_WORDS, PYTHON_MAX_CODES, PYTHON_MAX_FRAMES, PYTHON_MAX_THREADS, UNWIND_MAX_PROCESSES,
+    interpreter_stop, InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON,
+    PYTHON_CACHED_THREADS, PYTHON_FRAME_WORDS, PYTHON_MAX_CODES, PYTHON_MAX_STEPS, PYTHON_MAX_THREADS,
+    UNWIND_MAX_PROCESSES,
 };
 
 use crate::{
@@ -83,9 +85,11 @@ pub(crate) fn read_python_frames(tgid: u32, frames: &mut InterpreterFrames, curs
     unsafe { (*walk.cursor).next = first };
     // SAFETY: the callback is a function of this program; its context lives on this stack for the
     // whole call.
-    unsafe {
-        generated::bpf_loop(PYTHON_MAX_FRAMES as u32, python_step as *mut c_void, (&raw mut walk).cast(), 0)
-    };
+    unsafe { generated::bpf_loop(PYTHON_MAX_STEPS, python_step as *mut c_void, (&raw mut walk).cast(), 0) };
+    if cursor.next != 0 {
+        // The steps ran out before the outermost frame (a reason found first stands).
+        frames.cut_at(interpreter_stop::DEPTH_LIMIT);
+    }
 }
 
 /// The interpreter frame the allocating thread runs: on 3.11 only if it holds the GIL.
@@ -172,17 +176,20 @@ extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
         (&(*walk.process).layout, &mut *walk.frames, &mut *walk.cursor, walk.tgid)
     };
     let frame = cursor.next;
+    if frame == 0 {
+        return 1;
+    }
     // The frame's fields, in one read into the slot (the layout keeps them within
     // PYTHON_FRAME_WORDS words of f_code: checked by userspace).
-    if frame == 0 || !read_user_into(&mut cursor.read, frame + u64::from(layout.frame_code)) {
-        return 1;
+    if !read_user_into(&mut cursor.read, frame + u64::from(layout.frame_code)) {
+        return frames.unreadable();
     }
     let read = &cursor.read;
     let word = |offset: u32| read.get((offset.wrapping_sub(layout.frame_code) / 8) as usize).copied();
     let byte = |offset: u32| word(offset & !7).map(|word| (word >> ((offset & 7) * 8)) & 0xff);
-    let Some(code) = word(layout.frame_code) else { return 1 };
-    let Some(previous) = word(layout.frame_previous) else { return 1 };
-    let Some(prev_instr) = word(layout.frame_prev_instr) else { return 1 };
+    let Some(code) = word(layout.frame_code) else { return frames.unreadable() };
+    let Some(previous) = word(layout.frame_previous) else { return frames.unreadable() };
+    let Some(prev_instr) = word(layout.frame_prev_instr) else { return frames.unreadable() };
     cursor.next = previous;
     let entry = if layout.thread_list != 0 {
         // 3.13: an eval loop's run starts from a shim frame of its own, not a Python one: the

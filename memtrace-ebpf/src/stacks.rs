@@ -31,12 +31,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    interpreter, unwind_file_state, unwind_kind, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats,
-    StackFrame, StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
-    UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS, MAX_STACKS,
-    MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
-    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE,
-    UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
+    interpreter, interpreter_stop, unwind_file_state, unwind_kind, unwind_stop, AllocatorCode,
+    DeepStackFrames, ProcessStats, StackFrame, StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping,
+    UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES,
+    MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH,
+    UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES,
+    UNWIND_MAX_ROWS, UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::{
@@ -184,6 +184,7 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     let (depth, stop) =
         unsafe { (read_volatile(&(*state).depth) as usize, read_volatile(&(*state).stop) as usize) };
     count_stop(stats, stop);
+    count_interpreter_stop(stats, &mut scratch.interpreter, depth as u64);
     // The same addresses in another process, or in this one after an exec, are another stack.
     let seed = fnv1a(fnv1a(FNV_OFFSET, u64::from(tgid)), stats.started_ns);
     let raw_key = raw_stack_key(seed, scratch, depth as u64);
@@ -226,6 +227,17 @@ fn raw_stack_key(seed: u64, scratch: &Scratch, depth: u64) -> u64 {
 /// Counts why a stack ended.
 fn count_stop(stats: &ProcessStats, stop: usize) {
     if let Some(counter) = stats.unwind_stops.get(stop & (unwind_stop::COUNT - 1)) {
+        add(counter, 1);
+    }
+}
+
+/// Counts why a stack's interpreter frames ended short, if they did: as they were read, or cut by
+/// the native frames filling the stack's `STACK_DEPTH` (they follow the native ones).
+fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, depth: u64) {
+    if frames.count > 0 && depth + frames.count > STACK_DEPTH as u64 {
+        frames.cut_at(interpreter_stop::DEPTH_LIMIT);
+    }
+    if let Some(counter) = frames.stop().and_then(|stop| stats.interpreter_stops.get(stop)) {
         add(counter, 1);
     }
 }

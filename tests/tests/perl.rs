@@ -75,6 +75,8 @@ fn assert_subs(process: &Value, path: &str) {
     }
     let both = CACHE_BYTES + INDEX_BYTES;
     assert_eq!(function(process, &format!("main::build ({path})")), (Some(both), Some(0)));
+    let stops = &process["unwind_stops"];
+    assert_eq!(stops["interpreter_unreadable"], 0, "every context was read: {stops:#}");
 }
 
 #[test]
@@ -120,4 +122,45 @@ fn no_interpreter_frames_leaves_perls_native_frames_alone() {
     // The subs' 500 reallocs are one stack of native frames now.
     let leak = leak_through(outcome.process(), "Perl_pp_sassign");
     assert_eq!(leak["bytes"].as_u64(), Some(CACHE_BYTES + INDEX_BYTES), "{leak:#}");
+}
+
+/// descend recurses 40 deep and then fills 100 scalars (line 6): 41 of its frames and the main
+/// program's, past the 32 interpreter frames a stack keeps.
+const DEEP: &str = "\
+use strict;
+my @cache = map { \"\" . $_ } 1 .. 100;
+sub descend {
+    my ($depth) = @_;
+    return descend($depth - 1) if $depth;
+    $_ = \"x\" x 10000 for @cache;
+}
+descend(40);
+exit 0;
+";
+
+/// A recursion deeper than the interpreter frames a stack keeps: the innermost 32 are kept, and
+/// each stack cut so is counted in `unwind_stops` (`interpreter_depth_limit`); no context was
+/// unreadable.
+#[test]
+fn perl_frames_past_the_limit_keep_the_innermost_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep.pl");
+    std::fs::write(&path, DEEP).unwrap();
+    let path = path.to_str().unwrap();
+    let outcome = Memtrace::new().args(["--", PERL, path]).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let leak = leak_through(process, &format!("main::descend ({path}:6)"));
+    assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(100 * 10_008), Some(100)));
+    let perl: Vec<&Value> =
+        leak["frames"].as_array().unwrap().iter().filter(|f| f["interpreter"] == "perl").collect();
+    let lines: Vec<u64> = perl.iter().map(|f| f["line"].as_u64().unwrap()).collect();
+    let mut expected = vec![6];
+    expected.resize(32, 5);
+    assert_eq!(lines, expected, "the innermost 32, every one descend's: {leak:#}");
+    assert!(perl.iter().all(|f| f["function"] == "main::descend"), "{leak:#}");
+    // The scalars, and the pads perl makes for each level of the recursion past the 32nd.
+    let stops = &process["unwind_stops"];
+    assert!(stops["interpreter_depth_limit"].as_u64().unwrap() >= 100, "{stops:#}");
+    assert_eq!(stops["interpreter_unreadable"], 0, "{stops:#}");
 }

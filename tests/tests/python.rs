@@ -62,6 +62,8 @@ fn assert_cache(process: &Value, path: &str) {
     assert_eq!(frame["interpreter"], "python", "{frame:#}");
     let row = function(process, &format!("make_cache ({path})"));
     assert_eq!(row["live_exclusive_bytes"].as_u64(), Some(CACHE_BYTES), "{row:#}");
+    let stops = &process["unwind_stops"];
+    assert_eq!(stops["interpreter_unreadable"], 0, "every frame was read: {stops:#}");
 }
 
 #[test]
@@ -155,6 +157,44 @@ fn generators_and_coroutines_have_their_frames() {
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "generators.py", GENERATORS);
     assert_generators(run_python(&path, &[]).process(), &path);
+}
+
+/// descend recurses 40 deep and then fills 100 bytearrays of 10,001 bytes (line 6): 41 of its
+/// frames and the module's, past the 32 interpreter frames a stack keeps.
+const DEEP: &str = "\
+import os
+def descend(depth, keep):
+    if depth:
+        return descend(depth - 1, keep)
+    for i in range(len(keep)):
+        keep[i] = bytearray(10000)
+keep = [None] * 100
+descend(40, keep)
+os._exit(0)
+";
+
+/// A recursion deeper than the interpreter frames a stack keeps: the innermost 32 are kept, and
+/// each stack cut so is counted in `unwind_stops` (`interpreter_depth_limit`); no frame was
+/// unreadable.
+#[test]
+fn python_frames_past_the_limit_keep_the_innermost_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "deep.py", DEEP);
+    let outcome = run_python(&path, &[]);
+    let process = outcome.process();
+    let leak = leak_through(process, &format!("descend ({path}:6)"));
+    assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(100 * 10_001), Some(100)));
+    let python: Vec<&Value> =
+        leak["frames"].as_array().unwrap().iter().filter(|f| f["interpreter"] == "python").collect();
+    let lines: Vec<u64> = python.iter().map(|f| f["line"].as_u64().unwrap()).collect();
+    let mut expected = vec![6];
+    expected.resize(32, 4);
+    assert_eq!(lines, expected, "the innermost 32, every one descend's: {leak:#}");
+    assert!(python.iter().all(|f| f["function"] == "descend"), "{leak:#}");
+    let stops = &process["unwind_stops"];
+    // Exactly the bytearrays: nothing else allocates that deep.
+    assert_eq!(stops["interpreter_depth_limit"], 100, "{stops:#}");
+    assert_eq!(stops["interpreter_unreadable"], 0, "{stops:#}");
 }
 
 #[test]

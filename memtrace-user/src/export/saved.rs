@@ -2,10 +2,17 @@
 //! `memtrace report RUN.json` makes every report again (pprof, flamegraph, HTML, OTLP, the text report)
 //! through the same exporters as a run, without tracing again.
 
-use std::{collections::HashSet, fs, path::Path, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs,
+    path::Path,
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
-use memtrace_common::{unwind_stop, ProcessStats};
+use memtrace_common::{interpreter_stop, unwind_stop, ProcessStats};
 
 use super::{
     report::TextReport,
@@ -119,12 +126,15 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
     Ok((model, RunEnd { duration }))
 }
 
+/// The counters named `names`, from the summary's `unwind_stops` (0 for a name it lacks).
+fn stop_counts<const N: usize>(saved: &BTreeMap<String, u64>, names: [&str; N]) -> [u64; N] {
+    names.map(|name| saved.get(name).copied().unwrap_or(0))
+}
+
 /// One process as the summary gave it; its stacks' frames are taken from the frame table.
 fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
-    let mut unwind_stops = [0; unwind_stop::COUNT];
-    for (slot, name) in unwind_stops.iter_mut().zip(unwind_stop::NAMES) {
-        *slot = saved.unwind_stops.get(name).copied().unwrap_or(0);
-    }
+    let unwind_stops = stop_counts(&saved.unwind_stops, unwind_stop::NAMES);
+    let interpreter_stops = stop_counts(&saved.unwind_stops, interpreter_stop::NAMES);
     let mut comm = [0u8; 16];
     let kept = saved.comm.len().min(comm.len() - 1);
     comm[..kept].copy_from_slice(&saved.comm.as_bytes()[..kept]);
@@ -143,6 +153,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         exited: u64::from(saved.exited),
         comm,
         unwind_stops,
+        interpreter_stops,
         temporary_allocations: saved.temporary_allocations,
         temporary_bytes: saved.temporary_bytes,
         ..ProcessStats::default()
@@ -307,6 +318,7 @@ mod tests {
             process.stats.live_bytes = 100;
             process.stats.lost_events = 1;
             process.stats.unwind_stops[0] = 3;
+            process.stats.interpreter_stops[1] = 2;
             process.memory =
                 MemoryLevels { rss_anon_bytes: 4096, dark_bytes: 1024, ..MemoryLevels::default() };
             process.timeline =
@@ -349,6 +361,7 @@ mod tests {
         for (before, after) in model.every_process().zip(loaded.every_process()) {
             assert_eq!(after.stats.allocations, before.stats.allocations);
             assert_eq!(after.stats.unwind_stops, before.stats.unwind_stops);
+            assert_eq!(after.stats.interpreter_stops, before.stats.interpreter_stops);
             assert_eq!(after.memory, before.memory);
             assert_eq!(after.timeline, before.timeline);
             assert_eq!(after.usdt.subsystems, before.usdt.subsystems);

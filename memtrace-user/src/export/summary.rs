@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::Result;
-use memtrace_common::{unwind_stop, StackTotals};
+use memtrace_common::{interpreter_stop, unwind_stop, StackTotals};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
@@ -90,7 +90,9 @@ pub struct ProcessSummary {
     /// Allocations freed before their thread allocated anything else, and their bytes.
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
-    /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame).
+    /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame), and stacks
+    /// whose interpreter frames ended short, by why (`interpreter_unreadable`,
+    /// `interpreter_depth_limit`).
     pub unwind_stops: BTreeMap<String, u64>,
     /// Bytes per subsystem, as the process last reported them (memtrace:report_total/report_delta).
     pub subsystems: BTreeMap<String, i64>,
@@ -263,8 +265,9 @@ impl ProcessSummary {
             temporary_bytes: stats.temporary_bytes,
             unwind_stops: unwind_stop::NAMES
                 .iter()
-                .map(|name| name.to_string())
                 .zip(stats.unwind_stops)
+                .chain(interpreter_stop::NAMES.iter().zip(stats.interpreter_stops))
+                .map(|(name, count)| (name.to_string(), count))
                 .collect(),
             subsystems: process.usdt.subsystems.clone(),
             usdt: process.usdt.probes.clone(),
