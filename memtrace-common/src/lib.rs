@@ -235,6 +235,10 @@ pub struct KernelLayout {
     pub backing_user_path: u32,
     pub path_dentry: u32,
     pub dentry_inode: u32,
+    /// `task_struct.thread` . `thread_struct.fsbase`: a user thread's thread pointer on x86-64
+    /// (glibc's `struct pthread`); 0 where unknown.
+    pub task_fsbase: u32,
+    pub _pad: u32,
 }
 
 /// A program file as the kernel names it at exec: its file system's device (the kernel's own
@@ -616,13 +620,30 @@ pub struct PerlLayout {
     pub hek_key: u32,
 }
 
-/// A process running Perl: the address of its `PL_curinterp` (the main thread's interpreter), and
-/// the version's layout.
+/// A process running Perl: the address of its `PL_curinterp` (the main thread's interpreter), of
+/// its `PL_thr_key` (the thread-specific key each thread's interpreter is kept under, 0 where it
+/// has none or its C library's keys are not known), the C library's thread keys, and the
+/// version's layout.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PerlProcess {
     pub curinterp: u64,
+    pub thr_key: u64,
+    pub keys: ThreadKeys,
     pub layout: PerlLayout,
+}
+
+/// Where a C library keeps a thread's thread-specific data (what `pthread_getspecific` returns),
+/// as glibc describes it to libthread_db (its `_thread_db_*` symbols): the thread's `struct
+/// pthread` (at the thread pointer, the FS base on x86-64) holds at `specific` pointers to blocks
+/// of `keys_per_block` key records of `record_size` bytes each, whose `data` is the value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadKeys {
+    pub specific: u32,
+    pub keys_per_block: u32,
+    pub record_size: u32,
+    pub data: u32,
 }
 
 /// What the kernel copies of a Perl frame's code the first time a stack holds it: a sub's package,
@@ -1280,6 +1301,7 @@ mod unwind_kernel_pod {
 }
 
 const _: () = assert!(1 << UNWIND_MAPPING_STEPS == UNWIND_MAX_MAPPINGS);
+const _: () = assert!(interpreter_stop::COUNT.is_power_of_two() && unwind_stop::COUNT.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<UnwindFile>() == 48);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 120);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 128);
 const _: () = assert!(core::mem::size_of::<LiveSlot>() == 48);

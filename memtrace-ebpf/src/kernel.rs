@@ -39,6 +39,8 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     backing_user_path: 0,
     path_dentry: 0,
     dentry_inode: 0,
+    task_fsbase: 0,
+    _pad: 0,
 };
 
 /// The layout as the loader set it, not as compiled.
@@ -93,6 +95,16 @@ fn inode_image(inode: u64) -> Option<ImageKey> {
     let super_block: u64 = read_at(inode, layout.inode_sb)?;
     let dev: u32 = read_at(super_block, layout.sb_dev)?;
     Some(ImageKey { dev, _pad: 0, ino })
+}
+
+/// The current user thread's thread pointer (its FS base: glibc's `struct pthread`); None where
+/// the loader found no offset for it. Only that field is read, not the whole layout.
+pub(crate) fn thread_pointer() -> Option<u64> {
+    let offset = crate::helpers::loaded(&KERNEL_LAYOUT.task_fsbase);
+    if offset == 0 {
+        return None;
+    }
+    read_at(current_task(), offset)
 }
 
 /// The `struct task_struct` running now.

@@ -13,8 +13,11 @@
 //! process is gone. A context that cannot be read ends the Perl part, and the stack counts it
 //! (`interpreter_stop`).
 //!
-//! Only the main thread's frames are read: `PL_curinterp` is its interpreter; a thread that
-//! `threads` made runs its own, found through a thread-local key, and has native frames alone.
+//! Each thread runs its own interpreter (`threads` clones one for each thread it makes), kept
+//! under the thread-specific key `PL_thr_key`: the allocating thread's is read from its glibc
+//! `struct pthread` (at its FS base, `task_struct.thread.fsbase`), where the C library's layout
+//! of thread keys is known (userspace reads it from glibc's libthread_db descriptors). Where it
+//! is not, only the main thread's frames are read, its interpreter `PL_curinterp`.
 
 use core::ffi::c_void;
 
@@ -31,6 +34,7 @@ use memtrace_common::{
 
 use crate::{
     interpreter::{InterpreterFrame, InterpreterFrames},
+    kernel,
     user_memory::{read_string, read_user},
 };
 
@@ -69,19 +73,15 @@ struct PerlWalk {
     tgid: u64,
 }
 
-/// Reads the main thread's Perl frames into `frames` (none where the process runs no Perl
-/// memtrace knows, or the allocating thread is another).
+/// Reads the allocating thread's Perl frames into `frames` (none where the process runs no Perl
+/// memtrace knows, or the thread runs no interpreter).
 #[inline(never)]
 pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PerlCursor) {
     frames.begin(FRAME_PERL);
-    // The low half of pid_tgid is the thread's id.
-    if bpf_get_current_pid_tgid() as u32 != tgid {
-        return;
-    }
     let Some(process) = PERL_PROCESSES.get_ptr(&tgid) else { return };
     // SAFETY: a map value, valid while the program runs.
-    let (layout, curinterp) = unsafe { (&(*process).layout, (*process).curinterp) };
-    let Some(interpreter) = read_user(curinterp).filter(|&at| at != 0) else { return };
+    let layout = unsafe { &(*process).layout };
+    let Some(interpreter) = thread_interpreter(process, tgid) else { return };
     // One read at a time, each checked before the next: a tuple of them is code that 6.1's
     // verifier cannot follow (a register read on a path it thinks possible, "R1 !read_ok").
     let Some(cop) = read_user(interpreter + u64::from(layout.interp_curcop)) else { return };
@@ -105,6 +105,28 @@ pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor
         // The contexts ran out before the main program's (a reason found first stands).
         frames.cut_at(interpreter_stop::DEPTH_LIMIT);
     }
+}
+
+/// The interpreter the current thread runs: the one kept under `PL_thr_key` in its thread-specific
+/// data (glibc's `pthread_getspecific`, read from the thread's `struct pthread` at its FS base),
+/// or where that cannot be known, `PL_curinterp` for the main thread alone.
+#[inline(never)]
+fn thread_interpreter(process: *const PerlProcess, tgid: u32) -> Option<u64> {
+    // SAFETY: a map value, valid while the program runs.
+    let (thr_key, keys, curinterp) = unsafe { ((*process).thr_key, (*process).keys, (*process).curinterp) };
+    let thread = kernel::thread_pointer().filter(|_| thr_key != 0);
+    let Some(thread) = thread else {
+        // The low half of pid_tgid is the thread's id.
+        let main = bpf_get_current_pid_tgid() as u32 == tgid;
+        return main.then(|| read_user(curinterp)).flatten().filter(|&at| at != 0);
+    };
+    // pthread_key_t is an unsigned int.
+    let key = read_user(thr_key)? as u32;
+    let block_index = key.checked_div(keys.keys_per_block)?;
+    let in_block = key.checked_rem(keys.keys_per_block)?;
+    let block = read_user(thread + u64::from(keys.specific) + u64::from(block_index) * 8)?;
+    let record = u64::from(in_block) * u64::from(keys.record_size) + u64::from(keys.data);
+    read_user(block.checked_add(record)?).filter(|&at| at != 0 && block != 0)
 }
 
 /// Points the cursor at the innermost context of `stackinfo`; false where it cannot be read.
@@ -194,19 +216,30 @@ fn push_frame(
 ) -> bool {
     // cop_line is a U32.
     let line = read_user(cop + u64::from(layout.cop_line)).map_or(0, |word| word as u32);
-    let frame = InterpreterFrame::new(code, u64::from(line), 0, kind, 0);
+    let fingerprint = match kind {
+        perl_frame::SUB => fingerprint(code, layout),
+        _ => 0,
+    };
+    let frame = InterpreterFrame::new(code, u64::from(line), 0, kind, fingerprint);
     if !frames.push(frame) {
         return false;
     }
-    remember_sub(tgid, code, kind, layout);
+    remember_sub(InterpreterCodeKey { tgid, _pad: 0, code, fingerprint }, kind, layout);
     true
+}
+
+/// What tells a CV from one freed before it at the same address: its body and its GV (its name).
+fn fingerprint(cv: u64, layout: &PerlLayout) -> u64 {
+    let body = read_user(cv).unwrap_or(0);
+    let gv = read_user(body + u64::from(layout.cv_gv)).unwrap_or(0);
+    body ^ gv.rotate_left(32)
 }
 
 /// Copies a sub's package, name and file (another kind's file) into PERL_SUBS the first time the
 /// process's stacks hold it.
 #[inline(never)]
-fn remember_sub(tgid: u32, code: u64, kind: u8, layout: &PerlLayout) {
-    let key = InterpreterCodeKey { tgid, _pad: 0, code, fingerprint: 0 };
+fn remember_sub(key: InterpreterCodeKey, kind: u8, layout: &PerlLayout) {
+    let code = key.code;
     if PERL_SUBS.get_ptr(&key).is_some() {
         return;
     }

@@ -237,7 +237,10 @@ fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, 
     if frames.count > 0 && depth + frames.count > STACK_DEPTH as u64 {
         frames.cut_at(interpreter_stop::DEPTH_LIMIT);
     }
-    if let Some(counter) = frames.stop().and_then(|stop| stats.interpreter_stops.get(stop)) {
+    let Some(stop) = frames.stop() else { return };
+    // Masked, not only bounded: the verifier must see the index's bounds in the register used
+    // (6.1 saw them in a copy only).
+    if let Some(counter) = stats.interpreter_stops.get(stop & (interpreter_stop::COUNT - 1)) {
         add(counter, 1);
     }
 }

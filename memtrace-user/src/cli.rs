@@ -130,7 +130,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_stacks: bool,
 
-    /// Do not read interpreters' frames (CPython 3.11's functions in the stacks of a python3
+    /// Do not read interpreters' frames (CPython 3.11's and 3.13's functions in the stacks of a python3
     /// process, Perl 5.36's subs in a perl's): native frames alone
     #[arg(long)]
     pub no_interpreter_frames: bool,

@@ -164,3 +164,60 @@ fn perl_frames_past_the_limit_keep_the_innermost_and_say_so() {
     assert!(stops["interpreter_depth_limit"].as_u64().unwrap() >= 100, "{stops:#}");
     assert_eq!(stops["interpreter_unreadable"], 0, "{stops:#}");
 }
+
+/// Two threads (`threads`, each running an interpreter of its own, cloned from the main one)
+/// fill 100 scalars each, fill_a (line 9) with 30,000 characters (30,008 bytes, as in SUBS),
+/// fill_b (line 12) with 50,000 (50,008), through run (line 16); then they wait, and the main
+/// thread ends the process with both alive, so that their scalars are live at the end.
+const THREADS: &str = "\
+use strict;
+use threads;
+use threads::shared;
+use POSIX ();
+my $ready :shared = 0;
+my @a = map { \"\" . $_ } 1 .. 100;
+my @b = map { \"\" . $_ } 1 .. 100;
+sub fill_a {
+    $_ = \"a\" x 30000 for @a;
+}
+sub fill_b {
+    $_ = \"b\" x 50000 for @b;
+}
+sub run {
+    my ($fill) = @_;
+    $fill->();
+    lock($ready);
+    $ready++;
+    cond_broadcast($ready);
+    cond_wait($ready) while 1;
+}
+threads->create(\\&run, \\&fill_a);
+threads->create(\\&run, \\&fill_b);
+{
+    lock($ready);
+    cond_wait($ready) until $ready == 2;
+}
+POSIX::_exit(0);
+";
+
+/// Each thread's allocations have its own interpreter's frames, found through the thread key
+/// perl keeps it under (glibc's thread-specific data, read from the thread's `struct pthread`).
+#[test]
+fn each_perl_threads_allocations_have_its_own_subs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("threads.pl");
+    std::fs::write(&path, THREADS).unwrap();
+    let path = path.to_str().unwrap();
+    let outcome = Memtrace::new().args(["--", PERL, path]).run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    for (sub, line, bytes) in [("fill_a", 9, 100 * 30_008), ("fill_b", 12, 100 * 50_008)] {
+        assert_eq!(function(process, &format!("main::{sub} ({path})")), (Some(bytes), Some(bytes)));
+        let frame = format!("main::{sub} ({path}:{line})");
+        let leak = leak_through(process, &frame);
+        assert_eq!((leak["bytes"].as_u64(), leak["allocations"].as_u64()), (Some(bytes), Some(100)));
+        let stack = leak_stack(leak);
+        let at = stack.iter().position(|name| *name == frame).unwrap();
+        assert_eq!(stack[at + 1], format!("main::run ({path}:16)"), "{stack:?}");
+    }
+}

@@ -80,13 +80,17 @@ const PLAN: &[(&str, &[&str])] = &[
         ],
     ),
     // Perl's own frames: Debian's perl launched and attached, each sub's bytes inclusive and
-    // exclusive (the main thread's contexts, read from outside in BPF).
+    // exclusive (the contexts, read from outside in BPF), each `threads` thread's own interpreter
+    // (found from the task's FS base, an offset from each kernel's BTF), and a recursion past the
+    // frames a stack keeps, counted.
     (
         "perl",
         &[
             "a_launched_scripts_subs_hold_their_bytes_inclusive_and_exclusive",
             "an_attached_perl_has_its_frames_read_too",
             "no_interpreter_frames_leaves_perls_native_frames_alone",
+            "each_perl_threads_allocations_have_its_own_subs",
+            "perl_frames_past_the_limit_keep_the_innermost_and_say_so",
         ],
     ),
     // USDT: memtrace.h's semaphore and its reports (the claimed key slot), its dumpers' rounds

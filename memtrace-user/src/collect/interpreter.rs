@@ -51,7 +51,7 @@ impl InterpreterNames {
                     FRAME_PYTHON => self.python.frame(tgid, code, fingerprint, at),
                     FRAME_PERL => {
                         loop_functions = PERL_LOOP;
-                        self.perl.frame(tgid, code, kind, at)
+                        self.perl.frame(tgid, code, fingerprint, kind, at)
                     }
                     _ => return None,
                 };

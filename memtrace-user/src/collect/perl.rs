@@ -17,30 +17,31 @@ struct Sub {
     file: String,
 }
 
-/// The subs of every traced process, by process and code.
+/// The subs of every traced process, by process, code and fingerprint (a CV freed and another
+/// made at its address are two).
 #[derive(Default)]
 pub struct PerlNames {
-    subs: HashMap<(u32, u64), Sub>,
+    subs: HashMap<(u32, u64, u64), Sub>,
 }
 
 impl PerlNames {
     /// Takes what the kernel copied since the last sample.
     pub fn drain(&mut self, probes: &Probes) -> Result<()> {
         for (key, sub) in probes.take_perl_subs()? {
-            self.subs.insert((key.tgid, key.code), Sub::from_kernel(&sub));
+            self.subs.insert((key.tgid, key.code, key.fingerprint), Sub::from_kernel(&sub));
         }
         Ok(())
     }
 
     /// Forgets the subs of processes gone.
     pub fn forget(&mut self, tgids: &HashSet<u32>) {
-        self.subs.retain(|(tgid, _), _| !tgids.contains(tgid));
+        self.subs.retain(|(tgid, _, _), _| !tgids.contains(tgid));
     }
 
     /// A Perl frame of `kind` (`perl_frame`) at `line`, named by its code where the kernel copied it:
     /// `package::sub`, or as `caller` and NYTProf name the rest.
-    pub(super) fn frame(&self, tgid: u32, code: u64, kind: u8, line: u64) -> Frame {
-        let known = self.subs.get(&(tgid, code));
+    pub(super) fn frame(&self, tgid: u32, code: u64, fingerprint: u64, kind: u8, line: u64) -> Frame {
+        let known = self.subs.get(&(tgid, code, fingerprint));
         let function = match kind {
             perl_frame::MAIN => "main::RUNTIME".to_owned(),
             perl_frame::EVAL => "(eval)".to_owned(),

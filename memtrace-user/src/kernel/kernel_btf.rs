@@ -55,6 +55,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             vma_end: btf.member_offset(vma, "vm_end")?,
             vma_pgoff: btf.member_offset(vma, "vm_pgoff")?,
             vma_file: btf.member_offset(vma, "vm_file")?,
+            task_fsbase: fsbase_offset(&btf).unwrap_or(0),
             ..with_backing_files(&btf, memcg_layout(&btf).unwrap_or_default())
         })
     };
@@ -86,6 +87,13 @@ fn rss_counter_layout(btf: &Btf<'_>) -> Result<(u32, u32, u32)> {
 fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
     btf.find_struct("trace_event_raw_mark_victim")
         .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
+}
+
+/// Where a task keeps its user thread pointer: `task_struct.thread` . `thread_struct.fsbase`
+/// (x86-64).
+fn fsbase_offset(btf: &Btf<'_>) -> Result<u32> {
+    let thread = btf.member_offset(btf.find_struct("task_struct")?, "thread")?;
+    Ok(thread + btf.member_offset(btf.find_struct("thread_struct")?, "fsbase")?)
 }
 
 /// `layout` with the way from an overlay's backing file to the file it was opened as, where the
@@ -319,6 +327,15 @@ mod tests {
         assert!(layout.percpu_counter_size >= 16, "{layout:?}");
         assert!(layout.percpu_counter_counters > layout.percpu_counter_count, "{layout:?}");
         assert_eq!(layout.task_tgid, offset("task_struct", "pid").unwrap() + 4);
+    }
+
+    /// A task's FS base lies in its thread_struct, which task_struct embeds (x86-64).
+    #[test]
+    fn a_tasks_thread_pointer_is_found() {
+        let layout = kernel_layout(Path::new(VMLINUX_BTF)).unwrap();
+        let thread = offset("task_struct", "thread").unwrap();
+        assert_eq!(layout.task_fsbase, thread + offset("thread_struct", "fsbase").unwrap());
+        assert!(layout.task_fsbase > thread, "{layout:?}");
     }
 
     #[test]

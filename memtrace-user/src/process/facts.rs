@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{anyhow, Context, Result};
+use memtrace_common::ThreadKeys;
 
 use super::{
     entry_points::{resolve_entry_points, ResolvedEntryPoint},
@@ -16,6 +17,7 @@ use super::{
     interpreter::Interpreter,
     map_sites::{resolve_map_sites, MapSite},
     sparse::{self, SparseImage},
+    thread_keys::thread_keys,
 };
 use crate::process::elf::{DynamicInfo, ElfObject};
 
@@ -48,6 +50,8 @@ struct Cached {
     map_sites: HashMap<FileId, MapSitesOrError>,
     /// file -> the interpreter it is, if one.
     interpreters: HashMap<FileId, Result<Arc<Option<Interpreter>>, String>>,
+    /// file -> where the C library it is keeps thread-specific data, if one.
+    thread_keys: HashMap<FileId, Result<Arc<Option<ThreadKeys>>, String>>,
 }
 
 type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
@@ -87,6 +91,12 @@ impl FileCache {
     pub fn interpreter(&self, object: &ObjectFile) -> Option<Arc<Option<Interpreter>>> {
         let read = || read_symbols(object, |elf| Ok(Interpreter::of(elf)));
         self.symbols_once(|cached| &mut cached.interpreters, object.id, read).ok()
+    }
+
+    /// Where `object`, a C library, keeps each thread's thread-specific data, if it says.
+    pub fn thread_keys(&self, object: &ObjectFile) -> Option<ThreadKeys> {
+        let read = || read_symbols(object, |elf| Ok(thread_keys(elf)));
+        *self.symbols_once(|cached| &mut cached.thread_keys, object.id, read).ok()?
     }
 
     /// What `read` finds, or why it cannot, remembered in `table` under `key`.

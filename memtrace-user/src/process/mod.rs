@@ -36,6 +36,7 @@ pub mod remote;
 mod resolve;
 pub mod smaps;
 mod sparse;
+pub mod thread_keys;
 pub mod threads;
 
 use std::path::Path;

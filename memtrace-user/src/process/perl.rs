@@ -1,10 +1,11 @@
 //! Which object files are a Perl interpreter whose frames the kernel side can read, and where in a
 //! process that maps one its interpreter lies: from what perl exports (`PL_curinterp`, the main
-//! thread's interpreter; `PL_revision`, `PL_version` and `PL_subversion`, which say the version),
+//! thread's interpreter; `PL_thr_key`, the thread-specific key each thread's interpreter is kept
+//! under; `PL_revision`, `PL_version` and `PL_subversion`, which say the version),
 //! no debug symbols. A version's struct layout is known here (5.36, from its headers); a perl of
 //! another version is named (`PerlImage::version`) but not read.
 
-use memtrace_common::{PerlLayout, PerlProcess};
+use memtrace_common::{PerlLayout, PerlProcess, ThreadKeys};
 
 use super::elf::{load_bias, ElfObject};
 
@@ -15,6 +16,8 @@ pub struct PerlImage {
     pub version: (u8, u8, u8),
     /// The virtual address of `PL_curinterp` in the file.
     curinterp: u64,
+    /// The virtual address of `PL_thr_key` (a perl built with threads has one).
+    thr_key: Option<u64>,
     /// The file's PT_LOAD segments: (file offset, virtual address, bytes in the file).
     segments: Vec<(u64, u64, u64)>,
 }
@@ -25,15 +28,32 @@ impl PerlImage {
         let curinterp = elf.defined_data("PL_curinterp")?;
         let byte = |name: &str| elf.bytes_at(elf.defined_data(name)?, 1)?.first().copied();
         let version = (byte("PL_revision")?, byte("PL_version")?, byte("PL_subversion")?);
-        Some(Self { version, curinterp, segments: elf.load_segments() })
+        let thr_key = elf.defined_data("PL_thr_key");
+        Some(Self { version, curinterp, thr_key, segments: elf.load_segments() })
     }
 
     /// What the kernel side reads in a process that maps this file at `start` from file offset
-    /// `file_offset` (one of its mappings); None for a version whose layout memtrace lacks.
+    /// `file_offset` (one of its mappings); None for a version whose layout memtrace lacks. Its
+    /// threads are read once the C library's keys are known ([`with_thread_keys`]).
     pub fn in_process(&self, start: u64, file_offset: u64) -> Option<PerlProcess> {
         let layout = layout((self.version.0, self.version.1))?;
         let bias = load_bias(&self.segments, start, file_offset)?;
-        Some(PerlProcess { curinterp: bias.wrapping_add(self.curinterp), layout })
+        let thr_key = self.thr_key.map_or(0, |key| bias.wrapping_add(key));
+        Some(PerlProcess {
+            curinterp: bias.wrapping_add(self.curinterp),
+            thr_key,
+            layout,
+            ..Default::default()
+        })
+    }
+}
+
+/// `process` with the thread-specific keys of the C library it maps, so that each thread's
+/// interpreter is found (where either is unknown, only the main thread's is read).
+pub fn with_thread_keys(process: PerlProcess, keys: Option<ThreadKeys>) -> PerlProcess {
+    match keys {
+        Some(keys) if process.thr_key != 0 => PerlProcess { keys, ..process },
+        _ => PerlProcess { thr_key: 0, ..process },
     }
 }
 
@@ -86,6 +106,9 @@ mod tests {
         let elf = ElfObject::parse(&data).unwrap();
         let image = PerlImage::of(&elf).expect("perl exports PL_curinterp and its version");
         assert_eq!(image.version, (5, 36, 0));
-        assert!(image.in_process(0x5555_0000_0000, 0).is_some());
+        let process = image.in_process(0x5555_0000_0000, 0).unwrap();
+        assert_ne!(process.thr_key, 0, "Debian's perl has threads: {process:?}");
+        // Without the C library's keys, no thread but the main one is read.
+        assert_eq!(with_thread_keys(process, None).thr_key, 0);
     }
 }

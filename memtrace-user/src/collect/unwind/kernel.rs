@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use memtrace_common::{
-    interpreter, unwind_file_state, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
+    interpreter, unwind_file_state, ThreadKeys, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
     UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
 };
 
@@ -32,7 +32,7 @@ use crate::{
         Probes,
     },
     model::Model,
-    process::{interpreter::InterpreterProcess, procfs::Mapping},
+    process::{interpreter::InterpreterProcess, perl::with_thread_keys, procfs::Mapping},
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
 };
 
@@ -72,6 +72,8 @@ struct ProcessTable {
     announced: bool,
     /// The interpreter it runs, where the kernel reads its frames.
     interpreter: Option<InterpreterProcess>,
+    /// Where its C library keeps thread-specific data (each Perl thread's interpreter).
+    thread_keys: Option<ThreadKeys>,
 }
 
 /// Loaded tables, their file slots, and every traced process's mapping table.
@@ -211,6 +213,7 @@ impl KernelTables {
                     if let Some(object) = object.as_ref().filter(|_| self.interpreter_frames) {
                         table.interpreter =
                             table.interpreter.or_else(|| self.interpreter_in(object, mapping));
+                        table.thread_keys = table.thread_keys.or_else(|| self.facts.thread_keys(object));
                     }
                     let slot = match object {
                         Some(object) => self.slot_of(probes, object, Build::Worker)?,
@@ -237,7 +240,10 @@ impl KernelTables {
                 InterpreterProcess::Python(python) => {
                     probes.writable(&PYTHON_PROCESSES)?.insert(pid, *python, 0)
                 }
-                InterpreterProcess::Perl(perl) => probes.writable(&PERL_PROCESSES)?.insert(pid, *perl, 0),
+                InterpreterProcess::Perl(perl) => {
+                    let perl = with_thread_keys(*perl, table.thread_keys);
+                    probes.writable(&PERL_PROCESSES)?.insert(pid, perl, 0)
+                }
             };
             value.interpreter = if written.is_ok() { process.kind() } else { interpreter::NONE };
         }

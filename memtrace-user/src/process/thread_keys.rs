@@ -1,0 +1,47 @@
+//! Where a C library keeps each thread's thread-specific data (`pthread_getspecific`), read from
+//! what glibc exports for libthread_db: each `_thread_db_<struct>_<field>` symbol is three u32s
+//! (the field's size in bits, its count of elements, its byte offset), no debug symbols needed.
+//! Perl keeps each thread's interpreter under such a key (`PL_thr_key`).
+
+use memtrace_common::ThreadKeys;
+
+use super::elf::ElfObject;
+
+/// The thread-specific keys of the C library `elf`, if it describes them (glibc does).
+pub fn thread_keys(elf: &ElfObject<'_>) -> Option<ThreadKeys> {
+    let descriptor = |name: &str| -> Option<[u32; 3]> {
+        let bytes = elf.bytes_at(elf.defined_data(name)?, 12)?;
+        let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+        Some([word(0)?, word(4)?, word(8)?])
+    };
+    // `struct pthread.specific`: an array of pointers to blocks of key records.
+    let [_, _, specific] = descriptor("_thread_db_pthread_specific")?;
+    // A block: `keys_per_block` records (`struct pthread_key_data`) of `bits / 8` bytes each.
+    let [record_bits, keys_per_block, _] = descriptor("_thread_db_pthread_key_data_level2_data")?;
+    let [_, _, data] = descriptor("_thread_db_pthread_key_data_data")?;
+    let keys = ThreadKeys { specific, keys_per_block, record_size: record_bits / 8, data };
+    (keys.keys_per_block > 0 && keys.record_size > keys.data).then_some(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian 12's glibc (2.36): `pthread_getspecific` adds 0x310 + 16 * key to the thread
+    /// pointer for a key below 32 (its first block, `specific_1stblock`, lies just before
+    /// `specific`, 32 records of 16 bytes: 784 + 512 = 1296) and reads the record's second word.
+    #[test]
+    fn debians_glibc_describes_its_thread_keys() {
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian 12's libc");
+        let elf = ElfObject::parse(&data).unwrap();
+        let keys = thread_keys(&elf).expect("glibc exports its _thread_db descriptors");
+        assert_eq!(keys, ThreadKeys { specific: 1296, keys_per_block: 32, record_size: 16, data: 8 });
+    }
+
+    /// A file that is no C library has none.
+    #[test]
+    fn perl_describes_no_thread_keys() {
+        let data = std::fs::read("/usr/bin/perl").unwrap();
+        assert_eq!(thread_keys(&ElfObject::parse(&data).unwrap()), None);
+    }
+}
