@@ -197,6 +197,63 @@ fn python_frames_past_the_limit_keep_the_innermost_and_say_so() {
     assert_eq!(stops["interpreter_unreadable"], 0, "{stops:#}");
 }
 
+/// A frame memtrace cannot read, made by the script itself: at the bottom of a recursion it finds
+/// the first page of its thread's frame stack (3.11's data stack, each frame's address from its
+/// frame object's `f_frame`) that holds an outer frame and none of the frames inside it, makes
+/// that page unreadable (PROT_NONE: no frame is touched while it is, with the collector off) and
+/// mallocs 123,457 bytes through ctypes with the GIL held (PyDLL), then makes the page readable
+/// again.
+const UNREADABLE: &str = "\
+import ctypes, gc, os, sys
+libc = ctypes.PyDLL(None)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+PAGE = os.sysconf('SC_PAGESIZE')
+def frame_at(level):
+    frame = sys._getframe(level + 1)
+    return ctypes.c_void_p.from_address(id(frame) + 24).value
+def bottom():
+    pages = [frame_at(level) // PAGE for level in range(32)]
+    k = next(k for k in range(1, 32) if pages[k] < pages[k - 1])
+    gc.disable()
+    assert libc.mprotect(pages[k] * PAGE, PAGE, 0) == 0
+    kept = libc.malloc(123457)
+    assert libc.mprotect(pages[k] * PAGE, PAGE, 3) == 0
+    return kept
+def descend(depth, a0=0, a1=0, a2=0, a3=0, a4=0, a5=0, a6=0, a7=0, a8=0, a9=0):
+    if depth:
+        return descend(depth - 1)
+    return bottom()
+descend(40)
+os._exit(0)
+";
+
+/// A frame that cannot be read ends the Python part of the stack there, and is counted in
+/// `unwind_stops` (`interpreter_unreadable`): the one allocation made while it was unreadable.
+#[test]
+fn an_unreadable_python_frame_ends_the_python_frames_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "unreadable.py", UNREADABLE);
+    let outcome = run_python(&path, &[]);
+    let process = outcome.process();
+    let leak = process["leaks"].as_array().unwrap().iter().find(|leak| leak["bytes"] == 123_457);
+    let leak = leak.unwrap_or_else(|| panic!("no leak of 123,457 B: {:#}", process["leaks"]));
+    let python: Vec<&str> = leak["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["interpreter"] == "python")
+        .map(|f| f["function"].as_str().unwrap())
+        .collect();
+    assert_eq!(python.first(), Some(&"bottom"), "{leak:#}");
+    assert!(
+        python.len() > 1 && python[1..].iter().all(|f| *f == "descend"),
+        "ends before <module>: {python:?}"
+    );
+    assert_eq!(process["unwind_stops"]["interpreter_unreadable"], 1, "{:#}", process["unwind_stops"]);
+}
+
 #[test]
 fn no_interpreter_frames_leaves_native_frames_alone() {
     let dir = tempfile::tempdir().unwrap();
