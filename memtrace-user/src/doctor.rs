@@ -158,7 +158,9 @@ fn load_programs(features: &KernelFeatures) -> Programs {
     let kernel = crate::plan::Kernel::resolve(features.clone(), &config.reach);
     let loaded = kernel.and_then(|kernel| {
         let layout = kernel.layout()?;
-        Ok((Probes::load(&config, &layout, kernel.link_kind)?, layout))
+        let mut probes = Probes::load(&config, &layout, kernel.link_kind)?;
+        probes.load_every_program()?;
+        Ok((probes, layout))
     });
     match loaded {
         Ok((probes, layout)) => {

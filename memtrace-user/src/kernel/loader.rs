@@ -48,10 +48,13 @@ struct BtfLoadAttr {
 }
 
 /// memtrace's uprobe programs, loaded for uprobe_multi links, by name.
+/// Each is verified when it is first asked for: the verifier takes most of memtrace's start-up
+/// (the allocator's return probe alone some 0.4 s here, 30 times that on an emulated CPU), so a
+/// run pays only for the programs it attaches.
 pub struct MultiPrograms {
     programs: HashMap<String, OwnedFd>,
-    /// The object's type information in the kernel, which the programs refer to.
-    _btf: OwnedFd,
+    /// The relocated object, with its type information in the kernel, which the programs refer to.
+    prepared: Prepared,
 }
 
 /// The embedded object parsed and relocated against the maps aya created, with its BTF in the
@@ -122,28 +125,28 @@ impl ProgramKind {
 }
 
 impl MultiPrograms {
-    /// Loads the named uprobe programs of `object`, whose maps `ebpf` created from the same bytes.
-    pub fn load(object: &[u8], ebpf: &Ebpf, names: &[&str]) -> Result<Self> {
-        let prepared = Prepared::new(object, ebpf)?;
-        let mut programs = HashMap::new();
-        for &name in names {
-            let (section, function) = prepared.program(name)?;
-            let kind = ProgramKind::of(section, BPF_TRACE_UPROBE_MULTI as u32)
-                .with_context(|| format!("BPF program {name} is no uprobe"))?;
-            let fd = load_program(name, function, &prepared, kind)
-                .with_context(|| format!("the kernel refused program {name} for uprobe_multi"))?;
-            programs.insert(name.to_owned(), fd);
-        }
-        Ok(Self { programs, _btf: prepared.btf })
+    /// Prepares the uprobe programs of `object`, whose maps `ebpf` created from the same bytes;
+    /// none is loaded yet.
+    pub fn prepare(object: &[u8], ebpf: &Ebpf) -> Result<Self> {
+        Ok(Self { programs: HashMap::new(), prepared: Prepared::new(object, ebpf)? })
     }
 
-    /// Every program loaded here, by name.
+    /// Every program loaded so far, by name.
     pub fn named(&self) -> impl Iterator<Item = (&str, BorrowedFd<'_>)> {
         self.programs.iter().map(|(name, fd)| (name.as_str(), fd.as_fd()))
     }
 
-    pub fn program(&self, name: &str) -> Result<BorrowedFd<'_>> {
-        Ok(self.programs.get(name).with_context(|| format!("program {name} is not loaded"))?.as_fd())
+    /// The program `name`, loaded (and verified) on the first call.
+    pub fn program(&mut self, name: &str) -> Result<BorrowedFd<'_>> {
+        if !self.programs.contains_key(name) {
+            let (section, function) = self.prepared.program(name)?;
+            let kind = ProgramKind::of(section, BPF_TRACE_UPROBE_MULTI as u32)
+                .with_context(|| format!("BPF program {name} is no uprobe"))?;
+            let fd = load_program(name, function, &self.prepared, kind)
+                .with_context(|| format!("the kernel refused program {name} for uprobe_multi"))?;
+            self.programs.insert(name.to_owned(), fd);
+        }
+        Ok(self.programs[name].as_fd())
     }
 }
 

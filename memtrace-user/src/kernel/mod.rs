@@ -253,7 +253,7 @@ impl Probes {
         };
         let mut ebpf = load_object(&globals, &live_size)?;
         let multi = load_multi(&ebpf, link_kind)?;
-        load_programs(&mut ebpf, multi.is_some())?;
+        load_programs(&mut ebpf)?;
         let bpf_log = config.debug_bpf.then(|| BpfLog::start(&mut ebpf)).transpose()?;
         write_filter(&mut ebpf, &filter.excluded_pids, &only_comms)?;
         let live = LiveTable::open(
@@ -306,19 +306,23 @@ impl Probes {
         direction: Direction,
     ) -> Result<()> {
         let kind = self.link_kind();
-        let aya_fd;
-        let fd = match &self.multi {
+        let fd = match &mut self.multi {
             Some(multi) => multi.program(program)?,
-            None => {
-                let loaded = self
-                    .ebpf
-                    .program(program)
-                    .with_context(|| format!("the BPF object has no program {program}"))?;
-                aya_fd = loaded.fd()?;
-                aya_fd.as_fd()
-            }
+            None => uprobe(&mut self.ebpf, program)?.fd()?.as_fd(),
         };
         self.links.attach(kind, fd, path, sites, scope, direction)
+    }
+
+    /// Loads every uprobe program a run could attach, as `memtrace doctor` checks them: a run
+    /// loads each only when it first attaches it.
+    pub fn load_every_program(&mut self) -> Result<()> {
+        for name in UPROBE_PROGRAMS {
+            match &mut self.multi {
+                Some(multi) => multi.program(name).map(drop)?,
+                None => uprobe(&mut self.ebpf, name).map(drop)?,
+            }
+        }
+        Ok(())
     }
 
     /// Attaches the USDT handler at `sites` of one file, each site's cookie indexing its uses in
@@ -723,11 +727,11 @@ fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
 
 /// Loads the programs aya loads: the raw tracepoints, and the uprobes unless they were loaded for
 /// uprobe_multi links (`multi`).
-fn load_programs(ebpf: &mut Ebpf, multi: bool) -> Result<()> {
+fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
     for (name, program) in ebpf.programs_mut() {
         match program {
-            Program::UProbe(_) if multi => Ok(()),
-            Program::UProbe(program) => program.load(),
+            // Loaded when first attached (`uprobe`, `MultiPrograms::program`).
+            Program::UProbe(_) => Ok(()),
             Program::RawTracePoint(program) => program.load(),
             // Loaded with the kernel's BTF where it attaches (attach_exit_reader).
             Program::FEntry(_) => Ok(()),
@@ -763,13 +767,25 @@ fn write_filter(ebpf: &mut Ebpf, excluded_pids: &[u32], only_comms: &[[u8; 16]])
     Ok(())
 }
 
-/// Loads the uprobe programs for uprobe_multi links where the kernel has them; None where it has
-/// not (before 6.6), or when MEMTRACE_LINKS=perf asks for per-site links.
+/// Prepares the uprobe programs for uprobe_multi links where the kernel has them; None where it
+/// has not (before 6.6), or when MEMTRACE_LINKS=perf asks for per-site links.
 fn load_multi(ebpf: &Ebpf, link_kind: LinkKind) -> Result<Option<MultiPrograms>> {
     match link_kind {
-        LinkKind::Multi => MultiPrograms::load(BPF_OBJECT, ebpf, &UPROBE_PROGRAMS).map(Some),
+        LinkKind::Multi => MultiPrograms::prepare(BPF_OBJECT, ebpf).map(Some),
         LinkKind::PerfEvent => Ok(None),
     }
+}
+
+/// The uprobe program `name` as aya loads it for per-site links, verified on first use.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a aya::programs::UProbe> {
+    let program: &mut aya::programs::UProbe = ebpf
+        .program_mut(name)
+        .with_context(|| format!("the BPF object has no program {name}"))?
+        .try_into()?;
+    if program.fd().is_err() {
+        program.load().with_context(|| format!("verifying BPF program {name}"))?;
+    }
+    Ok(program)
 }
 
 /// What to say when the kernel refuses the BPF object: a large live-allocation table is the usual
