@@ -159,7 +159,7 @@ const TEST_THREADS: u32 = 2;
 const VCPUS: &str = "2";
 const MEMORY: &str = "4096";
 /// How long one kernel may take, boot to power-off, before the VM is killed.
-const DEADLINE: Duration = Duration::from_secs(20 * 60);
+const DEADLINE: Duration = Duration::from_secs(30 * 60);
 
 /// A kernel fails unless `memtrace doctor` exits 0 where memtrace works and 1 where it refuses.
 const DOCTOR_REQUIRED: bool = true;
