@@ -73,6 +73,12 @@ impl OwnersReader {
             let vmas = smaps::read(pid)?;
             let pagemap = Pagemap::open(pid, crate::process::procfs::page_size());
             let classified = classify(&vmas, &seen(), &RemoteMemory::of(pid), pagemap.as_ref());
+            // A process that began to exit during the reads had its pages zapped under them
+            // (smaps then shows its mappings with none resident): once its memory is released,
+            // /proc/PID/status has no memory lines, and the reading is not kept.
+            if crate::process::procfs::os_memory(pid).is_none() {
+                return self.last(pid, whole);
+            }
             let known = self.processes.entry(pid).or_default();
             known.read_at = key;
             known.classified = classified;
@@ -112,6 +118,10 @@ impl OwnersReader {
             let Some(pagemap) = Pagemap::open(pid, page_size) else { continue };
             let (resident, classes) =
                 free_pool::measure(&known.classified.allocator_ranges, &blocks, header, &pagemap);
+            // As for smaps (`read`): a pool measured while the process's memory went is not kept.
+            if crate::process::procfs::os_memory(pid).is_none() {
+                continue;
+            }
             let pool = FreePool { arenas: known.classified.arenas, measured_at_us: ts_us, classes };
             known.free = Some((resident, pool));
         }
