@@ -100,7 +100,9 @@ struct ProfileBuilder {
     functions: Vec<proto::Function>,
     function_ids: HashMap<(String, String), u64>,
     locations: Vec<proto::Location>,
-    location_ids: HashMap<(String, u64), u64>,
+    /// By the whole frame: an interpreter's frames share their module and may share an offset
+    /// (the index of an instruction in each function's code).
+    location_ids: HashMap<Frame, u64>,
 }
 
 impl ProfileBuilder {
@@ -119,17 +121,20 @@ impl ProfileBuilder {
     }
 
     fn function(&mut self, frame: &Frame) -> u64 {
-        let name = frame.name();
+        let name = frame.profile_function();
         let file = frame.file.clone().unwrap_or_default();
         if let Some(&id) = self.function_ids.get(&(name.clone(), file.clone())) {
             return id;
         }
         let id = self.functions.len() as u64 + 1;
         let (name_id, file_id) = (self.string(&name), self.string(&file));
+        // An interpreter's function differs from its system name (`Frame::function_name`), which
+        // go tool pprof takes as already demangled: it would cut `<module>` to nothing.
+        let system_name = self.string(&frame.function_name());
         self.functions.push(proto::Function {
             id,
             name: name_id,
-            system_name: name_id,
+            system_name,
             filename: file_id,
             start_line: 0,
         });
@@ -138,8 +143,7 @@ impl ProfileBuilder {
     }
 
     fn location(&mut self, frame: &Frame) -> u64 {
-        let key = (frame.module.clone(), frame.offset);
-        if let Some(&id) = self.location_ids.get(&key) {
+        if let Some(&id) = self.location_ids.get(frame) {
             return id;
         }
         let id = self.locations.len() as u64 + 1;
@@ -150,7 +154,7 @@ impl ProfileBuilder {
             address: frame.offset,
             line: vec![proto::Line { function_id, line: frame.line.map_or(0, i64::from) }],
         });
-        self.location_ids.insert(key, id);
+        self.location_ids.insert(frame.clone(), id);
         id
     }
 }

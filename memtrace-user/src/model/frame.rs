@@ -32,6 +32,16 @@ impl Frame {
         }
     }
 
+    /// The function as a profile's function table names it (pprof, OTLP), where file and line are
+    /// fields of their own: `name`, but an interpreter's frame by its function alone (its system
+    /// name there is `function_name`).
+    pub fn profile_function(&self) -> String {
+        match (&self.interpreter, &self.function) {
+            (Some(_), Some(function)) => function.clone(),
+            _ => self.name(),
+        }
+    }
+
     /// The function name, or module+offset where there is none; an interpreter's frame as
     /// `function (file:line)`.
     pub fn name(&self) -> String {

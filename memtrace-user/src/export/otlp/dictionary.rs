@@ -19,7 +19,9 @@ pub struct Dictionary {
     strings: HashMap<String, i32>,
     mappings: HashMap<String, i32>,
     functions: HashMap<(String, String), i32>,
-    locations: HashMap<(String, u64), i32>,
+    /// By the whole frame: an interpreter's frames share their module and may share an offset
+    /// (the index of an instruction in each function's code).
+    locations: HashMap<Frame, i32>,
     stacks: HashMap<Vec<i32>, i32>,
 }
 
@@ -86,8 +88,7 @@ impl Dictionary {
     /// A frame's location: its address is the offset in its object file, which is its mapping
     /// (memtrace keeps no load addresses for symbolized frames, so the mapping has no range).
     fn location(&mut self, frame: &Frame) -> i32 {
-        let key = (frame.module.clone(), frame.offset);
-        if let Some(&index) = self.locations.get(&key) {
+        if let Some(&index) = self.locations.get(frame) {
             return index;
         }
         let line =
@@ -100,19 +101,21 @@ impl Dictionary {
         };
         let index = self.tables.location_table.len() as i32;
         self.tables.location_table.push(location);
-        self.locations.insert(key, index);
+        self.locations.insert(frame.clone(), index);
         index
     }
 
     fn function(&mut self, frame: &Frame) -> i32 {
-        let key = (frame.name(), frame.file.clone().unwrap_or_default());
+        let key = (frame.profile_function(), frame.file.clone().unwrap_or_default());
         if let Some(&index) = self.functions.get(&key) {
             return index;
         }
         let name = self.string(&key.0);
+        // As in pprof: an interpreter's system name is its function with its file.
+        let system_name = self.string(&frame.function_name());
         let function = Function {
             name_strindex: name,
-            system_name_strindex: name,
+            system_name_strindex: system_name,
             filename_strindex: self.string(&key.1),
             start_line: 0,
         };
