@@ -27,6 +27,7 @@ pub mod debian13;
 pub mod kubernetes;
 pub mod memray;
 pub mod otlp;
+pub mod perfetto;
 pub mod pprof;
 pub mod receiver;
 pub mod tmux;
@@ -223,6 +224,19 @@ impl Lines {
 
     fn text(&self) -> String {
         self.seen.iter().map(|line| format!("{line}\n")).collect()
+    }
+}
+
+/// Calls `ready` until it gives a value, for at most [`DEADLINE`]: for what a test can only ask
+/// again (an endpoint, a file another process writes).
+pub fn poll<T>(what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}");
+        thread::sleep(Duration::from_millis(50));
     }
 }
 

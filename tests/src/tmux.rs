@@ -2,8 +2,11 @@
 //! in a window of a fixed size, read as text and sent keys.
 
 use std::{
-    fs,
-    path::Path,
+    ffi::CString,
+    fs::{self, File, OpenOptions},
+    io::Write,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
     process::{Command, Output},
     sync::atomic::{AtomicUsize, Ordering},
     thread,
@@ -99,5 +102,32 @@ pub fn exit_status(path: &Path, tmux: &Tmux) -> i32 {
             tmux.screen().unwrap_or_default()
         );
         thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A named pipe a command reads as its stdin, held open for writing by the test: the command
+/// reads end of file when it is dropped.
+pub struct Fifo {
+    pub path: PathBuf,
+    writer: Option<File>,
+}
+
+impl Fifo {
+    pub fn create(path: PathBuf) -> Self {
+        let name = CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
+        // SAFETY: mkfifo reads a NUL-terminated path and creates a file; no memory is shared.
+        let made = unsafe { libc::mkfifo(name.as_ptr(), 0o600) };
+        assert_eq!(made, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+        // Read and write: the open does not wait for a reader.
+        let writer = OpenOptions::new().read(true).write(true).open(&path).expect("opening the fifo");
+        Self { path, writer: Some(writer) }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.writer.as_mut().expect("the fifo is open").write_all(bytes).expect("writing to the fifo");
+    }
+
+    pub fn close(&mut self) {
+        self.writer = None;
     }
 }

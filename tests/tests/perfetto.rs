@@ -6,11 +6,15 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
+    path::Path,
+    process::Command,
 };
 
-use memtrace_tests::{fixture, workspace_root, Memtrace, Outcome};
+use memtrace_tests::{
+    fixture,
+    perfetto::{decode, Message},
+    workspace_root, Memtrace, Outcome,
+};
 use serde_json::Value;
 
 /// The nine memory levels, as the summary's `memory` object and the trace's `memory` counter name
@@ -33,147 +37,6 @@ const LEAKS_SITES: [(&str, u64, u64, u64, u64); 3] =
     [("leak_textures", 5, 5000, 0, 0), ("leak_cache", 3, 768, 0, 0), ("scratch", 20, 6660, 20, 6660)];
 /// What fixtures/leaks.c has live at its end.
 const LEAKS_LIVE_BYTES: i64 = 5000 + 768;
-
-/// A message of protoc's text format: its fields in order, each a scalar or a message.
-#[derive(Debug, Default)]
-struct Message {
-    fields: Vec<(String, Field)>,
-}
-
-#[derive(Debug)]
-enum Field {
-    Scalar(String),
-    Message(Message),
-}
-
-impl Message {
-    fn all(&self, name: &str) -> Vec<&Field> {
-        self.fields.iter().filter(|(key, _)| key == name).map(|(_, field)| field).collect()
-    }
-
-    fn messages(&self, name: &str) -> Vec<&Message> {
-        self.all(name)
-            .into_iter()
-            .filter_map(|field| match field {
-                Field::Message(message) => Some(message),
-                Field::Scalar(_) => None,
-            })
-            .collect()
-    }
-
-    fn message(&self, name: &str) -> Option<&Message> {
-        self.messages(name).into_iter().next()
-    }
-
-    fn scalar(&self, name: &str) -> Option<&str> {
-        self.all(name).into_iter().find_map(|field| match field {
-            Field::Scalar(value) => Some(value.as_str()),
-            Field::Message(_) => None,
-        })
-    }
-
-    fn number(&self, name: &str) -> Option<i64> {
-        self.scalar(name)
-            .map(|value| value.parse().unwrap_or_else(|_| panic!("{name}: {value} is no number")))
-    }
-
-    fn numbers(&self, name: &str) -> Vec<i64> {
-        self.all(name)
-            .into_iter()
-            .filter_map(|field| match field {
-                Field::Scalar(value) => Some(value.parse().unwrap()),
-                Field::Message(_) => None,
-            })
-            .collect()
-    }
-
-    /// A string or bytes field, unquoted (the names here need no unescaping).
-    fn string(&self, name: &str) -> Option<&str> {
-        self.scalar(name).map(|value| value.trim_matches('"'))
-    }
-
-    /// Every field name at any depth that is a number: a field Perfetto's protos do not know.
-    fn unknown_fields(&self, path: &str, found: &mut Vec<String>) {
-        for (key, field) in &self.fields {
-            let here = format!("{path}/{key}");
-            if key.chars().all(|c| c.is_ascii_digit()) {
-                found.push(here.clone());
-            }
-            if let Field::Message(message) = field {
-                message.unknown_fields(&here, found);
-            }
-        }
-    }
-}
-
-/// Parses what `protoc --decode` prints: `name: value` lines and `name {` ... `}` blocks.
-fn parse_text_format(text: &str) -> Message {
-    let mut stack = vec![(String::new(), Message::default())];
-    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        if line == "}" {
-            let (name, message) = stack.pop().expect("balanced braces");
-            stack
-                .last_mut()
-                .expect("a closing brace closes a block")
-                .1
-                .fields
-                .push((name, Field::Message(message)));
-        } else if let Some(name) = line.strip_suffix(" {") {
-            stack.push((name.to_owned(), Message::default()));
-        } else {
-            let (name, value) = line.split_once(": ").unwrap_or_else(|| panic!("not a field: {line}"));
-            stack.last_mut().unwrap().1.fields.push((name.to_owned(), Field::Scalar(value.to_owned())));
-        }
-    }
-    assert_eq!(stack.len(), 1, "unbalanced braces in protoc's output");
-    stack.pop().unwrap().1
-}
-
-/// Where Perfetto's .proto files are: the perfetto_protos crate, which this crate's manifest names
-/// (under a cfg that is never true, so that cargo fetches it but never builds it).
-fn perfetto_protos_dir() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--manifest-path"])
-        .arg(workspace_root().join("Cargo.toml"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running cargo metadata");
-    assert!(output.status.success(), "cargo metadata failed");
-    let metadata: Value = serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
-    let package = metadata["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|package| package["name"] == "perfetto_protos")
-        .expect("perfetto_protos in cargo metadata (tests/Cargo.toml names it)");
-    let manifest = Path::new(package["manifest_path"].as_str().unwrap());
-    let dir = manifest.parent().unwrap().to_owned();
-    assert!(dir.join("protos/perfetto/trace/trace.proto").is_file(), "no trace.proto in {}", dir.display());
-    dir
-}
-
-/// Decodes a whole trace file as perfetto.protos.Trace with protoc.
-fn decode(path: &Path) -> Message {
-    let protos = perfetto_protos_dir();
-    let output = Command::new("protoc")
-        .arg("--decode=perfetto.protos.Trace")
-        .arg("-I")
-        .arg(&protos)
-        .arg(protos.join("protos/perfetto/trace/trace.proto"))
-        .stdin(fs::File::open(path).unwrap_or_else(|err| panic!("opening {}: {err}", path.display())))
-        .output()
-        .unwrap_or_else(|err| {
-            panic!("running protoc ({err}): install Debian's protobuf-compiler (`cargo xtask setup` does)")
-        });
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stderr.is_empty(),
-        "protoc cannot decode {}: {stderr}",
-        path.display()
-    );
-    parse_text_format(&String::from_utf8(output.stdout).expect("protoc prints UTF-8"))
-}
 
 /// How many packets the file holds, read from its bytes: each is field 1, length-delimited.
 fn raw_packet_count(bytes: &[u8]) -> usize {
@@ -214,9 +77,6 @@ fn read_trace(path: &Path) -> Decoded {
     let trace = decode(path);
     let packets: Vec<&Message> = trace.messages("packet").into_iter().collect();
     assert_eq!(packets.len(), raw_packet_count(&fs::read(path).unwrap()), "protoc decoded every packet");
-    let mut unknown = Vec::new();
-    trace.unknown_fields("", &mut unknown);
-    assert!(unknown.is_empty(), "fields Perfetto's protos do not know: {unknown:?}");
     let (mut tracks, mut processes, mut values) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for packet in &packets {
         if let Some(descriptor) = packet.message("track_descriptor") {

@@ -12,11 +12,11 @@ use std::{
     process::Command,
     sync::{mpsc, Arc, Barrier},
     thread,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use memtrace_tests::{
-    fixture,
+    fixture, poll,
     pprof::go_pprof,
     receiver::{receive, Received},
     Memtrace, Running, Spawned, DEADLINE, INTERVAL,
@@ -127,18 +127,6 @@ fn get(port: u16, path: &str) -> Reply {
     let mut stream = connect(port);
     stream.write_all(request(path, port).as_bytes()).expect("sending a request");
     read_reply(stream)
-}
-
-/// Calls `ready` until it gives a value, for at most [`DEADLINE`].
-fn poll<T>(what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = ready() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "never saw {what}");
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn free_port() -> u16 {

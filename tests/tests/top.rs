@@ -7,48 +7,14 @@
 //! blocks (5000 from leak_textures, 768 from leak_cache), says `leaked`, and stays alive until
 //! stdin reaches end of file; then exits 0.
 
-use std::{
-    ffi::CString,
-    fs::{self, File, OpenOptions},
-    io::Write,
-    os::unix::ffi::OsStrExt,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{fs, path::Path, process::Command};
 
 use memtrace_tests::{
     fixture, memtrace_bin,
-    tmux::{exit_status, quoted, Tmux},
+    tmux::{exit_status, quoted, Fifo, Tmux},
     Memtrace, Spawned, INTERVAL,
 };
 use serde_json::Value;
-
-/// A named pipe a command reads as its stdin, held open for writing by the test: the command
-/// reads end of file when it is dropped.
-struct Fifo {
-    path: PathBuf,
-    writer: Option<File>,
-}
-
-impl Fifo {
-    fn create(path: PathBuf) -> Self {
-        let name = CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
-        // SAFETY: mkfifo reads a NUL-terminated path and creates a file; no memory is shared.
-        let made = unsafe { libc::mkfifo(name.as_ptr(), 0o600) };
-        assert_eq!(made, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
-        // Read and write: the open does not wait for a reader.
-        let writer = OpenOptions::new().read(true).write(true).open(&path).expect("opening the fifo");
-        Self { path, writer: Some(writer) }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.writer.as_mut().expect("the fifo is open").write_all(bytes).expect("writing to the fifo");
-    }
-
-    fn close(&mut self) {
-        self.writer = None;
-    }
-}
 
 /// The process row of the list: its pid, command and exact live heap on one line.
 fn shows_live_heap(screen: &str, pid: &str, live: &str) -> bool {
