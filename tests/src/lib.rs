@@ -706,6 +706,13 @@ impl Outcome {
         assert_eq!(processes.len(), 1, "expected one traced process: {}", self.summary());
         &processes[0]
     }
+
+    /// The summary's entry for the process named `comm`, of a run that traced several.
+    pub fn process_named(&self, comm: &str) -> &Value {
+        let processes = self.summary()["processes"].as_array().expect("the summary's processes");
+        let named = processes.iter().find(|process| process["comm"] == comm);
+        named.unwrap_or_else(|| panic!("no process {comm} in the summary: {}", self.summary()))
+    }
 }
 
 /// A trace file, whole or cut short.

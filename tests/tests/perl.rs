@@ -111,6 +111,18 @@ fn an_attached_perl_has_its_frames_read_too() {
     assert_subs(outcome.process(), &path);
 }
 
+/// A perl that a traced shell starts (its exec held until its probes are in): followed, its subs
+/// are read as a launched one's are.
+#[test]
+fn a_followed_perl_has_its_frames_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path());
+    // The `exit` keeps the shell from exec'ing perl itself: perl is the shell's child.
+    let outcome = Memtrace::new().args(["--", "/bin/sh", "-c", &format!("{PERL} {path}; exit $?")]).run();
+    outcome.assert_exit_code(0);
+    assert_subs(outcome.process_named("perl"), &path);
+}
+
 #[test]
 fn no_interpreter_frames_leaves_perls_native_frames_alone() {
     let dir = tempfile::tempdir().unwrap();

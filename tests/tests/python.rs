@@ -90,6 +90,17 @@ fn an_attached_interpreter_has_its_frames_read_too() {
     assert_cache(outcome.process(), &path);
 }
 
+/// A python3 that a traced shell starts (its exec held until its probes are in): followed, its
+/// frames are read as a launched one's are.
+#[test]
+fn a_followed_interpreter_has_its_frames_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = script(dir.path(), "cache.py", CACHE);
+    // The `exit` keeps the shell from exec'ing python3 itself: python3 is the shell's child.
+    let outcome = run_script(&["/bin/sh", "-c", &format!("{PYTHON} {path}; exit $?")], &[]);
+    assert_cache(outcome.process_named("python3"), &path);
+}
+
 /// Two threads allocate in two functions.
 const THREADS: &str = "\
 import os, threading
