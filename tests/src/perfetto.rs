@@ -172,20 +172,31 @@ pub struct HeapSample {
     pub self_freed: u64,
 }
 
-/// The samples of process `pid`'s dump in the trace's one heap profile packet.
-pub fn heap_samples(trace: &Message, pid: i64) -> Vec<HeapSample> {
+/// The trace's one heap profile packet (a packet holding a `profile_packet`).
+pub fn heap_profile(trace: &Message) -> &Message {
     let profiles: Vec<&Message> = trace
         .messages("packet")
         .into_iter()
         .filter(|packet| packet.message("profile_packet").is_some())
         .collect();
     assert_eq!(profiles.len(), 1, "one heap profile packet");
-    let interned = profiles[0].message("interned_data").expect("the profile's interned data");
-    let function_names: BTreeMap<i64, String> = interned
-        .messages("function_names")
+    profiles[0]
+}
+
+/// The interned strings of table `name` ("function_names", "mapping_paths"), by iid.
+pub fn interned_strings(interned: &Message, name: &str) -> BTreeMap<i64, String> {
+    interned
+        .messages(name)
         .into_iter()
         .map(|s| (s.number("iid").unwrap(), s.string("str").unwrap_or_default().to_owned()))
-        .collect();
+        .collect()
+}
+
+/// The samples of process `pid`'s dump in the trace's one heap profile packet.
+pub fn heap_samples(trace: &Message, pid: i64) -> Vec<HeapSample> {
+    let packet = heap_profile(trace);
+    let interned = packet.message("interned_data").expect("the profile's interned data");
+    let function_names = interned_strings(interned, "function_names");
     let frames: BTreeMap<i64, &str> = interned
         .messages("frames")
         .into_iter()
@@ -202,7 +213,7 @@ pub fn heap_samples(trace: &Message, pid: i64) -> Vec<HeapSample> {
             (stack.number("iid").unwrap(), names)
         })
         .collect();
-    let profile = profiles[0].message("profile_packet").unwrap();
+    let profile = packet.message("profile_packet").unwrap();
     let dumps: Vec<&Message> = profile
         .messages("process_dumps")
         .into_iter()

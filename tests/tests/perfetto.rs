@@ -12,7 +12,7 @@ use std::{
 
 use memtrace_tests::{
     fixture,
-    perfetto::{decode, Message},
+    perfetto::{decode, heap_profile, interned_strings, Message},
     workspace_root, Memtrace, Outcome,
 };
 use serde_json::Value;
@@ -203,23 +203,10 @@ fn the_perfetto_trace_is_made_again_from_the_summary() {
 }
 
 fn assert_leaks_heap_profile(decoded: &Decoded, pid: i64) {
-    let profiles: Vec<&Message> = decoded
-        .trace
-        .messages("packet")
-        .into_iter()
-        .filter(|packet| packet.message("profile_packet").is_some())
-        .collect();
-    assert_eq!(profiles.len(), 1, "one heap profile packet");
-    let interned = profiles[0].message("interned_data").expect("the profile's interned data");
-    let table = |name: &str| -> BTreeMap<i64, String> {
-        interned
-            .messages(name)
-            .into_iter()
-            .map(|s| (s.number("iid").unwrap(), s.string("str").unwrap_or_default().to_owned()))
-            .collect()
-    };
-    let function_names = table("function_names");
-    let mapping_paths = table("mapping_paths");
+    let packet = heap_profile(&decoded.trace);
+    let interned = packet.message("interned_data").expect("the profile's interned data");
+    let function_names = interned_strings(interned, "function_names");
+    let mapping_paths = interned_strings(interned, "mapping_paths");
     let mappings: BTreeMap<i64, &Message> =
         interned.messages("mappings").into_iter().map(|m| (m.number("iid").unwrap(), m)).collect();
     // Frame iid -> (function, mapping path).
@@ -243,7 +230,7 @@ fn assert_leaks_heap_profile(decoded: &Decoded, pid: i64) {
         .collect();
 
     let dumps: Vec<&Message> =
-        profiles[0].message("profile_packet").unwrap().messages("process_dumps").into_iter().collect();
+        packet.message("profile_packet").unwrap().messages("process_dumps").into_iter().collect();
     assert_eq!(dumps.len(), 1);
     assert_eq!(dumps[0].number("pid"), Some(pid));
     assert_eq!(dumps[0].string("heap_name"), Some("malloc"));
