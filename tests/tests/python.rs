@@ -358,6 +358,12 @@ fn python_3_13s_frames_are_read_from_its_own_description() {
     let script = Debian13Script::new("cache.py", CACHE);
     let outcome = run_script(&script.command(&[]), &[]);
     assert_cache(outcome.process(), &script.path);
+    // Its C library, read through a descriptor (the host has another at that path), is named by
+    // its path in the root, as the process sees it: not by the descriptor.
+    let leak = leak_through(outcome.process(), &format!("make_cache ({}:4)", script.path));
+    let frames = leak["frames"].as_array().unwrap();
+    let modules: Vec<&str> = frames.iter().filter_map(|frame| frame["module"].as_str()).collect();
+    assert!(modules.contains(&"/lib/x86_64-linux-gnu/libc.so.6"), "{modules:?}");
     let executable = outcome.process()["executable"].as_str().unwrap_or_default().to_owned();
     assert!(executable.ends_with("python3.13"), "the process is Debian 13's python3.13: {executable}");
 }

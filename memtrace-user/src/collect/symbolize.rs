@@ -56,6 +56,9 @@ impl Default for StackSymbolizer {
 /// Where an indexed file can be read at the end of the run.
 struct Readable {
     path: PathBuf,
+    /// The file as the process names it (a container's libc by its path in the container, not
+    /// by the descriptor it is read through): frames without a symbol are `module+offset` of it.
+    module: PathBuf,
     /// A frame at an offset beyond the file is not in it.
     len: u64,
     /// A file memtrace's own file system does not have at that path (a container's, a deleted
@@ -74,8 +77,13 @@ impl StackSymbolizer {
         self.indexed.insert(object.id, build_id);
         let Some(build_id) = build_id else { return };
         self.build_ids.entry(build_id).or_insert_with(|| match object.stable_path() {
-            Some(path) => Readable { path, len: object.len, _open: None },
-            None => Readable { path: object.host_path.clone(), len: object.len, _open: Some(object.clone()) },
+            Some(path) => Readable { module: path.clone(), path, len: object.len, _open: None },
+            None => Readable {
+                path: object.host_path.clone(),
+                module: object.path.clone(),
+                len: object.len,
+                _open: Some(object.clone()),
+            },
         });
     }
 
@@ -97,7 +105,7 @@ impl StackSymbolizer {
     fn resolve_build_id(&self, build_id: &[u8; 20], offset: u64) -> Option<Arc<Frame>> {
         match self.build_ids.get(build_id) {
             Some(readable) if offset >= readable.len => None,
-            Some(readable) => Some(self.symbolize(&readable.path, offset)),
+            Some(readable) => Some(self.symbolize(&readable.path, &readable.module, offset)),
             None => {
                 let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
                 Some(Arc::new(unresolved(format!("[build-id {}]", hex.trim_end_matches('0')), offset)))
@@ -108,26 +116,28 @@ impl StackSymbolizer {
     fn resolve_address(&self, address: u64, mappings: &[Mapping], innermost: bool) -> Option<Arc<Frame>> {
         match mappings.iter().find(|m| (m.start..m.end).contains(&address)) {
             Some(mapping) => {
-                Some(self.symbolize(&mapping.path, address - mapping.start + mapping.file_offset))
+                let offset = address - mapping.start + mapping.file_offset;
+                Some(self.symbolize(&mapping.path, &mapping.path, offset))
             }
             None => innermost.then(|| Arc::new(unresolved("[unknown]".to_owned(), address))),
         }
     }
 
-    /// The frame at `offset` of the file at `path`, symbolized once and shared after that.
-    fn symbolize(&self, path: &Path, offset: u64) -> Arc<Frame> {
+    /// The frame at `offset` of the file read at `path` (named `module`), symbolized once and
+    /// shared after that.
+    fn symbolize(&self, path: &Path, module: &Path, offset: u64) -> Arc<Frame> {
         if let Some(frame) = self.resolved.borrow().get(path).and_then(|frames| frames.get(&offset)) {
             return Arc::clone(frame);
         }
-        let frame = Arc::new(self.symbolize_once(path, offset));
+        let frame = Arc::new(self.symbolize_once(path, module, offset));
         self.resolved.borrow_mut().entry(path.to_owned()).or_default().insert(offset, frame.clone());
         frame
     }
 
-    fn symbolize_once(&self, path: &Path, offset: u64) -> Frame {
+    fn symbolize_once(&self, path: &Path, module: &Path, offset: u64) -> Frame {
         // Frames are return addresses; the call instruction ends just before.
         let lookup = offset.saturating_sub(1);
-        let mut frame = unresolved(path.display().to_string(), offset);
+        let mut frame = unresolved(module.display().to_string(), offset);
         let with_debug = Source::Elf(Elf::new(path));
         // Without debug information blazesym's DWARF resolver finds nothing, nor falls back on
         // .dynsym: a stripped library's exported functions are named from its ELF symbols alone.
@@ -238,7 +248,7 @@ mod tests {
         let libc = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
         let symbolizer = StackSymbolizer::default();
         let offset = strdup_offset(libc);
-        let frame = symbolizer.symbolize(libc, offset + 8);
+        let frame = symbolizer.symbolize(libc, libc, offset + 8);
         assert_eq!(frame.function.as_deref(), Some("strdup"), "the exported name, not __strdup: {frame:?}");
     }
 
