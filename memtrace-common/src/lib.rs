@@ -27,6 +27,10 @@ pub const SHALLOW_STACK_DEPTH: usize = 32;
 /// `Allocation::stack` when no stack was taken (--no-stacks, or the stack could not be recorded).
 pub const NO_STACK: u64 = 0;
 
+/// `--window`'s generation counter (the one slot of `WINDOW_GENERATION`), written by userspace: it
+/// rises by one as each window opens (odd) and again once it has closed (even), its probes gone.
+pub const WINDOW_SLOT: u32 = 0;
+
 /// Index of the one slot of the `LOST_EVENTS` array: losses that cannot be charged to a process.
 pub const GLOBAL_LOST_SLOT: u32 = 0;
 
@@ -50,6 +54,16 @@ impl AllocatorFunction {
     /// Whether a return probe is attached too: every entry point but free, whose result is nothing.
     pub const fn has_return(self) -> bool {
         !matches!(self, AllocatorFunction::Free)
+    }
+
+    /// Whether `--window` probes it only inside windows: every entry point that only allocates.
+    /// free, realloc and reallocarray stay probed, so that a block a window recorded is followed
+    /// until it is freed, wherever it moves.
+    pub const fn windowed(self) -> bool {
+        !matches!(
+            self,
+            AllocatorFunction::Free | AllocatorFunction::Realloc | AllocatorFunction::Reallocarray
+        )
     }
 
     /// The entry point whose discriminant is `value`. A match, not an index into a table: BPF code
@@ -739,6 +753,8 @@ pub struct ThreadState {
     pub last_block: u64,
     /// A C library mapping call in flight (mmap, munmap, mremap), for its return to account.
     pub map_call: PendingMapCall,
+    /// `--window`: the window generation (`WINDOW_GENERATION`) when the outermost call was entered.
+    pub window: u64,
 }
 
 /// A slot of memtrace-ebpf's thread array (threads.rs): the tid that holds it (0 when free: the

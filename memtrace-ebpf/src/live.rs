@@ -200,3 +200,20 @@ pub(crate) fn remove(key: AllocationKey) -> Option<Allocation> {
     }
     None
 }
+
+/// Whether a block has a record (`--window`: whether a realloc out of a window moves one).
+pub(crate) fn contains(key: AllocationKey) -> bool {
+    let tag = LiveTag::of(&key);
+    for step in 0..LIVE_WINDOW {
+        let Some(slot) = slot(tag, step) else {
+            return false;
+        };
+        if holds(slot, tag, &key) {
+            return true;
+        }
+        if tag_word(slot) == LiveTag::EMPTY {
+            return false;
+        }
+    }
+    false
+}

@@ -30,6 +30,7 @@ mod usdt;
 mod user_memory;
 mod vma;
 mod window;
+mod windowed;
 
 use aya_ebpf::{
     helpers::bpf_probe_read_user,
@@ -88,10 +89,13 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     let Some(thread) = traced_thread(&caller()) else {
         return 0;
     };
+    let generation = windowed::generation();
+    windowed::forget_abandoned_call(thread, generation);
     thread.depth += 1;
     if thread.depth == 1 {
         thread.function = function as u32;
         thread.call = PendingCall { size, address };
+        thread.window = generation;
     }
     0
 }
@@ -105,11 +109,15 @@ fn take_pending() -> Option<(u32, &'static mut ThreadState, AllocatorFunction)> 
     if thread.depth == 0 {
         return None;
     }
+    let function = AllocatorFunction::from_discriminant(u64::from(thread.function))?;
+    if windowed::abandoned_return(thread, function, windowed::generation()) {
+        thread.depth = 0;
+        return None;
+    }
     thread.depth -= 1;
     if thread.depth != 0 {
         return None;
     }
-    let function = AllocatorFunction::from_discriminant(u64::from(thread.function))?;
     function.has_return().then_some((tgid, thread, function))
 }
 
@@ -199,6 +207,16 @@ fn record_realloc(tgid: u32, stats: &ProcessStats, call: PendingCall, result: u6
     }
 }
 
+/// `--window`: whether a realloc out of a window moves a block a window recorded (the only call
+/// out of a window that counts: the record follows the block).
+fn moves_recorded_block(tgid: u32, function: AllocatorFunction, call: PendingCall) -> bool {
+    let reallocates = matches!(function, AllocatorFunction::Realloc | AllocatorFunction::Reallocarray);
+    reallocates
+        && call.address != 0
+        && sampling::may_be_recorded(tgid, call.address)
+        && live::contains(AllocationKey { tgid, _pad: 0, address: call.address })
+}
+
 /// n * size as calloc and reallocarray compute it, saturated: an overflowing request fails in glibc,
 /// and a wrapped product of 0 would make a failed reallocarray look like a free.
 fn array_size(n: u64, size: u64) -> u64 {
@@ -231,6 +249,9 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
         return 0;
     };
     let call = thread.call;
+    if !windowed::entered_in_window(thread) && !moves_recorded_block(tgid, function, call) {
+        return 0;
+    }
     let Some(stats) = stats_of(tgid) else {
         return 0;
     };
@@ -322,6 +343,7 @@ fn on_free(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     let address = arg(ctx, 0);
+    windowed::forget_abandoned_call(thread, windowed::generation());
     // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
     let FreeBy::Program { temporary } = free_by(thread, address) else {
         return 0;

@@ -23,9 +23,15 @@ fn mean() -> u64 {
     loaded(&SAMPLE_MEAN)
 }
 
+/// Whether only some blocks get a record (`--sample`, or `--window`'s blocks of a window), so that
+/// frees are filtered by `RECORDED_BLOCKS`.
+fn some_recorded() -> bool {
+    mean() != 0 || crate::windowed::enabled()
+}
+
 /// Recorded blocks, counted by a hash of (process, address): a free whose count is 0 frees no
 /// recorded block and needs no lookup in the live-allocation table, which most frees miss when
-/// sampling. Kept only when sampling. Counts of blocks that userspace releases with their process
+/// sampling. Kept only when some blocks go unrecorded (`some_recorded`). Counts of blocks that userspace releases with their process
 /// stay (a later free there only costs the lookup it would have cost anyway).
 #[map]
 static RECORDED_BLOCKS: Array<i64> = Array::with_max_entries(RECORDED_BLOCK_COUNTS, 0);
@@ -50,7 +56,7 @@ pub(crate) fn released(tgid: u32, address: u64) {
 }
 
 fn count_recorded(tgid: u32, address: u64, change: i64) {
-    if mean() != 0 {
+    if some_recorded() {
         if let Some(count) = recorded_count(tgid, address) {
             add_signed(count, change);
         }
@@ -61,7 +67,7 @@ fn count_recorded(tgid: u32, address: u64, change: i64) {
 pub(crate) fn may_be_recorded(tgid: u32, address: u64) -> bool {
     // SAFETY: a map value; a plain read, as a count that changes meanwhile is another thread's
     // block, not this one.
-    mean() == 0
+    !some_recorded()
         || recorded_count(tgid, address).is_none_or(|count| unsafe { core::ptr::read_volatile(count) } > 0)
 }
 

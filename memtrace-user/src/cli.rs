@@ -154,6 +154,15 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["sample", "empty_probes"])]
     pub app_sampled: bool,
 
+    /// Probe allocations in windows, ON of every EVERY (e.g. 1s/20s): malloc, calloc and the
+    /// memalign family are probed only inside windows, while free and realloc stay probed, so each
+    /// block a window recorded is followed until it is freed and its stack stays exact. The traced
+    /// programs pay for allocation probes only inside windows; heap figures become estimates
+    /// (the windows' scaled by the run's time over the probed time)
+    #[arg(long, value_name = "ON/EVERY", value_parser = crate::plan::Window::parse,
+          conflicts_with_all = ["sample", "app_sampled", "empty_probes"])]
+    pub window: Option<crate::plan::Window>,
+
     /// Attach programs that do nothing at the same probe points: the floor of exact tracing, for
     /// `cargo xtask bench`; every figure reads zero
     #[arg(long, hide = true)]

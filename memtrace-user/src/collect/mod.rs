@@ -32,10 +32,11 @@ use crate::{
     collect::symbolize::StackSymbolizer,
     kernel::{Probes, Stack},
     model::{
+        estimate::Estimator,
         frame::Frame,
         levels::{MemoryLevels, OsMemory},
         oom::{KillStack, OOM_STACKS},
-        HeapPeak, Model, PeakConsumer, Process, Sampling, StackProfile,
+        HeapPeak, Model, PeakConsumer, Process, StackProfile,
     },
     process::procfs::{self, Mapping},
     process::{open_mapping, ObjectFile, Root},
@@ -87,8 +88,9 @@ impl Collector {
         model: &mut Model,
         ts_us: u64,
     ) -> Result<()> {
-        let estimates = match model.sampling {
-            Some(sampling) => Some(estimate_live(probes, sampling)?),
+        let estimator = model.estimator();
+        let estimates = match estimator {
+            Some(estimator) => Some((estimator, estimate_live(probes, estimator)?)),
             None => None,
         };
         let mut seen = SeenMappings::default();
@@ -98,9 +100,10 @@ impl Collector {
             }
             let previous_peak = process.stats.peak_live_bytes;
             process.stats = probes.stats(process.identity.pid)?;
-            if let Some(estimates) = &estimates {
+            if let Some((estimator, estimates)) = &estimates {
                 let live = estimates.get(&process.identity.pid).copied().unwrap_or_default();
-                apply_estimate(&mut process.stats, live, previous_peak);
+                apply_estimate(&mut process.stats, *estimator, live, previous_peak);
+                process.window_weight = estimator.window_weight();
             }
             if process.stats.exited != 0 {
                 process.exited = true;
@@ -163,7 +166,7 @@ impl Collector {
     /// Measures the allocator's free pool of every running process whose every live block is in
     /// the kernel's table, when the budget allows (collect/owners/mod.rs).
     fn measure_free_pools(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
-        if model.sampling.is_some() || !self.owners.free_pool_due(self.last_sample) {
+        if model.estimator().is_some() || !self.owners.free_pool_due(self.last_sample) {
             return Ok(());
         }
         let wanted: HashMap<u32, u64> = model
@@ -285,6 +288,7 @@ impl Collector {
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
         let now_ns = monotonic_now_ns();
+        let estimator = model.estimator();
         // Records from before a process's current program image (it exec'd) are not its own.
         let image_start = |tgid: u32| model.processes.get(&tgid).map(|p| p.stats.started_ns);
         let current = |tgid: u32, since_ns: u64| image_start(tgid).is_some_and(|start| since_ns >= start);
@@ -298,12 +302,11 @@ impl Collector {
             let age = Duration::from_nanos(now_ns.saturating_sub(allocation.timestamp_ns));
             entry.oldest_age = entry.oldest_age.max(Some(age));
             if age >= older {
-                let weight = model.sampling.map_or(1.0, |sampling| sampling.count_weight(allocation.size));
+                let weight = estimator.map_or(1.0, |estimator| estimator.count_weight(allocation.size));
                 entry.bytes += weight * allocation.size as f64;
                 entry.allocations += weight;
             }
         }
-        let sampling = model.sampling;
         let mut totals = self.stacks.totals(probes, image_start)?;
         for key in leaked.keys() {
             totals.entry(*key).or_default();
@@ -321,7 +324,7 @@ impl Collector {
             let leak = leaked.get(&key).copied().unwrap_or_default();
             process.stacks.push(StackProfile {
                 frames: self.resolve(key.tgid, &stack, &process.mappings),
-                totals: sampling.map_or(totals, |sampling| scale_totals(sampling, totals)),
+                totals: estimator.map_or(totals, |estimator| scale_totals(estimator, totals)),
                 leaked_bytes: leak.bytes.round() as u64,
                 leaked_allocations: leak.allocations.round() as u64,
                 oldest_age: leak.oldest_age,
@@ -345,7 +348,7 @@ impl Collector {
         model: &mut Model,
         live: &[(StackKey, StackTotals)],
     ) -> Result<()> {
-        let sampling = model.sampling;
+        let estimator = model.estimator();
         for process in model.processes.values_mut() {
             let Some(kill) = process.oom_kill.as_mut().filter(|kill| !kill.read) else { continue };
             let image_start = process.stats.started_ns;
@@ -362,7 +365,7 @@ impl Collector {
             let mut stacks = Vec::with_capacity(held.len());
             for (key, totals) in held {
                 let Some(frames) = self.stacks.frames(probes, key.stack)? else { continue };
-                let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
+                let totals = estimator.map_or(*totals, |estimator| scale_totals(estimator, *totals));
                 stacks.push(PeakConsumer {
                     frames: self.resolve(process.identity.pid, &frames, &process.mappings),
                     live_bytes: totals.live_bytes,
@@ -400,7 +403,7 @@ impl Collector {
         model: &mut Model,
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
-        let sampling = model.sampling;
+        let estimator = model.estimator();
         for process in model.processes.values_mut().filter(|p| of_process(p.identity.pid)) {
             let Some(raw) = self.peaks.peak_of(process.identity.pid, process.stats.started_ns) else {
                 continue;
@@ -408,7 +411,7 @@ impl Collector {
             let mut consumers = Vec::with_capacity(raw.stacks.len());
             for (stack, totals) in &raw.stacks {
                 let Some(frames) = self.stacks.frames(probes, *stack)? else { continue };
-                let totals = sampling.map_or(*totals, |sampling| scale_totals(sampling, *totals));
+                let totals = estimator.map_or(*totals, |estimator| scale_totals(estimator, *totals));
                 consumers.push(PeakConsumer {
                     frames: self.resolve(process.identity.pid, &frames, &process.mappings),
                     live_bytes: totals.live_bytes,
@@ -473,7 +476,7 @@ fn classify_region(kind: u64) -> Option<owners::classify::Owner> {
     }
 }
 
-/// Estimated live allocations and bytes of one process under sampling.
+/// Estimated live allocations and bytes of one process under sampling or windows.
 #[derive(Debug, Default, Clone, Copy)]
 struct LiveEstimate {
     allocations: f64,
@@ -481,10 +484,10 @@ struct LiveEstimate {
 }
 
 /// Every process's live figures, each sampled block weighted by its own size.
-fn estimate_live(probes: &Probes, sampling: Sampling) -> Result<HashMap<u32, LiveEstimate>> {
+fn estimate_live(probes: &Probes, estimator: Estimator) -> Result<HashMap<u32, LiveEstimate>> {
     let mut estimates: HashMap<u32, LiveEstimate> = HashMap::new();
     for (key, allocation) in probes.live_allocations()? {
-        let weight = sampling.count_weight(allocation.size);
+        let weight = estimator.count_weight(allocation.size);
         let estimate = estimates.entry(key.tgid).or_default();
         estimate.allocations += weight;
         estimate.bytes += weight * allocation.size as f64;
@@ -493,8 +496,14 @@ fn estimate_live(probes: &Probes, sampling: Sampling) -> Result<HashMap<u32, Liv
 }
 
 /// Puts the estimates where the exact figures are: frees are what was allocated and is no longer
-/// live; untracked frees cannot be told from frees of blocks that were not sampled.
-fn apply_estimate(stats: &mut ProcessStats, live: LiveEstimate, previous_peak: i64) {
+/// live; untracked frees cannot be told from frees of blocks that were not sampled. Under windows
+/// the allocations counted are those recorded, scaled like the rest.
+fn apply_estimate(stats: &mut ProcessStats, estimator: Estimator, live: LiveEstimate, previous_peak: i64) {
+    if estimator.counts_recorded_only() {
+        let (allocations, bytes) = estimator.scale(stats.allocations, stats.allocated_bytes);
+        stats.allocations = allocations.round() as u64;
+        stats.allocated_bytes = bytes.round() as u64;
+    }
     stats.live_allocations = live.allocations.round() as i64;
     stats.live_bytes = live.bytes.round() as i64;
     stats.frees = stats.allocations.saturating_sub(stats.live_allocations as u64);
@@ -628,11 +637,11 @@ fn merge_into_whole(consumers: Vec<PeakConsumer>, whole: Vec<Vec<Arc<Frame>>>) -
 }
 
 /// A stack's sampled totals as the allocations they stand for.
-fn scale_totals(sampling: Sampling, totals: StackTotals) -> StackTotals {
-    let (allocations, allocated_bytes) = sampling.scale(totals.allocations, totals.allocated_bytes);
+fn scale_totals(estimator: Estimator, totals: StackTotals) -> StackTotals {
+    let (allocations, allocated_bytes) = estimator.scale(totals.allocations, totals.allocated_bytes);
     let live_allocations = u64::try_from(totals.live_allocations).unwrap_or(0);
     let live_bytes = u64::try_from(totals.live_bytes).unwrap_or(0);
-    let (live_allocations, live_bytes) = sampling.scale(live_allocations, live_bytes);
+    let (live_allocations, live_bytes) = estimator.scale(live_allocations, live_bytes);
     StackTotals {
         allocations: allocations.round() as u64,
         allocated_bytes: allocated_bytes.round() as u64,

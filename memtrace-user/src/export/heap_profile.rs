@@ -65,6 +65,13 @@ pub fn sampling_note(sampling: Sampling) -> String {
 /// What makes a profile's values estimates, said in its comment: `--sample`'s scaling, or the
 /// allocators' own samples (`--app-sampled`); None for exact figures.
 pub fn estimate_note(model: &Model) -> Option<String> {
+    if let Some(windows) = model.windows {
+        return Some(format!(
+            "memtrace --window {}s/{}s: values are estimates, the allocations of {:.1}s of windows in {:.1}s each \
+             scaled by {:.2}",
+            windows.on_s, windows.every_s, windows.probed_s, windows.elapsed_s, windows.weight
+        ));
+    }
     match (model.sampling, model.app_sampled) {
         (Some(sampling), _) => Some(sampling_note(sampling)),
         (None, Some(app)) => Some(format!(

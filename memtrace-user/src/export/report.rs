@@ -45,6 +45,19 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             sampling.estimated.join(", ")
         );
     }
+    if let Some(windows) = model.windows {
+        let _ = writeln!(
+            text,
+            "memtrace: allocations probed in windows of {}s every {}s ({:.1}s of {:.1}s): each recorded \
+             allocation stands for {:.2}; {} are estimates; the stacks of the blocks a window recorded are exact",
+            windows.on_s,
+            windows.every_s,
+            windows.probed_s,
+            windows.elapsed_s,
+            windows.weight,
+            windows.estimated.join(", ")
+        );
+    }
     if let Some(app) = model.app_sampled {
         let _ = writeln!(
             text,

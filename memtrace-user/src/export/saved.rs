@@ -97,6 +97,7 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
         kernel_maps: summary.kernel_maps,
         sampling: summary.sampling,
         app_sampled: summary.app_sampled,
+        windows: summary.windows,
         ..Model::default()
     };
     // A pid that appears again later in the list was a retired process (one that ended before its
@@ -200,6 +201,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         stacks,
         usdt,
         oom_kill,
+        window_weight: saved.window_weight,
     })
 }
 

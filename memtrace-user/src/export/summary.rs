@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
+    estimate::Windows,
     frame::Frame,
     identity::Container,
     levels::{FreeClass, FreePool, MemoryLevels},
@@ -44,6 +45,10 @@ pub struct Summary {
     /// count samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_sampled: Option<AppSampled>,
+    /// `--window`: how long allocations were probed, what each recorded one stands for, and which
+    /// figures are estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Windows>,
     /// Every distinct stack frame of the run, once: the `frame_ids` of stacks index it.
     #[serde(default, serialize_with = "one_line_each")]
     pub frame_table: Vec<Frame>,
@@ -115,6 +120,10 @@ pub struct ProcessSummary {
     /// The kernel's OOM killer ended it: when, where, and what it held then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kill: Option<OomKillSummary>,
+    /// `--window`: what each recorded allocation of its figures stands for (the run's weight when
+    /// its figures were last read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_weight: Option<f64>,
 }
 
 /// A process the kernel's OOM killer ended (model/oom.rs).
@@ -230,6 +239,7 @@ impl Summary {
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
             app_sampled: model.app_sampled,
+            windows: model.windows,
             frame_table: table.frames,
             folded: model.folded_by_count().into_iter().cloned().collect(),
         }
@@ -277,6 +287,7 @@ impl ProcessSummary {
             timeline: process.timeline.clone(),
             peak: process.peak.as_ref().map(|peak| PeakSummary::of(peak, table)),
             oom_kill: process.oom_kill.as_ref().map(|kill| OomKillSummary::of(kill, table)),
+            window_weight: process.window_weight,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod sys;
 pub mod tables;
 mod thread_slots;
 pub mod verifier_report;
+mod windows;
 pub use map_ops::ArrayCell;
 pub use map_ops::Taken;
 pub use stack::Stack;
@@ -48,7 +49,9 @@ use crate::{
     kernel::features::{KernelFeatures, LinkKind},
     kernel::log::BpfLog,
     kernel::sys::prog_info,
-    process::{allocator::Allocator, cgroup::CgroupFilter, map_calls::MapCalls},
+    process::{
+        allocator::Allocator, cgroup::CgroupFilter, entry_points::ResolvedEntryPoint, map_calls::MapCalls,
+    },
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
@@ -93,6 +96,8 @@ pub struct ProbeConfig {
     pub empty_probes: bool,
     /// `--sample`: mean bytes between sampled allocations; 0 records every allocation.
     pub sample_mean: u64,
+    /// `--window`: the allocation-only entry points are probed in windows (`open_window`).
+    pub windowed: bool,
     /// Which processes count.
     pub reach: Reach,
     /// `--debug-bpf`: print the kernel side's diagnostics.
@@ -171,8 +176,37 @@ struct CallPrograms {
 struct Calls<'a> {
     programs: CallPrograms,
     path: &'a std::path::Path,
-    entries: Vec<Site>,
-    returns: Vec<Site>,
+    entries: &'a [Site],
+    returns: &'a [Site],
+}
+
+/// Which links a probe joins: the run's, or (`--window`) those of the open window.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LinkSet {
+    Run,
+    Window,
+}
+
+/// Where and how sites are attached.
+struct Attach<'a> {
+    path: &'a std::path::Path,
+    scope: Scope,
+    direction: Direction,
+    set: LinkSet,
+}
+
+/// The entry and return sites of an allocator's entry points (cookie `index` names the
+/// allocator). A return probe replaces the return address on entry, so it sits at the first byte.
+fn call_sites(index: u32, points: &[&ResolvedEntryPoint]) -> (Vec<Site>, Vec<Site>) {
+    let site =
+        |offset, function| Site { offset, cookie: ProbeCookie::new(index, function).0, semaphore: None };
+    let entries = points.iter().map(|point| site(point.probe_offset, point.entry.function)).collect();
+    let returns = points
+        .iter()
+        .filter(|point| point.entry.function.has_return())
+        .map(|point| site(point.offset, point.entry.function))
+        .collect();
+    (entries, returns)
 }
 
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
@@ -230,6 +264,8 @@ pub struct Probes {
     exit_reader: bool,
     /// Every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<AttachedAllocator>,
+    /// `--window`: the allocators' windowed probes, and whether a window is open.
+    windows: Option<windows::Windows>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
     _bpf_log: Option<BpfLog>,
 }
@@ -261,6 +297,7 @@ impl Probes {
             tables::LIVE_RECORDS.find(&ebpf).context("no live-allocation count")?,
             &live_size,
         )?;
+        let windows = config.windowed.then(|| windows::Windows::open_first(&ebpf)).transpose()?;
         let mut probes = Self {
             ebpf,
             multi,
@@ -276,6 +313,7 @@ impl Probes {
             sampled_sites: 0,
             exit_reader: false,
             allocators: Vec::new(),
+            windows,
             _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
@@ -305,12 +343,22 @@ impl Probes {
         scope: Scope,
         direction: Direction,
     ) -> Result<()> {
+        let at = Attach { path, scope, direction, set: LinkSet::Run };
+        self.attach_sites_in(program, sites, at)
+    }
+
+    /// Attaches `program` at `sites` into the links `at.set` names.
+    fn attach_sites_in(&mut self, program: &str, sites: &[Site], at: Attach<'_>) -> Result<()> {
         let kind = self.link_kind();
         let fd = match &mut self.multi {
             Some(multi) => multi.program(program)?,
             None => uprobe(&mut self.ebpf, program)?.fd()?.as_fd(),
         };
-        self.links.attach(kind, fd, path, sites, scope, direction)
+        let links = match (at.set, &mut self.windows) {
+            (LinkSet::Window, Some(windows)) => &mut windows.links,
+            _ => &mut self.links,
+        };
+        links.attach(kind, fd, at.path, sites, at.scope, at.direction)
     }
 
     /// Loads every uprobe program a run could attach, as `memtrace doctor` checks them: a run
@@ -360,10 +408,14 @@ impl Probes {
     /// Detaches every probe at once; what the kernel counted stays readable in the maps.
     pub fn detach(&mut self) {
         self.links.detach();
+        if let Some(windows) = &mut self.windows {
+            windows.links.detach();
+        }
     }
 
     /// Attaches to every entry point of `allocator`, for one process or for all that map it: one
-    /// link for the entries and one for the returns.
+    /// link for the entries and one for the returns, and with `--window` another two for the
+    /// entry points only windows probe.
     pub fn attach(&mut self, allocator: &Allocator, scope: Scope) -> Result<()> {
         if let Scope::Process(0) = scope {
             bail!("pid 0 cannot be traced");
@@ -371,34 +423,92 @@ impl Probes {
         self.allocators
             .push(AttachedAllocator { kind: allocator.kind.clone(), path: allocator.path.clone() });
         let index = self.allocators.len() as u32;
-        let site =
-            |offset, function| Site { offset, cookie: ProbeCookie::new(index, function).0, semaphore: None };
-        let entries: Vec<Site> = allocator
-            .entry_points
-            .iter()
-            .map(|point| site(point.probe_offset, point.entry.function))
-            .collect();
-        // A return probe replaces the return address on entry, so it sits at the first byte.
-        let returns: Vec<Site> = allocator
-            .entry_points
-            .iter()
-            .filter(|point| point.entry.function.has_return())
-            .map(|point| site(point.offset, point.entry.function))
-            .collect();
         self.note_allocator_code(index, allocator)?;
-        let calls = Calls { programs: self.allocator_programs, path: &allocator.host_path, entries, returns };
-        self.attach_calls(calls, scope)
-            .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))
+        let windowed = self.windows.is_some();
+        let (in_windows, always): (Vec<_>, Vec<_>) =
+            allocator.entry_points.iter().partition(|point| windowed && point.entry.function.windowed());
+        let path = &allocator.host_path;
+        let (entries, returns) = call_sites(index, &always);
+        let calls = Calls { programs: self.allocator_programs, path, entries: &entries, returns: &returns };
+        self.attach_calls(calls, scope, LinkSet::Run)
+            .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
+        if !in_windows.is_empty() {
+            let (entries, returns) = call_sites(index, &in_windows);
+            let programs = self.allocator_programs;
+            self.attach_windowed(windows::WindowedCalls {
+                programs,
+                path: path.clone(),
+                entries,
+                returns,
+                scope,
+            })
+            .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Keeps one file's windowed calls for every window, attached now if a window is open.
+    fn attach_windowed(&mut self, calls: windows::WindowedCalls) -> Result<()> {
+        if self.windows.as_ref().is_some_and(|windows| windows.is_open()) {
+            self.attach_calls(calls.borrowed(), calls.scope, LinkSet::Window)?;
+        }
+        if let Some(windows) = &mut self.windows {
+            windows.calls.push(calls);
+        }
+        Ok(())
+    }
+
+    /// `--window`: opens a window, attaching every allocator's windowed probes. A file that cannot
+    /// be probed any more (its one process gone, the file deleted) is left out of later windows.
+    pub fn open_window(&mut self) -> Result<()> {
+        let Some(windows) = self.windows.as_mut().filter(|windows| !windows.is_open()) else {
+            return Ok(());
+        };
+        windows.advance()?;
+        let calls = std::mem::take(&mut windows.calls);
+        let mut kept = Vec::with_capacity(calls.len());
+        for calls in calls {
+            match self.attach_calls(calls.borrowed(), calls.scope, LinkSet::Window) {
+                Ok(()) => kept.push(calls),
+                Err(err) if calls.process_gone() => drop(err),
+                Err(err) => eprintln!(
+                    "memtrace: warning: {} is no longer probed in windows: {err:#}",
+                    calls.path.display()
+                ),
+            }
+        }
+        if let Some(windows) = &mut self.windows {
+            windows.calls = kept;
+        }
+        Ok(())
+    }
+
+    /// `--window`: closes the window: its probes detached, then the generation moves on, so that a
+    /// call entered in it and never returned through its probe is known to be abandoned.
+    pub fn close_window(&mut self) -> Result<()> {
+        let Some(windows) = self.windows.as_mut().filter(|windows| windows.is_open()) else {
+            return Ok(());
+        };
+        windows.links.detach();
+        windows.advance()
     }
 
     /// Attaches one file's calls, entries and returns, each a link. Returns first: a call entered
     /// before its return probe existed never returns through it, so an entry seen without its
     /// return would leave the thread inside a call for good. A return whose entry was not seen is
     /// ignored.
-    fn attach_calls(&mut self, calls: Calls<'_>, scope: Scope) -> Result<()> {
+    fn attach_calls(&mut self, calls: Calls<'_>, scope: Scope, set: LinkSet) -> Result<()> {
         let Calls { programs, path, entries, returns } = calls;
-        self.attach_sites(programs.exit, path, &returns, scope, Direction::Return)?;
-        self.attach_sites(programs.entry, path, &entries, scope, Direction::Entry)
+        self.attach_sites_in(
+            programs.exit,
+            returns,
+            Attach { path, scope, direction: Direction::Return, set },
+        )?;
+        self.attach_sites_in(
+            programs.entry,
+            entries,
+            Attach { path, scope, direction: Direction::Entry, set },
+        )
     }
 
     /// Attaches to the mapping calls of `calls`' file (mmap, munmap, mremap), which follow anonymous
@@ -415,7 +525,7 @@ impl Probes {
             .collect();
         let programs = CallPrograms { entry: MAP_ENTRY, exit: MAP_RETURN };
         let path = &calls.object.host_path;
-        self.attach_calls(Calls { programs, path, entries: sites.clone(), returns: sites }, scope)
+        self.attach_calls(Calls { programs, path, entries: &sites, returns: &sites }, scope, LinkSet::Run)
             .with_context(|| {
                 format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display())
             })
@@ -714,6 +824,7 @@ fn load_object(globals: &Globals<'_>, live_size: &TableSize) -> Result<Ebpf> {
         .map_max_entries(tables::STACK_TOTALS.name, config.max_stacks)
         .override_global("CAPTURE_STACKS", &u8::from(config.capture_stacks), true)
         .override_global("SAMPLE_MEAN", &config.sample_mean, true)
+        .override_global("WINDOWED", &u8::from(config.windowed), true)
         .override_global("REACH", &config.reach.kernel_value(), true)
         .override_global("KERNEL_LAYOUT", globals.layout, true)
         .override_global("SELF_TGID", &globals.self_tgid, true)

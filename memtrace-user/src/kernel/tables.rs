@@ -109,6 +109,10 @@ pub const UNWIND_EPOCH: ArrayTable<u64> = ArrayTable::new("UNWIND_EPOCH", "the u
 /// Whether the exec tracepoint stops programs not known yet, at index 0 (1: it does).
 pub const HOLD_EXECS: ArrayTable<u32> = ArrayTable::new("HOLD_EXECS", "the exec hold switch");
 
+/// `--window`'s generation, at `WINDOW_SLOT`: odd while a window is open (memtrace-ebpf/src/windowed.rs).
+pub const WINDOW_GENERATION: ArrayTable<u32> =
+    ArrayTable::new("WINDOW_GENERATION", "the window generation counter");
+
 /// Each traced thread's allocator state, tagged with its tid (memtrace-ebpf/src/threads.rs).
 pub const THREAD_SLOTS: ArrayTable<ThreadSlot> = ArrayTable::new("THREAD_SLOTS", "the thread slot array");
 

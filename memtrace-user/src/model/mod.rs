@@ -3,6 +3,7 @@
 //! (`levels`), and how exited processes fold into their command's totals (`folding`, which works
 //! on the model; the model names nothing of it).
 
+pub mod estimate;
 mod folding;
 pub mod frame;
 pub mod identity;
@@ -51,6 +52,9 @@ pub struct Process {
     pub usdt: UsdtFigures,
     /// The kernel's OOM killer ended it (model/oom.rs).
     pub oom_kill: Option<oom::OomKill>,
+    /// `--window`: what each allocation recorded stood for when its figures were last read (an
+    /// exited process keeps the weight of its last reading).
+    pub window_weight: Option<f64>,
 }
 
 impl Process {
@@ -151,6 +155,8 @@ pub struct Model {
     pub sampling: Option<Sampling>,
     /// `--app-sampled`: allocations come from the allocators' own sampled probes.
     pub app_sampled: Option<AppSampled>,
+    /// `--window`: allocations are probed in windows, and heap figures are estimates.
+    pub windows: Option<estimate::Windows>,
     /// Exited processes beyond `--keep-exited`, summed per command (folding.rs).
     pub folded: Folded,
     /// The pids of released processes, in the order they were released, for folding.
@@ -296,6 +302,15 @@ pub struct KernelMaps {
 }
 
 impl Model {
+    /// How recorded allocations stand for all of them: None where every allocation is recorded.
+    pub fn estimator(&self) -> Option<estimate::Estimator> {
+        match (self.sampling, self.windows) {
+            (Some(sampling), _) => Some(estimate::Estimator::Poisson(sampling)),
+            (None, Some(windows)) => Some(estimate::Estimator::Windows(windows.weight)),
+            (None, None) => None,
+        }
+    }
+
     /// The one place a process enters the model, with its identity (`ProcessIdentity::read`).
     pub fn add_process(&mut self, identity: ProcessIdentity, allocator: PathBuf) {
         self.processes.insert(
@@ -316,6 +331,7 @@ impl Model {
                 stacks: Vec::new(),
                 usdt: UsdtFigures::default(),
                 oom_kill: None,
+                window_weight: None,
             },
         );
     }

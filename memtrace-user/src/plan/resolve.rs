@@ -31,6 +31,7 @@ pub fn plan(run: RunArgs, mode: Mode, features: KernelFeatures) -> Result<Plan> 
         sample: run.sample,
         app_sampled: run.app_sampled,
         empty_probes: run.empty_probes,
+        window: run.window,
         debug_bpf: run.debug_bpf,
         allocator: Overrides { lib: run.lib, prefix: run.allocator.as_deref().map(Overrides::prefix_for) },
         usdt: run.usdt,

@@ -17,7 +17,7 @@ pub mod allocator;
 pub mod cgroup;
 pub mod containerd;
 pub mod elf;
-mod entry_points;
+pub mod entry_points;
 mod facts;
 mod file;
 #[cfg(test)]

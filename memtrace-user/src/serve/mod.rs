@@ -205,6 +205,7 @@ fn copy(process: &Process, stacks: Stacks) -> Process {
         stacks: if stacks == Stacks::Kept { process.stacks.clone() } else { Vec::new() },
         usdt: process.usdt.clone(),
         oom_kill: process.oom_kill.clone(),
+        window_weight: process.window_weight,
     }
 }
 
@@ -253,6 +254,7 @@ impl Departures {
             usdt_lost_events: model.usdt_lost_events,
             kernel_maps: model.kernel_maps,
             sampling: model.sampling,
+            windows: model.windows,
             // Exited processes leave the exposition after one scrape (`departing`).
             ..Model::default()
         }

@@ -9,6 +9,7 @@ mod poll;
 mod sample;
 mod signals;
 mod targets;
+mod windows;
 
 use std::{process::ExitCode, time::Instant};
 
@@ -18,6 +19,7 @@ use self::{
     command::RunningCommand,
     poll::{Ending, Run, FIRST_REFRESH},
     targets::{processes_to_attach, Targets},
+    windows::WindowClock,
 };
 use crate::{
     attach::usdt::{OwnSites, UsdtProbes},
@@ -26,7 +28,7 @@ use crate::{
     follow::Following,
     kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
-    model::{AppSampled, KernelMaps, Model, Sampling},
+    model::{estimate::Windows, AppSampled, KernelMaps, Model, Sampling},
     plan::{self, Kernel, Mode, Plan, ProbePlan},
     privileges,
 };
@@ -43,7 +45,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let exporters = outputs::open(&outputs, &mode, probe_plan.stacks)?;
     let mut probes = load_probes(&probe_plan, &reach, &kernel)?;
     let mut collector = Collector::new(kernel.features.has(Feature::ExactRssCounters));
-    let mut model = empty_model(&mode, probe_plan.sample, probe_plan.app_sampled);
+    let mut model = empty_model(&mode, &probe_plan);
     let own_sites = OwnSites { app_sampled: probe_plan.app_sampled };
     let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone());
     let oom = OomWatch::start(&mut probes);
@@ -65,7 +67,9 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     if let Some(held) = held {
         held.release()?;
     }
+    let started = Instant::now();
     let mut run = Run {
+        windows: probe_plan.window.map(|window| WindowClock::new(window, started)),
         probes,
         collector,
         model,
@@ -75,7 +79,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
         following,
         oom,
         signals,
-        started: Instant::now(),
+        started,
         samples: 0,
         lost_reported: 0,
         forwarded_signal: false,
@@ -101,11 +105,12 @@ fn refuse_what_cannot_work(wanted: &plan::Targets, reach: &Reach, kernel: &Kerne
     processes_to_attach(wanted.pids())
 }
 
-/// The model before the first sample, with `--sample`'s mean where allocations are sampled.
-fn empty_model(mode: &Mode, sample: Option<u64>, app_sampled: bool) -> Model {
+/// The model before the first sample, saying how allocations are recorded where not every one is.
+fn empty_model(mode: &Mode, plan: &ProbePlan) -> Model {
     Model {
-        sampling: sample.map(Sampling::new),
-        app_sampled: app_sampled.then(AppSampled::default),
+        sampling: plan.sample.map(Sampling::new),
+        app_sampled: plan.app_sampled.then(AppSampled::default),
+        windows: plan.window.map(Windows::of),
         // The agent shows how full the kernel's tables are while it runs.
         kernel_maps: matches!(mode, Mode::Serve(_)).then(KernelMaps::default),
         ..Model::default()
@@ -120,6 +125,7 @@ fn load_probes(plan: &ProbePlan, reach: &Reach, kernel: &Kernel) -> Result<Probe
         capture_stacks: plan.stacks,
         empty_probes: plan.empty_probes,
         sample_mean: plan.sample.unwrap_or(0),
+        windowed: plan.window.is_some(),
         reach: reach.clone(),
         debug_bpf: plan.debug_bpf,
     };

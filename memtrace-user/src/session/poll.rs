@@ -17,7 +17,7 @@ use nix::{
     unistd::Pid,
 };
 
-use super::{outputs::Exporters, signals, targets::Watched};
+use super::{outputs::Exporters, signals, targets::Watched, windows::WindowClock};
 use crate::{
     collect::unwind::KernelTables,
     collect::{oom::OomWatch, Collector},
@@ -73,6 +73,8 @@ pub struct Run {
     pub stacks: bool,
     /// `--older`: only live blocks at least this old at the end count as leaked.
     pub older: Duration,
+    /// `--window`: when the allocation probes are attached.
+    pub windows: Option<WindowClock>,
 }
 
 /// The first refresh of a launched command's mapping tables, and how far apart they get.
@@ -87,6 +89,7 @@ impl Run {
         loop {
             let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
             let wake = next_refresh.map_or(wake, |refresh| refresh.min(wake));
+            let wake = self.windows.as_ref().map_or(wake, |clock| clock.next_change().min(wake));
             let (signal, sample_now) = self.wait_until(wake)?;
             if signal == Some(Signal::SIGTSTP) {
                 self.stop_until_continued();
@@ -105,6 +108,9 @@ impl Run {
                 }
             }
             let now = Instant::now();
+            if let Some(clock) = &mut self.windows {
+                clock.tick(&mut self.probes, now)?;
+            }
             if std::mem::take(&mut self.refresh_after_exec) && self.early_refresh.is_none() {
                 self.early_refresh = Some(FIRST_REFRESH);
                 next_refresh = Some(now + FIRST_REFRESH);

@@ -3,7 +3,10 @@
 //! dropped and said, and the run ends), loss warnings, and exited processes released from the
 //! kernel's tables and folded, so that a long run stays bounded.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 
@@ -25,6 +28,9 @@ impl Run {
         // Before the figures are read: a victim's heap at the kill is read with them.
         let victims = self.oom.take(&mut self.model, self.started);
         let ts_us = self.started.elapsed().as_micros() as u64;
+        if let (Some(clock), Some(windows)) = (&self.windows, self.model.windows) {
+            self.model.windows = Some(clock.measured(windows, self.started, Instant::now()));
+        }
         self.collector.sample(&self.probes, self.following.usdt(), &mut self.model, ts_us)?;
         for pid in victims {
             if let Some(process) = self.model.processes.get(&pid) {

@@ -161,7 +161,7 @@ impl App {
             format_elapsed(snapshot.elapsed),
             snapshot.rows.len(),
             snapshot.lost_events,
-            if snapshot.sampled { " · live figures estimated (--sample)" } else { "" }
+            if snapshot.sampled { " · heap figures estimated (--sample, --window)" } else { "" }
         );
         match self.phase {
             Phase::Attaching => "memtrace top: attaching probes...".to_owned(),

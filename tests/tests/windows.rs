@@ -1,0 +1,86 @@
+//! `--window ON/EVERY`: malloc and its kin probed only inside windows, free and realloc always.
+//! fixtures/windowed.c allocates in the first window, then (told once the window has closed)
+//! allocates unseen, frees half of what the window recorded and reallocs a recorded block: the
+//! figures, divided by the weight the summary gives, are the recorded ones derived in its header.
+
+use std::fs;
+
+use memtrace_tests::{fixture, leak_stack, leak_through, poll, Memtrace};
+use serde_json::Value;
+
+/// The BPF links memtrace holds: a window's close detaches its own.
+fn links_held_by(pid: u32) -> usize {
+    let fdinfo = fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("reading fdinfo");
+    fdinfo
+        .filter_map(|entry| fs::read_to_string(entry.ok()?.path()).ok())
+        .filter(|info| info.lines().any(|line| line.starts_with("link_type:")))
+        .count()
+}
+
+/// A figure as recorded: the estimate divided by the weight, to the nearest whole number.
+fn recorded(process: &Value, figure: &Value) -> i64 {
+    let weight = process["window_weight"].as_f64().unwrap_or_else(|| panic!("no window_weight: {process:#}"));
+    (figure.as_f64().expect("a number") / weight).round() as i64
+}
+
+/// Whether any leak of `process` has `frame` in its stack.
+fn leaks_through(process: &Value, frame: &str) -> bool {
+    process["leaks"].as_array().unwrap().iter().any(|leak| leak_stack(leak).contains(&frame))
+}
+
+/// The fixture traced with its first window open 3 s, told to go on once memtrace's links show
+/// the window closed; `links` is MEMTRACE_LINKS, where a test names it.
+fn traced_through_a_window(links: Option<&str>) -> memtrace_tests::Outcome {
+    let mut memtrace = Memtrace::new();
+    if let Some(links) = links {
+        memtrace = memtrace.env("MEMTRACE_LINKS", links);
+    }
+    let mut run = memtrace.args(["--window", "3s/1h"]).command(&fixture("windowed")).spawn();
+    run.wait_for_stdout("ready ");
+    let pid = run.pid();
+    let open = links_held_by(pid);
+    poll("the window to close", || (links_held_by(pid) < open).then_some(()));
+    run.send(b"g");
+    run.finish()
+}
+
+fn assert_followed_out_of_the_window(outcome: &memtrace_tests::Outcome) {
+    outcome.assert_exit_code(0);
+    let summary = outcome.summary();
+    let windows = &summary["windows"];
+    assert_eq!(windows["on_s"], 3.0, "{summary:#}");
+    assert!(windows["weight"].as_f64().unwrap() > 1.0, "the run outlasted its window: {windows:#}");
+    let process = outcome.process();
+    assert_eq!(recorded(process, &process["allocations"]), 202, "{process:#}");
+    assert_eq!(recorded(process, &process["allocated_bytes"]), 154_160);
+    assert_eq!(recorded(process, &process["frees"]), 151);
+    assert_eq!(recorded(process, &process["live_bytes"]), 54_096);
+    assert_eq!(recorded(process, &process["live_allocations"]), 51);
+    assert_eq!(process["untracked_frees"], 0, "frees of blocks no window saw are not untracked");
+    assert_eq!(process["lost_events"], 0);
+    let kept = leak_through(process, "make_kept");
+    assert_eq!(recorded(process, &kept["bytes"]), 50_000, "{kept:#}");
+    let grown = leak_through(process, "grow_block");
+    assert_eq!(recorded(process, &grown["bytes"]), 4096, "the record moved with realloc: {grown:#}");
+    assert!(!leaks_through(process, "make_unseen"), "no window saw make_unseen: {process:#}");
+    assert!(!leaks_through(process, "make_growing"), "its block was realloc'd: {process:#}");
+    outcome.assert_stderr_mentions(&["allocations probed in windows of 3s every 3600s"]);
+}
+
+#[test]
+fn what_a_window_recorded_is_followed_after_it_closes() {
+    assert_followed_out_of_the_window(&traced_through_a_window(None));
+}
+
+/// The same through per-site perf links, as on kernels before 6.6.
+#[test]
+fn windows_work_through_per_site_links_too() {
+    assert_followed_out_of_the_window(&traced_through_a_window(Some("perf")));
+}
+
+#[test]
+fn a_window_that_never_closes_is_refused() {
+    let outcome = Memtrace::new().args(["--window", "2s/1s"]).command(&fixture("windowed")).run();
+    assert_ne!(outcome.status.code(), Some(0));
+    outcome.assert_stderr_mentions(&["never closes; make EVERY longer than ON"]);
+}
