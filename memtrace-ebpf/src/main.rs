@@ -91,6 +91,9 @@ fn on_enter(function: AllocatorFunction, size: u64, address: u64) -> u32 {
     };
     let generation = windowed::generation();
     windowed::forget_abandoned_call(thread, generation);
+    if windowed::ignores_entry(function, generation) {
+        return 0;
+    }
     thread.depth += 1;
     if thread.depth == 1 {
         thread.function = function as u32;

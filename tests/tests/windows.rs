@@ -52,9 +52,10 @@ fn assert_followed_out_of_the_window(outcome: &memtrace_tests::Outcome) {
     assert!(windows["weight"].as_f64().unwrap() > 1.0, "the run outlasted its window: {windows:#}");
     let process = outcome.process();
     assert_eq!(recorded(process, &process["allocations"]), 202, "{process:#}");
-    assert_eq!(recorded(process, &process["allocated_bytes"]), 154_160);
-    assert_eq!(recorded(process, &process["frees"]), 151);
-    assert_eq!(recorded(process, &process["live_bytes"]), 54_096);
+    assert_eq!(recorded(process, &process["allocated_bytes"]), 154_160, "{process:#}");
+    // Frees are estimated as allocations less live blocks, each rounded after scaling: within one.
+    assert!((recorded(process, &process["frees"]) - 151).abs() <= 1, "{process:#}");
+    assert_eq!(recorded(process, &process["live_bytes"]), 54_096, "{process:#}");
     assert_eq!(recorded(process, &process["live_allocations"]), 51);
     assert_eq!(process["untracked_frees"], 0, "frees of blocks no window saw are not untracked");
     assert_eq!(process["lost_events"], 0);
@@ -76,6 +77,49 @@ fn what_a_window_recorded_is_followed_after_it_closes() {
 #[test]
 fn windows_work_through_per_site_links_too() {
     assert_followed_out_of_the_window(&traced_through_a_window(Some("perf")));
+}
+
+/// window_churn's four threads, traced with windows of 50 ms every 100 ms until `closes` windows
+/// have closed (memtrace's links counted as they come and go), then stopped.
+fn churned(window: Option<&str>, closes: usize) -> memtrace_tests::Outcome {
+    let args = window.map_or(vec![], |window| vec!["--window", window]);
+    let mut run = Memtrace::new().args(args).command(&fixture("window_churn")).spawn();
+    run.wait_for_stdout("ready ");
+    let pid = run.pid();
+    let mut seen = 0;
+    let mut last = links_held_by(pid);
+    poll("windows to close", || {
+        let now = links_held_by(pid);
+        seen += usize::from(now < last);
+        last = now;
+        (seen >= closes).then_some(())
+    });
+    run.send(b"g");
+    run.finish()
+}
+
+/// Threads inside malloc as a window's probes go never return through them: their calls are
+/// forgotten, not left pending (which would skip every later free of the thread). Every block the
+/// program allocated it freed, so what stays live is the same with windows as without: the
+/// threads' TLS blocks (glibc keeps them with the threads' cached stacks; some of their stacks
+/// are cut short at the start, as without windows: the process's mapping table is not written
+/// yet, and bpf_find_vma's trylock loses to the threads' own mmaps).
+#[test]
+fn threads_caught_inside_malloc_as_windows_close_lose_no_free() {
+    let windowed = churned(Some("50ms/100ms"), 10);
+    windowed.assert_exit_code(0);
+    let process = windowed.process();
+    assert_eq!(process["untracked_frees"], 0, "{process:#}");
+    assert_eq!(process["lost_events"], 0, "{process:#}");
+    assert!(!leaks_through(process, "churn"), "a block the program freed is live: {process:#}");
+    let exact = churned(None, 0);
+    exact.assert_exit_code(0);
+    assert_eq!(
+        recorded(process, &process["live_bytes"]),
+        exact.process()["live_bytes"].as_i64().unwrap(),
+        "live at exit, windowed {process:#} and exact {:#}",
+        exact.process()
+    );
 }
 
 #[test]

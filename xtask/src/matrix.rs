@@ -152,6 +152,9 @@ const PLAN: &[(&str, &[&str])] = &[
     // --app-sampled: the allocator's own otel_memory probes, read by a non-sleepable program
     // (sampled_site) that walks the stack from the probe site
     ("app_sampled", &["the_allocators_samples_alone_make_the_heap_figures"]),
+    // --window: the windowed probes attached and detached while free and realloc stay, both link
+    // kinds where the kernel has both, threads caught inside malloc as a window closes
+    ("windows", &[]),
 ];
 
 /// Tests at once inside a VM (it has 2 vCPUs).

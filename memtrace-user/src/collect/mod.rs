@@ -88,18 +88,23 @@ impl Collector {
         model: &mut Model,
         ts_us: u64,
     ) -> Result<()> {
+        let mut read = HashMap::new();
+        for process in model.processes.values().filter(|process| !process.released) {
+            read.insert(process.identity.pid, probes.stats(process.identity.pid)?);
+        }
         let estimator = model.estimator();
+        let image_start = |tgid: u32| read.get(&tgid).map(|stats: &ProcessStats| stats.started_ns);
         let estimates = match estimator {
-            Some(estimator) => Some((estimator, estimate_live(probes, estimator)?)),
+            Some(estimator) => Some((estimator, estimate_live(probes, estimator, image_start)?)),
             None => None,
         };
         let mut seen = SeenMappings::default();
         for process in model.processes.values_mut() {
-            if process.released {
+            let Some(stats) = read.get(&process.identity.pid).filter(|_| !process.released) else {
                 continue;
-            }
+            };
             let previous_peak = process.stats.peak_live_bytes;
-            process.stats = probes.stats(process.identity.pid)?;
+            process.stats = *stats;
             if let Some((estimator, estimates)) = &estimates {
                 let live = estimates.get(&process.identity.pid).copied().unwrap_or_default();
                 apply_estimate(&mut process.stats, *estimator, live, previous_peak);
@@ -483,10 +488,19 @@ struct LiveEstimate {
     bytes: f64,
 }
 
-/// Every process's live figures, each sampled block weighted by its own size.
-fn estimate_live(probes: &Probes, estimator: Estimator) -> Result<HashMap<u32, LiveEstimate>> {
+/// Every process's live figures, each recorded block weighted by its own size. Only blocks of the
+/// process's current image count (`image_start`): a record from before its exec is not its own,
+/// as the kernel's exact counters have it.
+fn estimate_live(
+    probes: &Probes,
+    estimator: Estimator,
+    image_start: impl Fn(u32) -> Option<u64>,
+) -> Result<HashMap<u32, LiveEstimate>> {
     let mut estimates: HashMap<u32, LiveEstimate> = HashMap::new();
     for (key, allocation) in probes.live_allocations()? {
+        if image_start(key.tgid).is_none_or(|start| allocation.timestamp_ns < start) {
+            continue;
+        }
         let weight = estimator.count_weight(allocation.size);
         let estimate = estimates.entry(key.tgid).or_default();
         estimate.allocations += weight;

@@ -483,14 +483,16 @@ impl Probes {
         Ok(())
     }
 
-    /// `--window`: closes the window: its probes detached, then the generation moves on, so that a
-    /// call entered in it and never returned through its probe is known to be abandoned.
+    /// `--window`: closes the window: the generation moves on, so that its probes count no more
+    /// while they are detached and a call entered in it that never returns through its probe is
+    /// known to be abandoned; then its probes are detached.
     pub fn close_window(&mut self) -> Result<()> {
         let Some(windows) = self.windows.as_mut().filter(|windows| windows.is_open()) else {
             return Ok(());
         };
+        windows.advance()?;
         windows.links.detach();
-        windows.advance()
+        Ok(())
     }
 
     /// Attaches one file's calls, entries and returns, each a link. Returns first: a call entered

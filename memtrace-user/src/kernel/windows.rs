@@ -2,7 +2,7 @@
 //! in links of their own, attached while a window is open and detached when it closes; free,
 //! realloc and reallocarray stay in the run's other links. What the kernel side makes of it is
 //! memtrace-ebpf/src/windowed.rs's to say; the order here is what it relies on: the generation
-//! turns odd before a window's probes are attached, and even only once they are all detached.
+//! turns odd before a window's probes are attached, and even before they are detached.
 
 use std::path::PathBuf;
 

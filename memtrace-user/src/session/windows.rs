@@ -39,12 +39,15 @@ impl WindowClock {
         }
         match self.opened.take() {
             Some(opened) => {
-                probes.close_window()?;
+                // The window ends as its generation does, before its probes are detached (~65 ms
+                // here for a uprobe_multi link, an SRCU grace period, while they count nothing).
                 self.probed += Instant::now().saturating_duration_since(opened);
+                probes.close_window()?;
             }
             None => {
                 // A late tick opens the window now: windows never overlap, nor run short.
                 self.last_opened = now.max(self.last_opened + self.window.every);
+                // It begins once its probes are all in place (~10 ms here).
                 probes.open_window()?;
                 self.opened = Some(Instant::now());
             }
