@@ -434,15 +434,10 @@ impl Probes {
             .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
         if !in_windows.is_empty() {
             let (entries, returns) = call_sites(index, &in_windows);
-            let programs = self.allocator_programs;
-            self.attach_windowed(windows::WindowedCalls {
-                programs,
-                path: path.clone(),
-                entries,
-                returns,
-                scope,
-            })
-            .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
+            let sites = windows::WindowedSites { programs: self.allocator_programs, entries, returns, scope };
+            let calls = windows::WindowedCalls::new(sites, path, allocator.path.clone())?;
+            self.attach_windowed(calls)
+                .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
         }
         Ok(())
     }

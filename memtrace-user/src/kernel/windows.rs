@@ -4,9 +4,9 @@
 //! memtrace-ebpf/src/windowed.rs's to say; the order here is what it relies on: the generation
 //! turns odd before a window's probes are attached, and even before they are detached.
 
-use std::path::PathBuf;
+use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use memtrace_common::WINDOW_SLOT;
 
 use super::{links::Links, map_ops::ArrayCell, tables, CallPrograms, Calls, Scope, Site};
@@ -14,15 +14,42 @@ use super::{links::Links, map_ops::ArrayCell, tables, CallPrograms, Calls, Scope
 /// One allocator file's windowed sites, kept to be attached again at every window.
 pub(super) struct WindowedCalls {
     pub programs: CallPrograms,
+    /// The file, held open: the path it was probed by may be a descriptor of the moment
+    /// (/proc/self/fd/N for a file in a container), and a window attaches by this one.
+    file: File,
+    probe_path: PathBuf,
+    /// The file as the process names it, for messages.
     pub path: PathBuf,
     pub entries: Vec<Site>,
     pub returns: Vec<Site>,
     pub scope: Scope,
 }
 
+/// What `WindowedCalls::new` needs besides the file.
+pub(super) struct WindowedSites {
+    pub programs: CallPrograms,
+    pub entries: Vec<Site>,
+    pub returns: Vec<Site>,
+    pub scope: Scope,
+}
+
 impl WindowedCalls {
+    /// The sites of the file memtrace reaches at `host_path` (the process names it `path`).
+    pub fn new(sites: WindowedSites, host_path: &std::path::Path, path: PathBuf) -> Result<Self> {
+        let file = File::open(host_path).with_context(|| format!("opening {}", path.display()))?;
+        let probe_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let WindowedSites { programs, entries, returns, scope } = sites;
+        Ok(Self { programs, file, probe_path, path, entries, returns, scope })
+    }
+
     pub fn borrowed(&self) -> Calls<'_> {
-        Calls { programs: self.programs, path: &self.path, entries: &self.entries, returns: &self.returns }
+        let _held = &self.file;
+        Calls {
+            programs: self.programs,
+            path: &self.probe_path,
+            entries: &self.entries,
+            returns: &self.returns,
+        }
     }
 
     /// Whether the one process these calls were for has gone (its probes cannot be attached again).

@@ -8,7 +8,9 @@
 //! CPython's own small-object allocator off (`PYTHONMALLOC=malloc`): Debian's python3 takes most
 //! of its allocations from pymalloc's arenas, so the stock work calls malloc only some 10,000
 //! times a run; with it off every object is a malloc and a free, as in programs without an
-//! allocator of their own. Variants run in turns and the best round of each is kept.
+//! allocator of their own. Variants run in turns and the best round of each is kept. Then the
+//! same work for 20 s (2000 rounds), once each, where `--window 1s/20s` is averaged over a whole
+//! period: untraced, exact, windowed, heaptrack.
 
 use std::{
     path::{Path, PathBuf},
@@ -85,16 +87,37 @@ pub fn run(memtrace: &Path) -> Result<()> {
             variant.best_s = variant.best_s.min(seconds);
         }
     }
-    print(&variants);
+    print(&variants, &format!("python3 json work (bench/json_work.py, best of {ROUNDS})"));
+    windowed(Tools { memtrace, memray: &memray }, &script, &out)
+}
+
+/// Rounds of the windowed comparison: about 20 s here, one whole period of `WINDOW`.
+const LONG_ROUNDS: &str = "2000";
+const WINDOW: &str = "1s/20s";
+
+/// The long work untraced, exact, in windows and under heaptrack, once each.
+fn windowed(tools: Tools<'_>, script: &Path, out: &Path) -> Result<()> {
+    let mut variants = [
+        Variant::new("untraced", Runner::Untraced, Python::Stock),
+        Variant::new("memtrace exact", Runner::Memtrace(&[]), Python::Stock),
+        Variant::new("memtrace --window 1s/20s", Runner::Memtrace(&["--window", WINDOW]), Python::Stock),
+        Variant::new("heaptrack", Runner::Heaptrack, Python::Stock),
+    ];
+    for variant in &mut variants {
+        let mut command = command(variant.runner, tools, script, (None, false), out);
+        command.arg(LONG_ROUNDS);
+        variant.best_s = seconds_of(command)?;
+    }
+    print(&variants, "the same work for 20 s (2000 rounds), once each");
     Ok(())
 }
 
-fn print(variants: &[Variant]) {
+fn print(variants: &[Variant], title: &str) {
     let untraced = variants[0].best_s;
     // Each variant beside the same python run untraced, where that is not the stock one.
     let base =
         |python: Python| variants.iter().find(|v| v.python == python && matches!(v.runner, Runner::Untraced));
-    println!("python3 json work (bench/json_work.py, best of {ROUNDS}):");
+    println!("{title}:");
     for variant in variants {
         let against_base = match (variant.python, base(variant.python)) {
             (Python::Stock, _) | (_, None) => String::new(),
