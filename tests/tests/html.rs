@@ -103,6 +103,23 @@ fn the_report_shows_a_run_offline() {
     assert_eq!(chromium.errors(), Vec::<String>::new(), "the page logged errors while used");
 }
 
+/// A run in windows says so atop the page, with the weight its heap figures were scaled by (the
+/// run ends inside its first window: 1.00).
+#[test]
+fn a_windowed_run_says_its_figures_are_scaled() {
+    let memtrace = Memtrace::new();
+    let page = memtrace.dir().join("report.html");
+    let outcome = memtrace.args(["--window", "1m/1h", "--html"]).arg(&page).command(&fixture("leaks")).run();
+    outcome.assert_exit_code(0);
+    let mut chromium = Chromium::start();
+    load(&mut chromium, &page, Duration::from_secs(30));
+    let text = chromium.evaluate("document.body.innerText").as_str().unwrap().to_owned();
+    let said = "Allocations probed in windows of 60.000 s every 3600.000 s";
+    assert!(text.contains(said), "the page does not say {said:?}:\n{text}");
+    assert!(text.contains("scaled by 1.00"), "{text}");
+    assert!(text.contains("leak_textures"), "{text}");
+}
+
 /// fixtures/many_stacks.c: 65,536 distinct stacks 17 frames deep, each allocating 64 bytes once.
 #[test]
 fn a_report_of_many_stacks_loads_in_bounded_time() {

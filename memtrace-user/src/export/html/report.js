@@ -138,8 +138,11 @@
   const header = el('header', null, el('h1', { text: 'memtrace report' }));
   const sampling = DATA.sampling ? ' Sampled: allocations a mean of ' + bytes(DATA.sampling.mean_bytes) +
     ' apart; live figures, stacks and flamegraphs are estimates.' : '';
+  const windows = DATA.windows ? ' Allocations probed in windows of ' + seconds(DATA.windows.on_s) + ' every ' +
+    seconds(DATA.windows.every_s) + ' (' + seconds(DATA.windows.probed_s) + ' in all): heap figures are the windows\' scaled by ' +
+    DATA.windows.weight.toFixed(2) + '; the stacks of what they recorded are exact.' : '';
   header.append(el('p', { class: 'note', text: PROCS.length + ' process' + (PROCS.length === 1 ? '' : 'es') +
-    ' traced for ' + seconds(DATA.duration_s) + '.' + sampling }));
+    ' traced for ' + seconds(DATA.duration_s) + '.' + sampling + windows }));
   if (DATA.lost_events > 0) header.append(el('p', { class: 'warn', text: count(DATA.lost_events) + ' events could not be recorded: figures are low.' }));
   document.body.append(header, tooltip);
   document.title = 'memtrace: ' + (PROCS.length === 1 ? label(PROCS[0]) : PROCS.length + ' processes');
