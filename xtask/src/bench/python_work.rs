@@ -9,7 +9,7 @@
 //! of its allocations from pymalloc's arenas, so the stock work calls malloc only some 10,000
 //! times a run; with it off every object is a malloc and a free, as in programs without an
 //! allocator of their own. Variants run in turns and the best round of each is kept. Then the
-//! same work for 20 s (2000 rounds), once each, where `--window 1s/20s` is averaged over a whole
+//! same work for 20 s (2000 rounds), best of 2, where `--window 1s/20s` is averaged over a whole
 //! period: untraced, exact, windowed, heaptrack.
 
 use std::{
@@ -95,7 +95,7 @@ pub fn run(memtrace: &Path) -> Result<()> {
 const LONG_ROUNDS: &str = "2000";
 const WINDOW: &str = "1s/20s";
 
-/// The long work untraced, exact, in windows and under heaptrack, once each.
+/// The long work untraced, exact, in windows and under heaptrack.
 fn windowed(tools: Tools<'_>, script: &Path, out: &Path) -> Result<()> {
     let mut variants = [
         Variant::new("untraced", Runner::Untraced, Python::Stock),
@@ -103,12 +103,16 @@ fn windowed(tools: Tools<'_>, script: &Path, out: &Path) -> Result<()> {
         Variant::new("memtrace --window 1s/20s", Runner::Memtrace(&["--window", WINDOW]), Python::Stock),
         Variant::new("heaptrack", Runner::Heaptrack, Python::Stock),
     ];
-    for variant in &mut variants {
-        let mut command = command(variant.runner, tools, script, (None, false), out);
-        command.arg(LONG_ROUNDS);
-        variant.best_s = seconds_of(command)?;
+    // In turns, the better of two: one 20 s run here varies by some 4% (heaptrack once ran
+    // 0.96x of untraced).
+    for _ in 0..2 {
+        for variant in &mut variants {
+            let mut command = command(variant.runner, tools, script, (None, false), out);
+            command.arg(LONG_ROUNDS);
+            variant.best_s = variant.best_s.min(seconds_of(command)?);
+        }
     }
-    print(&variants, "the same work for 20 s (2000 rounds), once each");
+    print(&variants, "the same work for 20 s (2000 rounds), best of 2");
     Ok(())
 }
 
