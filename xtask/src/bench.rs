@@ -41,6 +41,7 @@ struct Variant {
 pub enum Part {
     All,
     Python,
+    Windowed,
     Collector,
 }
 
@@ -48,6 +49,7 @@ pub fn run(memtrace: &Path, part: Part) -> Result<()> {
     let trace = workspace_root().join("target/bench/trace.json");
     match part {
         Part::Python => return python_work::run(memtrace),
+        Part::Windowed => return python_work::run_windowed(memtrace),
         Part::Collector => return collector_costs(memtrace, &trace),
         Part::All => {}
     }

@@ -57,9 +57,12 @@ enum Task {
     },
     /// Measure what tracing costs a malloc/free loop and real Python work, as ratios from one run
     Bench {
-        /// Only the Python work (exact, sampled, heaptrack, --app-sampled)
-        #[arg(long, conflicts_with = "collector")]
+        /// Only the Python work (exact, sampled, heaptrack, --app-sampled, windows)
+        #[arg(long, conflicts_with_all = ["collector", "windowed"])]
         python: bool,
+        /// Only the long Python work in windows (untraced, exact, --window, heaptrack)
+        #[arg(long, conflicts_with = "collector")]
+        windowed: bool,
         /// Only memtrace's own CPU and memory (quiet processes launched, under --all, under
         /// serve --all; one big heap)
         #[arg(long)]
@@ -87,10 +90,11 @@ fn main() -> Result<()> {
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Image => image::build(&build()?),
-        Task::Bench { python, collector } => {
-            let part = match (python, collector) {
-                (true, _) => bench::Part::Python,
-                (_, true) => bench::Part::Collector,
+        Task::Bench { python, windowed, collector } => {
+            let part = match (python, windowed, collector) {
+                (true, _, _) => bench::Part::Python,
+                (_, true, _) => bench::Part::Windowed,
+                (_, _, true) => bench::Part::Collector,
                 _ => bench::Part::All,
             };
             bench::run(&build()?, part)

@@ -94,9 +94,11 @@ impl Collector {
         }
         let estimator = model.estimator();
         let image_start = |tgid: u32| read.get(&tgid).map(|stats: &ProcessStats| stats.started_ns);
-        let estimates = match estimator {
-            Some(estimator) => Some((estimator, estimate_live(probes, estimator, image_start)?)),
-            None => None,
+        // Sampling weighs each block by its size, so the live table is read; under windows every
+        // block weighs the same, and the kernel's counts of what was recorded serve.
+        let sampled = match estimator {
+            Some(poisson @ Estimator::Poisson(_)) => Some(estimate_live(probes, poisson, image_start)?),
+            _ => None,
         };
         let mut seen = SeenMappings::default();
         for process in model.processes.values_mut() {
@@ -105,9 +107,12 @@ impl Collector {
             };
             let previous_peak = process.stats.peak_live_bytes;
             process.stats = *stats;
-            if let Some((estimator, estimates)) = &estimates {
-                let live = estimates.get(&process.identity.pid).copied().unwrap_or_default();
-                apply_estimate(&mut process.stats, *estimator, live, previous_peak);
+            if let Some(estimator) = estimator {
+                let live = match &sampled {
+                    Some(sampled) => sampled.get(&process.identity.pid).copied().unwrap_or_default(),
+                    None => LiveEstimate::of_recorded(stats, estimator),
+                };
+                apply_estimate(&mut process.stats, estimator, live, previous_peak);
                 process.window_weight = estimator.window_weight();
             }
             if process.stats.exited != 0 {
@@ -117,7 +122,7 @@ impl Collector {
             if let Some(comm) = crate::model::kernel_comm(&process.stats) {
                 process.identity.comm = comm;
             }
-            self.read_levels(process, estimates.is_none(), &mut seen, probes);
+            self.read_levels(process, estimator.is_none(), &mut seen, probes);
         }
         self.measure_free_pools(probes, model, ts_us)?;
         let live =
@@ -486,6 +491,14 @@ fn classify_region(kind: u64) -> Option<owners::classify::Owner> {
 struct LiveEstimate {
     allocations: f64,
     bytes: f64,
+}
+
+impl LiveEstimate {
+    /// What the kernel counted of the recorded blocks still live, each weighing the same.
+    fn of_recorded(stats: &ProcessStats, estimator: Estimator) -> Self {
+        let weight = estimator.count_weight(1);
+        Self { allocations: stats.live_allocations as f64 * weight, bytes: stats.live_bytes as f64 * weight }
+    }
 }
 
 /// Every process's live figures, each recorded block weighted by its own size. Only blocks of the

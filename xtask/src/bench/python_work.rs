@@ -9,8 +9,9 @@
 //! of its allocations from pymalloc's arenas, so the stock work calls malloc only some 10,000
 //! times a run; with it off every object is a malloc and a free, as in programs without an
 //! allocator of their own. Variants run in turns and the best round of each is kept. Then the
-//! same work for 20 s (2000 rounds), best of 2, where `--window 1s/20s` is averaged over a whole
-//! period: untraced, exact, windowed, heaptrack.
+//! same work, 300 rounds, medians of 7 in turns: untraced, exact, free and realloc alone (the
+//! floor of any window), `--window 150ms/3s` (5%, as 1s/20s), heaptrack (`cargo xtask bench
+//! --windowed` alone).
 
 use std::{
     path::{Path, PathBuf},
@@ -48,12 +49,12 @@ struct Variant {
     name: &'static str,
     runner: Runner,
     python: Python,
-    best_s: f64,
+    seconds: f64,
 }
 
 impl Variant {
     fn new(name: &'static str, runner: Runner, python: Python) -> Self {
-        Self { name, runner, python, best_s: f64::MAX }
+        Self { name, runner, python, seconds: f64::MAX }
     }
 }
 
@@ -84,40 +85,56 @@ pub fn run(memtrace: &Path) -> Result<()> {
             let malloc = variant.python == Python::SystemMalloc;
             let tools = Tools { memtrace, memray: &memray };
             let seconds = seconds_of(command(variant.runner, tools, &script, (preload, malloc), &out))?;
-            variant.best_s = variant.best_s.min(seconds);
+            variant.seconds = variant.seconds.min(seconds);
         }
     }
     print(&variants, &format!("python3 json work (bench/json_work.py, best of {ROUNDS})"));
     windowed(Tools { memtrace, memray: &memray }, &script, &out)
 }
 
-/// Rounds of the windowed comparison: about 20 s here, one whole period of `WINDOW`.
-const LONG_ROUNDS: &str = "2000";
-const WINDOW: &str = "1s/20s";
+/// `cargo xtask bench --windowed`: the long work alone.
+pub fn run_windowed(memtrace: &Path) -> Result<()> {
+    toolchain::ensure_packages(&["python3", "heaptrack"])?;
+    let script = workspace_root().join("bench/json_work.py");
+    let out = workspace_root().join("target/bench");
+    windowed(Tools { memtrace, memray: Path::new("memray") }, &script, &out)
+}
 
-/// The long work untraced, exact, in windows and under heaptrack.
+/// The windowed comparison: 300 rounds (about 3.3 s here), windows of 5% (as 1s/20s), each variant
+/// run `REPEATS` times in turns and its median kept: one run here varies by 5% and more, more than
+/// what is measured (heaptrack once ran 0.96x of untraced).
+const LONG_ROUNDS: &str = "300";
+const WINDOW: &str = "150ms/3s";
+const REPEATS: usize = 7;
+
+/// The work untraced, exact, with the window's probes only (its first 50 ms, then free and realloc
+/// alone: the floor of any window), in windows, and under heaptrack.
 fn windowed(tools: Tools<'_>, script: &Path, out: &Path) -> Result<()> {
     let mut variants = [
         Variant::new("untraced", Runner::Untraced, Python::Stock),
         Variant::new("memtrace exact", Runner::Memtrace(&[]), Python::Stock),
-        Variant::new("memtrace --window 1s/20s", Runner::Memtrace(&["--window", WINDOW]), Python::Stock),
+        Variant::new("  free and realloc alone", Runner::Memtrace(&["--window", "50ms/1h"]), Python::Stock),
+        Variant::new("memtrace --window 150ms/3s", Runner::Memtrace(&["--window", WINDOW]), Python::Stock),
         Variant::new("heaptrack", Runner::Heaptrack, Python::Stock),
     ];
-    // In turns, the better of two: one 20 s run here varies by some 4% (heaptrack once ran
-    // 0.96x of untraced).
-    for _ in 0..2 {
-        for variant in &mut variants {
+    let mut times = vec![Vec::with_capacity(REPEATS); variants.len()];
+    for _ in 0..REPEATS {
+        for (variant, times) in variants.iter().zip(&mut times) {
             let mut command = command(variant.runner, tools, script, (None, false), out);
             command.arg(LONG_ROUNDS);
-            variant.best_s = variant.best_s.min(seconds_of(command)?);
+            times.push(seconds_of(command)?);
         }
     }
-    print(&variants, "the same work for 20 s (2000 rounds), best of 2");
+    for (variant, times) in variants.iter_mut().zip(&mut times) {
+        times.sort_by(f64::total_cmp);
+        variant.seconds = times[times.len() / 2];
+    }
+    print(&variants, &format!("the same work, {LONG_ROUNDS} rounds, median of {REPEATS} in turns"));
     Ok(())
 }
 
 fn print(variants: &[Variant], title: &str) {
-    let untraced = variants[0].best_s;
+    let untraced = variants[0].seconds;
     // Each variant beside the same python run untraced, where that is not the stock one.
     let base =
         |python: Python| variants.iter().find(|v| v.python == python && matches!(v.runner, Runner::Untraced));
@@ -125,13 +142,13 @@ fn print(variants: &[Variant], title: &str) {
     for variant in variants {
         let against_base = match (variant.python, base(variant.python)) {
             (Python::Stock, _) | (_, None) => String::new(),
-            (_, Some(base)) => format!("   x the same untraced {:.3}", variant.best_s / base.best_s),
+            (_, Some(base)) => format!("   x the same untraced {:.3}", variant.seconds / base.seconds),
         };
         println!(
             "  {:<28} {:>7.3} s   x untraced {:>5.2}{against_base}",
             variant.name,
-            variant.best_s,
-            variant.best_s / untraced
+            variant.seconds,
+            variant.seconds / untraced
         );
     }
 }
