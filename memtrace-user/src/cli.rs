@@ -159,9 +159,9 @@ pub struct RunArgs {
     /// block a window recorded is followed until it is freed and its stack stays exact. The traced
     /// programs pay for allocation probes only inside windows; heap figures become estimates
     /// (the windows' scaled by the run's time over the probed time)
-    #[arg(long, value_name = "ON/EVERY", value_parser = crate::plan::Window::parse,
+    #[arg(long, value_name = "ON/EVERY", value_parser = Window::parse,
           conflicts_with_all = ["sample", "app_sampled", "empty_probes"])]
-    pub window: Option<crate::plan::Window>,
+    pub window: Option<Window>,
 
     /// Attach programs that do nothing at the same probe points: the floor of exact tracing, for
     /// `cargo xtask bench`; every figure reads zero
@@ -403,6 +403,38 @@ fn parse_host_name(text: &str) -> Result<String, String> {
         ));
     }
     Ok(text.to_owned())
+}
+
+/// `--window ON/EVERY`: allocations probed for `on` of every `every`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub on: Duration,
+    pub every: Duration,
+}
+
+impl Window {
+    /// The shortest window: attaching a window's probes takes a few milliseconds.
+    const SHORTEST: Duration = Duration::from_millis(50);
+
+    /// Parses `ON/EVERY`, e.g. `1s/20s`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let Some((on, every)) = text.split_once('/') else {
+            return Err(format!("`{text}` is not ON/EVERY; write e.g. 1s/20s (probe 1 s of every 20 s)"));
+        };
+        let (on, every) = (parse_duration(on)?, parse_duration(every)?);
+        if on < Self::SHORTEST {
+            return Err(format!(
+                "a window of {on:?} is too short to attach its probes in; use at least 50ms"
+            ));
+        }
+        if on >= every {
+            return Err(format!(
+                "a window of {on:?} every {every:?} never closes; make EVERY longer than ON, e.g. 1s/20s, \
+                 or leave --window out to probe all the time"
+            ));
+        }
+        Ok(Self { on, every })
+    }
 }
 
 /// Parses a human duration such as `250ms`, `2s`, `1m30s`.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::model::{frame::Frame, Model, Process, Sampling};
+use crate::model::{estimate::Sampling, frame::Frame, Model, Process};
 
 /// The sample types of every heap profile memtrace writes, as (type, unit), in the order of each
 /// sample's values.

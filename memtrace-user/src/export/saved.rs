@@ -341,7 +341,7 @@ mod tests {
             });
         }
         model.unattributed_lost_events = 2;
-        model.sampling = Some(crate::model::Sampling::new(512 * 1024));
+        model.sampling = Some(crate::model::estimate::Sampling::new(512 * 1024));
         model
     }
 

@@ -18,13 +18,13 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
-    estimate::Windows,
+    estimate::{Sampling, Windows},
     frame::Frame,
     identity::Container,
     levels::{FreeClass, FreePool, MemoryLevels},
     oom::OomKill,
     AppSampled, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd,
-    Sampling, StackProfile, TimelinePoint, UsdtProbeCounter,
+    StackProfile, TimelinePoint, UsdtProbeCounter,
 };
 
 pub const SUMMARY_VERSION: u32 = 1;

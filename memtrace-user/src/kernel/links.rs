@@ -46,6 +46,21 @@ pub struct Site {
     pub semaphore: Option<u64>,
 }
 
+/// The programs a file's call probes run: at entry and at return.
+#[derive(Clone, Copy)]
+pub struct CallPrograms {
+    pub entry: &'static str,
+    pub exit: &'static str,
+}
+
+/// One file's call probes: its sites at entry and at return, and the programs they run.
+pub struct Calls<'a> {
+    pub programs: CallPrograms,
+    pub path: &'a Path,
+    pub entries: &'a [Site],
+    pub returns: &'a [Site],
+}
+
 /// Which processes a probe fires in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {

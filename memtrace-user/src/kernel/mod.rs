@@ -38,7 +38,7 @@ use memtrace_common::{
 };
 
 pub use kernel_btf::kernel_layout;
-use links::{Direction, Links};
+use links::{CallPrograms, Calls, Direction, Links};
 pub use links::{Scope, Site};
 use live_table::{LiveTable, TableSize};
 use loader::MultiPrograms;
@@ -163,21 +163,6 @@ pub struct AttachedAllocator {
     /// glibc, jemalloc, ... (`Allocator::kind`).
     pub kind: String,
     pub path: std::path::PathBuf,
-}
-
-/// The programs a file's call probes run: at entry and at return.
-#[derive(Clone, Copy)]
-struct CallPrograms {
-    entry: &'static str,
-    exit: &'static str,
-}
-
-/// One file's call probes: its sites at entry and at return, and the programs they run.
-struct Calls<'a> {
-    programs: CallPrograms,
-    path: &'a std::path::Path,
-    entries: &'a [Site],
-    returns: &'a [Site],
 }
 
 /// Which links a probe joins: the run's, or (`--window`) those of the open window.

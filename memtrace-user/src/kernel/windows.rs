@@ -9,7 +9,11 @@ use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
 use anyhow::{Context, Result};
 use memtrace_common::WINDOW_SLOT;
 
-use super::{links::Links, map_ops::ArrayCell, tables, CallPrograms, Calls, Scope, Site};
+use super::{
+    links::{CallPrograms, Calls, Links, Scope, Site},
+    map_ops::ArrayCell,
+    tables,
+};
 
 /// One allocator file's windowed sites, kept to be attached again at every window.
 pub(super) struct WindowedCalls {

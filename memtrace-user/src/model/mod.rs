@@ -152,7 +152,7 @@ pub struct Model {
     /// System-wide tracing: how full the kernel's tables are, to show they stay bounded.
     pub kernel_maps: Option<KernelMaps>,
     /// `--sample`: live figures, frees, peaks and stacks are estimates from sampled allocations.
-    pub sampling: Option<Sampling>,
+    pub sampling: Option<estimate::Sampling>,
     /// `--app-sampled`: allocations come from the allocators' own sampled probes.
     pub app_sampled: Option<AppSampled>,
     /// `--window`: allocations are probed in windows, and heap figures are estimates.
@@ -228,58 +228,6 @@ impl AppSampled {
 
     fn samples() -> &'static [&'static str] {
         &["allocations", "frees", "live_allocations"]
-    }
-}
-
-/// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this
-/// mean, so an allocation of S bytes is recorded with probability 1 - exp(-S/R). Each recorded
-/// allocation stands for 1 / (1 - exp(-S/R)) allocations and S / (1 - exp(-S/R)) bytes (as pprof
-/// scales heap samples): estimates without bias.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Sampling {
-    pub mean_bytes: u64,
-    /// The figures that are estimates; every other figure stays exact.
-    #[serde(skip_deserializing, default = "Sampling::estimated")]
-    pub estimated: &'static [&'static str],
-}
-
-impl Sampling {
-    /// The estimated figures; allocations, allocated bytes and failed allocations stay exact,
-    /// since every allocation is counted, sampled or not.
-    pub const ESTIMATED: &'static [&'static str] = &[
-        "frees",
-        "freed_bytes",
-        "live_allocations",
-        "live_bytes",
-        "peak_live_bytes",
-        "leaks",
-        "functions",
-        "pprof",
-        "flamegraph",
-    ];
-
-    pub fn new(mean_bytes: u64) -> Self {
-        Self { mean_bytes, estimated: Self::ESTIMATED }
-    }
-
-    fn estimated() -> &'static [&'static str] {
-        Self::ESTIMATED
-    }
-
-    /// How many allocations of `size` bytes one sample of that size stands for.
-    pub fn count_weight(&self, size: u64) -> f64 {
-        let probability = -(-(size.max(1) as f64) / self.mean_bytes as f64).exp_m1();
-        1.0 / probability
-    }
-
-    /// (allocations, bytes) that `count` samples totalling `bytes` stand for, scaled by their
-    /// average size as pprof scales heap profiles.
-    pub fn scale(&self, count: u64, bytes: u64) -> (f64, f64) {
-        if count == 0 {
-            return (0.0, 0.0);
-        }
-        let weight = self.count_weight(bytes / count);
-        (count as f64 * weight, bytes as f64 * weight)
     }
 }
 

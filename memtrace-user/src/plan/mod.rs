@@ -98,7 +98,7 @@ pub struct ProbePlan {
     /// `--empty-probes`: programs that do nothing, at the same probe points.
     pub empty_probes: bool,
     /// `--window`: the allocation-only entry points are probed in windows.
-    pub window: Option<Window>,
+    pub window: Option<crate::cli::Window>,
     /// `--app-sampled`: allocations from the allocators' otel_memory probes, none from uprobes.
     pub app_sampled: bool,
     /// `--debug-bpf`: the kernel side's diagnostics on stderr.
@@ -110,38 +110,6 @@ pub struct ProbePlan {
     /// Unwind tables are built on a worker thread (`--all`, where the machine's files are many and
     /// start-up must stay fast), and their loading is not said process by process.
     pub unwind_in_background: bool,
-}
-
-/// `--window ON/EVERY`: allocations probed for `on` of every `every`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    pub on: Duration,
-    pub every: Duration,
-}
-
-impl Window {
-    /// The shortest window: attaching a window's probes takes a few milliseconds.
-    const SHORTEST: Duration = Duration::from_millis(50);
-
-    /// Parses `ON/EVERY`, e.g. `1s/20s`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let Some((on, every)) = text.split_once('/') else {
-            return Err(format!("`{text}` is not ON/EVERY; write e.g. 1s/20s (probe 1 s of every 20 s)"));
-        };
-        let (on, every) = (crate::cli::parse_duration(on)?, crate::cli::parse_duration(every)?);
-        if on < Self::SHORTEST {
-            return Err(format!(
-                "a window of {on:?} is too short to attach its probes in; use at least 50ms"
-            ));
-        }
-        if on >= every {
-            return Err(format!(
-                "a window of {on:?} every {every:?} never closes; make EVERY longer than ON, e.g. 1s/20s, \
-                 or leave --window out to probe all the time"
-            ));
-        }
-        Ok(Self { on, every })
-    }
 }
 
 /// The capacities of the kernel's tables.

@@ -28,7 +28,10 @@ use crate::{
     follow::Following,
     kernel::features::{Feature, Needs},
     kernel::{ProbeConfig, Probes, Reach},
-    model::{estimate::Windows, AppSampled, KernelMaps, Model, Sampling},
+    model::{
+        estimate::{Sampling, Windows},
+        AppSampled, KernelMaps, Model,
+    },
     plan::{self, Kernel, Mode, Plan, ProbePlan},
     privileges,
 };

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{kernel::Probes, model::estimate::Windows, plan::Window};
+use crate::{cli::Window, kernel::Probes, model::estimate::Windows};
 
 pub struct WindowClock {
     window: Window,

@@ -182,7 +182,7 @@ mod tests {
 
     use super::*;
     use crate::model::{frame::Frame, StackProfile};
-    use crate::{export::heap_profile::sampling_note, model::Sampling};
+    use crate::{export::heap_profile::sampling_note, model::estimate::Sampling};
 
     #[test]
     fn one_profile_per_sample_type_over_one_dictionary() {
