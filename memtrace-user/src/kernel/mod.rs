@@ -430,7 +430,7 @@ impl Probes {
     /// Keeps one file's windowed calls for every window, attached now if a window is open.
     fn attach_windowed(&mut self, calls: windows::WindowedCalls) -> Result<()> {
         if self.windows.as_ref().is_some_and(|windows| windows.is_open()) {
-            self.attach_calls(calls.borrowed(), calls.scope, LinkSet::Window)?;
+            self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window)?;
         }
         if let Some(windows) = &mut self.windows {
             windows.calls.push(calls);
@@ -448,7 +448,7 @@ impl Probes {
         let calls = std::mem::take(&mut windows.calls);
         let mut kept = Vec::with_capacity(calls.len());
         for calls in calls {
-            match self.attach_calls(calls.borrowed(), calls.scope, LinkSet::Window) {
+            match self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window) {
                 Ok(()) => kept.push(calls),
                 Err(err) if calls.process_gone() => drop(err),
                 Err(err) => eprintln!(

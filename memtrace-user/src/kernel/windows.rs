@@ -17,19 +17,17 @@ use super::{
 
 /// One allocator file's windowed sites, kept to be attached again at every window.
 pub(super) struct WindowedCalls {
-    pub programs: CallPrograms,
+    pub sites: WindowedSites,
     /// The file, held open: the path it was probed by may be a descriptor of the moment
-    /// (/proc/self/fd/N for a file in a container), and a window attaches by this one.
-    file: File,
+    /// (/proc/self/fd/N for a file in a container), and a window attaches by `probe_path`, this
+    /// descriptor's.
+    _file: File,
     probe_path: PathBuf,
     /// The file as the process names it, for messages.
     pub path: PathBuf,
-    pub entries: Vec<Site>,
-    pub returns: Vec<Site>,
-    pub scope: Scope,
 }
 
-/// What `WindowedCalls::new` needs besides the file.
+/// The windowed entry and return sites of one file, the programs they run, and for whom.
 pub(super) struct WindowedSites {
     pub programs: CallPrograms,
     pub entries: Vec<Site>,
@@ -42,23 +40,17 @@ impl WindowedCalls {
     pub fn new(sites: WindowedSites, host_path: &std::path::Path, path: PathBuf) -> Result<Self> {
         let file = File::open(host_path).with_context(|| format!("opening {}", path.display()))?;
         let probe_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let WindowedSites { programs, entries, returns, scope } = sites;
-        Ok(Self { programs, file, probe_path, path, entries, returns, scope })
+        Ok(Self { sites, _file: file, probe_path, path })
     }
 
     pub fn borrowed(&self) -> Calls<'_> {
-        let _held = &self.file;
-        Calls {
-            programs: self.programs,
-            path: &self.probe_path,
-            entries: &self.entries,
-            returns: &self.returns,
-        }
+        let WindowedSites { programs, entries, returns, .. } = &self.sites;
+        Calls { programs: *programs, path: &self.probe_path, entries, returns }
     }
 
     /// Whether the one process these calls were for has gone (its probes cannot be attached again).
     pub fn process_gone(&self) -> bool {
-        match self.scope {
+        match self.sites.scope {
             Scope::Process(pid) => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
             Scope::AllProcesses => false,
         }
