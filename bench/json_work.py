@@ -1,7 +1,7 @@
 """Real Python work for `cargo xtask bench`: JSON encoding and decoding of a nested document, as
 a web service does. Prints the seconds the work took (measured inside, so that a tracer's start-up
 and shutdown are not counted) on one line: `seconds S`. The first argument is the number of rounds
-(40 by default, about 0.4 s here; the bench's windowed runs take 2000); four decoded documents are
+(40 by default, about 0.4 s here; the bench's windowed runs take 300); four decoded documents are
 kept, whatever the number."""
 import json
 import sys
