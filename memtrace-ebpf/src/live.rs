@@ -179,20 +179,14 @@ extern "C" fn claim_step(index: u64, claim: *mut c_void) -> i64 {
     0
 }
 
-/// Removes a block's record and returns it; None when the block has none (or another thread
-/// removed it first: a double free).
-pub(crate) fn remove(key: AllocationKey) -> Option<Allocation> {
-    let tag = LiveTag::of(&key);
+/// The published slot that holds `key`'s record, if any: a record sits in no slot past an empty
+/// one of its window.
+#[inline(always)]
+fn find(tag: LiveTag, key: &AllocationKey) -> Option<*mut LiveSlot> {
     for step in 0..LIVE_WINDOW {
         let slot = slot(tag, step)?;
-        if holds(slot, tag, &key) {
-            // SAFETY: a published record; read before it is given up.
-            let allocation = unsafe { (*slot).allocation };
-            if !move_tag(slot, tag.0, LiveTag::TOMBSTONE) {
-                return None;
-            }
-            unreserve();
-            return Some(allocation);
+        if holds(slot, tag, key) {
+            return Some(slot);
         }
         if tag_word(slot) == LiveTag::EMPTY {
             return None;
@@ -201,19 +195,21 @@ pub(crate) fn remove(key: AllocationKey) -> Option<Allocation> {
     None
 }
 
+/// Removes a block's record and returns it; None when the block has none (or another thread
+/// removed it first: a double free).
+pub(crate) fn remove(key: AllocationKey) -> Option<Allocation> {
+    let tag = LiveTag::of(&key);
+    let slot = find(tag, &key)?;
+    // SAFETY: a published record; read before it is given up.
+    let allocation = unsafe { (*slot).allocation };
+    if !move_tag(slot, tag.0, LiveTag::TOMBSTONE) {
+        return None;
+    }
+    unreserve();
+    Some(allocation)
+}
+
 /// Whether a block has a record (`--window`: whether a realloc out of a window moves one).
 pub(crate) fn contains(key: AllocationKey) -> bool {
-    let tag = LiveTag::of(&key);
-    for step in 0..LIVE_WINDOW {
-        let Some(slot) = slot(tag, step) else {
-            return false;
-        };
-        if holds(slot, tag, &key) {
-            return true;
-        }
-        if tag_word(slot) == LiveTag::EMPTY {
-            return false;
-        }
-    }
-    false
+    find(LiveTag::of(&key), &key).is_some()
 }
