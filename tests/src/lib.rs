@@ -126,6 +126,9 @@ pub fn fixture_variant(name: &str, variant: &str, extra_flags: &[&str]) -> PathB
     let modified = |path: &Path| fs::metadata(path).and_then(|m| m.modified()).ok();
     let source_modified =
         modified(&source).unwrap_or_else(|| panic!("no fixture source {}", source.display()));
+    // A header the fixtures share (say_ready.h) changed is a fixture changed.
+    let shared = workspace_root().join("tests/fixtures/say_ready.h");
+    let source_modified = modified(&shared).map_or(source_modified, |header| header.max(source_modified));
     if modified(&program).is_some_and(|built| built >= source_modified) {
         return program;
     }
