@@ -1,6 +1,10 @@
 //! Map keys, map values and constants shared by the BPF programs (`memtrace-ebpf`) and the loader
 //! (`memtrace-user`). Everything here is `#[repr(C)]` so both sides agree on the layout byte for byte.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
+
+pub mod arguments;
+
+pub use arguments::{ArgumentRegisters, ArgumentsRead};
 
 /// Maximum number of processes with kernel-side statistics at once.
 pub const MAX_PROCESSES: u32 = 16_384;
@@ -66,6 +70,18 @@ impl AllocatorFunction {
         )
     }
 
+    /// The arguments its programs read (memtrace-ebpf's alloc_enter and free_enter).
+    pub const fn arguments(self) -> ArgumentsRead {
+        use AllocatorFunction::*;
+        ArgumentsRead::wide(match self {
+            Malloc | Valloc | Pvalloc | Free => 0b001,
+            Calloc | Realloc => 0b011,
+            Reallocarray => 0b111,
+            PosixMemalign => 0b101,
+            AlignedAlloc | Memalign => 0b010,
+        })
+    }
+
     /// The entry point whose discriminant is `value`. A match, not an index into a table: BPF code
     /// must not carry a bounds-check panic, which the verifier refuses.
     pub const fn from_discriminant(value: u64) -> Option<Self> {
@@ -86,27 +102,50 @@ impl AllocatorFunction {
     }
 }
 
-/// The BPF cookie of an allocator probe: which allocator (its index among those probed, from 1)
-/// in the high bits, which entry point in the low byte. One program serves every entry point of
-/// every allocator, so a whole file's probes are one uprobe_multi link.
+/// The BPF cookie of an allocator probe: which entry point in the low byte, which allocator (its
+/// index among those probed, from 1) in bits 8-31, and where the probe finds the function's
+/// arguments (`ArgumentRegisters`) in bits 32-51. One program serves every entry point of every
+/// allocator, so a whole file's probes are one uprobe_multi link. A mapping call's probe has the
+/// same shape, with the `MapFunction` in the low byte and no allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeCookie(pub u64);
 
 impl ProbeCookie {
     const FUNCTION_BITS: u32 = 8;
+    const REGISTERS_SHIFT: u32 = 32;
 
     pub const fn new(allocator: u32, function: AllocatorFunction) -> Self {
         Self(((allocator as u64) << Self::FUNCTION_BITS) | function as u64)
     }
 
+    /// A mapping call's cookie.
+    pub const fn map_call(function: MapFunction) -> Self {
+        Self(function as u64)
+    }
+
+    /// The same cookie, with the arguments found in `registers`.
+    pub const fn with_registers(self, registers: ArgumentRegisters) -> Self {
+        Self((self.0 & 0xffff_ffff) | (registers.0 as u64) << Self::REGISTERS_SHIFT)
+    }
+
     /// The allocator's index (from 1), as `ProcessStats::allocator` keeps it.
     pub const fn allocator(self) -> u64 {
-        self.0 >> Self::FUNCTION_BITS
+        (self.0 & 0xffff_ffff) >> Self::FUNCTION_BITS
+    }
+
+    /// The low byte: an `AllocatorFunction`'s or a `MapFunction`'s discriminant.
+    pub const fn discriminant(self) -> u64 {
+        self.0 & 0xff
     }
 
     /// The entry point, from the low byte.
     pub const fn function(self) -> Option<AllocatorFunction> {
-        AllocatorFunction::from_discriminant(self.0 & 0xff)
+        AllocatorFunction::from_discriminant(self.discriminant())
+    }
+
+    /// Where the probe finds the function's arguments.
+    pub const fn registers(self) -> ArgumentRegisters {
+        ArgumentRegisters((self.0 >> Self::REGISTERS_SHIFT) as u32)
     }
 }
 
@@ -784,6 +823,16 @@ impl MapFunction {
     /// Every one, with its symbol.
     pub const ALL: [(MapFunction, &'static str); 3] =
         [(MapFunction::Mmap, "mmap"), (MapFunction::Munmap, "munmap"), (MapFunction::Mremap, "mremap")];
+
+    /// The arguments map_enter keeps that map_exit reads: mmap's len, prot and flags (the last two
+    /// `int`s), munmap's addr and len, mremap's old address and new length.
+    pub const fn arguments(self) -> ArgumentsRead {
+        match self {
+            MapFunction::Mmap => ArgumentsRead { read: 0b1110, narrow: 0b1100 },
+            MapFunction::Munmap => ArgumentsRead::wide(0b011),
+            MapFunction::Mremap => ArgumentsRead::wide(0b101),
+        }
+    }
 
     /// The function whose discriminant is `value` (a match, as for `AllocatorFunction`).
     pub const fn from_discriminant(value: u64) -> Option<Self> {

@@ -9,6 +9,7 @@
 // Inline BPF assembly for the atomic counters (counters.rs).
 #![feature(asm_experimental_arch)]
 
+mod arguments;
 mod counters;
 mod debug;
 mod helpers;
@@ -43,6 +44,7 @@ use memtrace_common::{
     NO_STACK,
 };
 
+use arguments::argument;
 use counters::{add, add_signed, compare_exchange};
 use live::Recorded;
 use processes::{attach_cookie, caller, note_allocator, stats_of, traced_thread, Caller};
@@ -243,10 +245,6 @@ fn array_size(n: u64, size: u64) -> u64 {
     }
 }
 
-fn arg(ctx: &ProbeContext, n: usize) -> u64 {
-    ctx.arg::<u64>(n).unwrap_or(0)
-}
-
 fn on_return(ctx: &RetProbeContext) -> u32 {
     let Some((tgid, thread, function)) = take_pending() else {
         return 0;
@@ -304,28 +302,26 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
     0
 }
 
-/// The entry point a probe sits on, from its attachment's cookie.
-fn probed_function(ctx: &impl EbpfContext) -> Option<AllocatorFunction> {
-    ProbeCookie(attach_cookie(ctx)).function()
-}
-
 /// Every allocator entry point of every allocator: the cookie says which one fired, so one link
 /// carries a whole file's probes.
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     use AllocatorFunction::*;
     kernel_stack::stay_on_kernel_stack(&ctx);
-    let Some(function) = probed_function(&ctx) else {
+    let cookie = ProbeCookie(attach_cookie(&ctx));
+    let Some(function) = cookie.function() else {
         return 0;
     };
+    let registers = cookie.registers();
+    let arg = |n| argument(&ctx, registers, n);
     let (size, address) = match function {
-        Malloc | Valloc | Pvalloc => (arg(&ctx, 0), 0),
-        Calloc => (array_size(arg(&ctx, 0), arg(&ctx, 1)), 0),
-        Realloc => (arg(&ctx, 1), arg(&ctx, 0)),
-        Reallocarray => (array_size(arg(&ctx, 1), arg(&ctx, 2)), arg(&ctx, 0)),
-        PosixMemalign => (arg(&ctx, 2), arg(&ctx, 0)),
-        AlignedAlloc | Memalign => (arg(&ctx, 1), 0),
-        Free => return on_free(&ctx),
+        Malloc | Valloc | Pvalloc => (arg(0), 0),
+        Calloc => (array_size(arg(0), arg(1)), 0),
+        Realloc => (arg(1), arg(0)),
+        Reallocarray => (array_size(arg(1), arg(2)), arg(0)),
+        PosixMemalign => (arg(2), arg(0)),
+        AlignedAlloc | Memalign => (arg(1), 0),
+        Free => return on_free(&ctx, arg(0)),
     };
     on_enter(function, size, address)
 }
@@ -338,14 +334,14 @@ pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
     on_return(&ctx)
 }
 
-/// free needs no return probe. It may be attached past a leading `test %rdi,%rdi` (which the kernel
-/// would single-step); the pointer is still in the first argument register there.
-fn on_free(ctx: &ProbeContext) -> u32 {
+/// free needs no return probe. Its probe may sit past its first instructions (glibc's leading
+/// `test %rdi,%rdi`, which the kernel would single-step), where the pointer may have moved: the
+/// caller reads it where the cookie says.
+fn on_free(ctx: &ProbeContext, address: u64) -> u32 {
     let caller = caller();
     let Some(thread) = traced_thread(&caller) else {
         return 0;
     };
-    let address = arg(ctx, 0);
     windowed::forget_abandoned_call(thread, windowed::generation());
     // realloc(p, 0) frees through free(); the realloc return probe accounts for it.
     let FreeBy::Program { temporary } = free_by(thread, address) else {

@@ -4,7 +4,8 @@
 //! read in kernel.rs.
 //!
 //! Mappings are seen where programs and allocators make them: uprobes on the C library's mmap,
-//! munmap and mremap (the cookie says which), read at return. Not on the syscalls: a syscall
+//! munmap and mremap (the cookie says which, and where the arguments are), read at
+//! return. Not on the syscalls: a syscall
 //! tracepoint taxes every syscall on the host, and on this kernel every uretprobe's return too (its
 //! trampoline is a syscall). Mappings made by raw syscalls around the C library (the dynamic
 //! loader's own) are not seen. A mapping is followed by its start: an unmap of a mapping's head
@@ -16,10 +17,11 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use memtrace_common::{
-    region_kind, MapFunction, PendingMapCall, ProcessStats, Region, RegionKey, MAX_REGIONS,
+    region_kind, MapFunction, PendingMapCall, ProbeCookie, ProcessStats, Region, RegionKey, MAX_REGIONS,
 };
 
 use crate::{
+    arguments::argument,
     counters::{add, add_signed},
     processes::{attach_cookie, caller, stats_of, traced_thread},
 };
@@ -38,7 +40,8 @@ const MAX_ERRNO: u64 = 4095;
 #[uprobe]
 pub fn map_enter(ctx: ProbeContext) -> u32 {
     crate::kernel_stack::stay_on_kernel_stack(&ctx);
-    let Some(function) = MapFunction::from_discriminant(attach_cookie(&ctx)) else {
+    let cookie = ProbeCookie(attach_cookie(&ctx));
+    let Some(function) = MapFunction::from_discriminant(cookie.discriminant()) else {
         return 0;
     };
     let Some(thread) = traced_thread(&caller()) else {
@@ -46,7 +49,7 @@ pub fn map_enter(ctx: ProbeContext) -> u32 {
     };
     let mut args = [0u64; 5];
     for (n, arg) in args.iter_mut().enumerate() {
-        *arg = ctx.arg::<u64>(n).unwrap_or(0);
+        *arg = argument(&ctx, cookie.registers(), n);
     }
     let inside_allocator = u64::from(thread.depth != 0);
     thread.map_call = PendingMapCall { function: function as u64, args, inside_allocator };

@@ -181,16 +181,17 @@ struct Attach<'a> {
 }
 
 /// The entry and return sites of an allocator's entry points (cookie `index` names the
-/// allocator). A return probe replaces the return address on entry, so it sits at the first byte.
+/// allocator). Both probes of a function sit at one point, its first the kernel emulates where the
+/// stack pointer has not moved (process/probe_point.rs); the cookie says where its arguments are.
 fn call_sites(index: u32, points: &[&ResolvedEntryPoint]) -> (Vec<Site>, Vec<Site>) {
-    let site =
-        |offset, function| Site { offset, cookie: ProbeCookie::new(index, function).0, semaphore: None };
-    let entries = points.iter().map(|point| site(point.probe_offset, point.entry.function)).collect();
-    let returns = points
-        .iter()
-        .filter(|point| point.entry.function.has_return())
-        .map(|point| site(point.offset, point.entry.function))
-        .collect();
+    let site = |point: &ResolvedEntryPoint| Site {
+        offset: point.probe_offset(),
+        cookie: ProbeCookie::new(index, point.entry.function).with_registers(point.probe.registers).0,
+        semaphore: None,
+    };
+    let entries = points.iter().map(|point| site(point)).collect();
+    let returns =
+        points.iter().filter(|point| point.entry.function.has_return()).map(|point| site(point)).collect();
     (entries, returns)
 }
 
@@ -503,7 +504,11 @@ impl Probes {
         let sites: Vec<Site> = calls
             .sites
             .iter()
-            .map(|site| Site { offset: site.offset, cookie: site.function as u64, semaphore: None })
+            .map(|site| Site {
+                offset: site.probe_offset(),
+                cookie: ProbeCookie::map_call(site.function).with_registers(site.probe.registers).0,
+                semaphore: None,
+            })
             .collect();
         let programs = CallPrograms { entry: MAP_ENTRY, exit: MAP_RETURN };
         let path = &calls.object.host_path;

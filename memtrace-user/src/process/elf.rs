@@ -21,6 +21,15 @@ pub struct ElfObject<'data> {
     code: Option<CodeReader<'data>>,
 }
 
+/// A function an object defines, as its symbol gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefinedFunction {
+    pub name: String,
+    pub address: u64,
+    /// Bytes of code, as the symbol says (0 where it does not).
+    pub size: u64,
+}
+
 /// DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a dynamic object.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DynamicInfo {
@@ -56,23 +65,34 @@ impl<'data> ElfObject<'data> {
     /// Address of a function this object defines, from .dynsym or .symtab.
     #[cfg(test)]
     pub fn defined_function(&self, name: &str) -> Option<u64> {
-        self.defined_functions(|n| n == name.as_bytes()).into_iter().next().map(|(_, address)| address)
+        self.defined_functions(|n| n == name.as_bytes()).into_iter().next().map(|function| function.address)
     }
 
     /// Every function this object defines whose name `wanted` accepts, with its address: the first
     /// definition of each name, .dynsym before .symtab, in one pass over the symbols.
-    pub fn defined_functions(&self, wanted: impl Fn(&[u8]) -> bool) -> Vec<(String, u64)> {
-        let mut found: Vec<(String, u64)> = Vec::new();
+    pub fn defined_functions(&self, wanted: impl Fn(&[u8]) -> bool) -> Vec<DefinedFunction> {
+        let mut found: Vec<DefinedFunction> = Vec::new();
         for symbol in self.file.dynamic_symbols().chain(self.file.symbols()) {
             if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
                 continue;
             }
             let Ok(name) = symbol.name_bytes() else { continue };
-            if wanted(name) && !found.iter().any(|(known, _)| known.as_bytes() == name) {
-                found.push((String::from_utf8_lossy(name).into_owned(), symbol.address()));
+            if wanted(name) && !found.iter().any(|known| known.name.as_bytes() == name) {
+                found.push(DefinedFunction {
+                    name: String::from_utf8_lossy(name).into_owned(),
+                    address: symbol.address(),
+                    size: symbol.size(),
+                });
             }
         }
         found
+    }
+
+    /// A function's code, as far as its symbol says it reaches, and at least as far as a probe's
+    /// placement walks (fewer bytes at the end of the segment).
+    pub fn function_code(&self, function: &DefinedFunction) -> Vec<u8> {
+        let len = usize::try_from(function.size).unwrap_or(0).max(crate::process::probe_point::WALK_BYTES);
+        self.code_file_offset(function.address).map(|offset| self.code_bytes(offset, len)).unwrap_or_default()
     }
 
     /// The address of a data object this object defines in .dynsym (`_PyRuntime`, say).

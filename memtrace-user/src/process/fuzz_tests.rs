@@ -48,7 +48,7 @@ fn read_everything(elf: &ElfObject<'_>) {
     for prefix in ["", "je_"] {
         if let Ok(entry_points) = resolve_entry_points(elf, prefix) {
             for entry in entry_points {
-                assert!(entry.probe_offset >= entry.offset && entry.probe_offset - entry.offset < 16);
+                assert!(entry.probe.delta < crate::process::probe_point::WALK_BYTES as u64);
             }
         }
     }

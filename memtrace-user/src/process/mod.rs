@@ -6,7 +6,7 @@
 //!
 //! The files, lowest first: `resolve` (paths inside a root), `file` (identity, root, opened
 //! object), `sparse` (the parts of an ELF file a question needs), `entry_points` and `map_sites`
-//! (what one ELF file defines), `facts` (the per-file cache of those), `objects` (link order),
+//! (what one ELF file defines, with `probe_point` placing their probes), `facts` (the per-file cache of those), `objects` (link order),
 //! `image` (a process's objects), and above them `allocator` and `map_calls`, which choose per
 //! process what to probe. Beside them, what /proc and the process's memory say of its pages:
 //! `smaps` (mappings with their resident bytes), `pagemap` (which pages are present) and `remote`
@@ -30,6 +30,7 @@ pub mod memcg;
 mod objects;
 pub mod pagemap;
 pub mod perl;
+pub mod probe_point;
 pub mod procfs;
 pub mod python;
 pub mod remote;
