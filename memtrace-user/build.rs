@@ -25,7 +25,7 @@ fn main() -> Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir.parent().context("memtrace-user has no parent directory")?;
     let ebpf_dir = workspace.join("memtrace-ebpf");
-    for watched in ["src", "Cargo.toml", "Cargo.lock", ".cargo/config.toml"] {
+    for watched in ["src", "build.rs", "Cargo.toml", "Cargo.lock", ".cargo/config.toml"] {
         println!("cargo:rerun-if-changed={}", ebpf_dir.join(watched).display());
     }
     println!("cargo:rerun-if-changed={}", workspace.join("memtrace-common/src").display());

@@ -5,47 +5,67 @@
 use aya_ebpf::programs::ProbeContext;
 use memtrace_common::ArgumentRegisters;
 
-/// Argument `n` of the probed function.
+/// Argument `n` of the probed function. Read through `general_register` even where the calling
+/// convention put it: aya's `arg(n)` with an `n` the compiler does not fold reads the context at a
+/// variable offset, which the verifier refuses.
+#[inline(always)]
 pub(crate) fn argument(ctx: &ProbeContext, registers: ArgumentRegisters, n: usize) -> u64 {
-    match registers.register(n) {
-        None => ctx.arg::<u64>(n).unwrap_or(0),
-        Some(index) => general_register(ctx, index),
-    }
+    use memtrace_common::arguments::register::*;
+    let at_entry = match n {
+        0 => RDI,
+        1 => RSI,
+        2 => RDX,
+        3 => RCX,
+        4 => R8,
+        _ => return 0,
+    };
+    general_register(ctx, registers.register(n).unwrap_or(at_entry))
 }
 
-/// The general register with `register` index `index`. One arm a register, each a read at a
-/// constant offset of the context (the verifier refuses a context read at a variable offset); the
-/// reads are volatile so that the compiler cannot merge them into one such read.
+/// The general register with `register` index `index`: x86-64's pt_regs keeps register i at
+/// byte 8 * i. One arm a register, each an assembly load at a constant offset of the context: the
+/// verifier refuses a context read at a variable offset, and plain loads (even volatile ones)
+/// were merged by the compiler into one load through a moved context pointer, which it refuses too.
 #[cfg(bpf_target_arch = "x86_64")]
 fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
-    use core::ptr::{addr_of, read_volatile};
     use memtrace_common::arguments::register::*;
-    let regs = ctx.regs;
-    // SAFETY: the probe's saved registers, valid to read while the program runs.
-    unsafe {
-        match index {
-            R15 => read_volatile(addr_of!((*regs).r15)),
-            R14 => read_volatile(addr_of!((*regs).r14)),
-            R13 => read_volatile(addr_of!((*regs).r13)),
-            R12 => read_volatile(addr_of!((*regs).r12)),
-            RBP => read_volatile(addr_of!((*regs).rbp)),
-            RBX => read_volatile(addr_of!((*regs).rbx)),
-            R11 => read_volatile(addr_of!((*regs).r11)),
-            R10 => read_volatile(addr_of!((*regs).r10)),
-            R9 => read_volatile(addr_of!((*regs).r9)),
-            R8 => read_volatile(addr_of!((*regs).r8)),
-            RAX => read_volatile(addr_of!((*regs).rax)),
-            RCX => read_volatile(addr_of!((*regs).rcx)),
-            RDX => read_volatile(addr_of!((*regs).rdx)),
-            RSI => read_volatile(addr_of!((*regs).rsi)),
-            RDI => read_volatile(addr_of!((*regs).rdi)),
-            _ => 0,
-        }
+    macro_rules! saved {
+        ($offset:literal) => {{
+            let value: u64;
+            // SAFETY: a read of the probe's saved registers, valid while the program runs, at an
+            // offset inside pt_regs; it writes nothing.
+            unsafe {
+                core::arch::asm!(
+                    concat!("{value} = *(u64 *)({regs} + ", $offset, ")"),
+                    regs = in(reg) ctx.regs,
+                    value = out(reg) value,
+                    options(readonly, nostack, preserves_flags),
+                );
+            }
+            value
+        }};
+    }
+    match index {
+        R15 => saved!(0),
+        R14 => saved!(8),
+        R13 => saved!(16),
+        R12 => saved!(24),
+        RBP => saved!(32),
+        RBX => saved!(40),
+        R11 => saved!(48),
+        R10 => saved!(56),
+        R9 => saved!(64),
+        R8 => saved!(72),
+        RAX => saved!(80),
+        RCX => saved!(88),
+        RDX => saved!(96),
+        RSI => saved!(104),
+        RDI => saved!(112),
+        _ => 0,
     }
 }
 
-/// Elsewhere probes stay at the entry (the loader places them only on x86-64), where every
-/// argument is in the calling convention's register.
+/// Other architectures' registers are not mapped yet: memtrace's BPF side is x86-64's.
 #[cfg(not(bpf_target_arch = "x86_64"))]
 fn general_register(_ctx: &ProbeContext, _index: u8) -> u64 {
     0
