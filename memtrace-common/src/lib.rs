@@ -821,8 +821,20 @@ pub enum MapFunction {
 
 impl MapFunction {
     /// Every one, with its symbol.
-    pub const ALL: [(MapFunction, &'static str); 3] =
-        [(MapFunction::Mmap, "mmap"), (MapFunction::Munmap, "munmap"), (MapFunction::Mremap, "mremap")];
+    pub const ALL: [(MapFunction, &'static str); 3] = [
+        (MapFunction::Mmap, MapFunction::Mmap.symbol()),
+        (MapFunction::Munmap, MapFunction::Munmap.symbol()),
+        (MapFunction::Mremap, MapFunction::Mremap.symbol()),
+    ];
+
+    /// Its symbol.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            MapFunction::Mmap => "mmap",
+            MapFunction::Munmap => "munmap",
+            MapFunction::Mremap => "mremap",
+        }
+    }
 
     /// The arguments map_enter keeps that map_exit reads: mmap's len, prot and flags (the last two
     /// `int`s), munmap's addr and len, mremap's old address and new length.

@@ -14,6 +14,11 @@ use crate::{
     kernel::features::{Feature, FeatureInfo, KernelFeatures, LinkKind, Needs, Presence, Without, FEATURES},
     kernel::{self, ProbeConfig, Probes, Reach},
     privileges,
+    process::{
+        allocator::{installed_allocator_libraries, probe_points_in},
+        probe_point::ProbePoint,
+        FileCache,
+    },
 };
 
 /// What came of loading memtrace's BPF programs.
@@ -56,6 +61,10 @@ pub fn run() -> Result<ExitCode> {
     println!("attach path  {}", describe_links(link_kind, &features));
     println!("unwinder     {}", describe_unwinder(&features));
     println!("privileges   {}", describe_privileges(&privileges::held()));
+    println!("probe points (where each function's probes sit in the allocators installed; * single-stepped: a second trap at every call)");
+    for line in probe_point_lines() {
+        println!("  {line}");
+    }
     let missing_privileges = privileges::missing_for_a_run(link_kind == LinkKind::PerfEvent);
     let refusal = features.refusal(Needs::default());
     let programs = match (missing_privileges.is_empty(), &refusal) {
@@ -70,6 +79,42 @@ pub fn run() -> Result<ExitCode> {
         Verdict::CanWork => ExitCode::SUCCESS,
         Verdict::Cannot { .. } => ExitCode::from(1),
     })
+}
+
+/// One line an installed allocator library: each function where its probes sit, `+offset` past
+/// its entry and the instruction there, starred where the kernel single-steps it; then the
+/// single-stepped ones again by name, or none.
+fn probe_point_lines() -> Vec<String> {
+    let cache = FileCache::default();
+    // Each file once, by its real path: /lib is /usr/lib, and every .so is a link to its version.
+    let libraries: std::collections::BTreeSet<_> = installed_allocator_libraries()
+        .into_iter()
+        .map(|path| std::fs::canonicalize(&path).unwrap_or(path))
+        .collect();
+    libraries
+        .iter()
+        .map(|path| match probe_points_in(path, &cache) {
+            Ok(points) => {
+                let placed: Vec<String> =
+                    points.iter().map(|(name, point)| describe_point(name, point)).collect();
+                let stepped: Vec<&str> = points
+                    .iter()
+                    .filter(|(_, point)| !point.emulated)
+                    .map(|(name, _)| name.as_str())
+                    .collect();
+                let stepped = if stepped.is_empty() { "none".to_owned() } else { stepped.join(", ") };
+                format!("{}: {}; single-stepped: {stepped}", path.display(), placed.join(", "))
+            }
+            Err(err) => format!("{}: not read: {err:#}", path.display()),
+        })
+        .collect()
+}
+
+/// `malloc+0x7 ja`, `free+0x30 jne`, `mremap sub*`.
+pub fn describe_point(name: &str, point: &ProbePoint) -> String {
+    let offset = if point.delta == 0 { String::new() } else { format!("+{:#x}", point.delta) };
+    let star = if point.emulated { "" } else { "*" };
+    format!("{name}{offset} {}{star}", point.instruction)
 }
 
 /// One feature: found or missing, the kernel that has it, and what memtrace does without it.

@@ -67,6 +67,19 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
             app.samples.join(", ")
         );
     }
+    if !model.single_stepped.is_empty() {
+        let named: Vec<String> = model
+            .single_stepped
+            .iter()
+            .map(|probe| format!("{} in {} ({})", probe.function, file_name(&probe.file), probe.instruction))
+            .collect();
+        let _ = writeln!(
+            text,
+            "memtrace: single-stepped probes (the kernel cannot emulate the instruction there, a second \
+             trap at every call): {}",
+            named.join(", ")
+        );
+    }
     let lost = model.lost_events();
     if lost > 0 {
         let _ = writeln!(
@@ -76,6 +89,10 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
         );
     }
     text
+}
+
+fn file_name(path: &std::path::Path) -> std::borrow::Cow<'_, str> {
+    path.file_name().unwrap_or(path.as_os_str()).to_string_lossy()
 }
 
 /// The exited processes folded into per-command totals (`--keep-exited`), the largest few.

@@ -98,6 +98,7 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
         sampling: summary.sampling,
         app_sampled: summary.app_sampled,
         windows: summary.windows,
+        single_stepped: summary.single_stepped,
         ..Model::default()
     };
     // A pid that appears again later in the list was a retired process (one that ended before its

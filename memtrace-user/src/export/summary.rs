@@ -24,7 +24,7 @@ use crate::model::{
     levels::{FreeClass, FreePool, MemoryLevels},
     oom::OomKill,
     AppSampled, FoldedProcesses, FunctionTotals, HeapPeak, KernelMaps, Model, PeakConsumer, Process, RunEnd,
-    StackProfile, TimelinePoint, UsdtProbeCounter,
+    SingleStepped, StackProfile, TimelinePoint, UsdtProbeCounter,
 };
 
 pub const SUMMARY_VERSION: u32 = 1;
@@ -55,6 +55,9 @@ pub struct Summary {
     /// Exited processes beyond `--keep-exited`, summed per command, most processes first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub folded: Vec<FoldedProcesses>,
+    /// Probes the kernel single-steps, a second trap at every call: each function and its file.
+    #[serde(default)]
+    pub single_stepped: Vec<SingleStepped>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -242,6 +245,7 @@ impl Summary {
             windows: model.windows,
             frame_table: table.frames,
             folded: model.folded_by_count().into_iter().cloned().collect(),
+            single_stepped: model.single_stepped.clone(),
         }
     }
 }

@@ -50,7 +50,11 @@ use crate::{
     kernel::log::BpfLog,
     kernel::sys::prog_info,
     process::{
-        allocator::Allocator, cgroup::CgroupFilter, entry_points::ResolvedEntryPoint, map_calls::MapCalls,
+        allocator::Allocator,
+        cgroup::CgroupFilter,
+        entry_points::ResolvedEntryPoint,
+        map_calls::MapCalls,
+        probe_point::{ProbePoint, SingleStepped},
     },
 };
 
@@ -250,6 +254,8 @@ pub struct Probes {
     exit_reader: bool,
     /// Every allocator attached; attachment cookie i + 1 names entry i.
     allocators: Vec<AttachedAllocator>,
+    /// Probes attached where the kernel single-steps, each function of each file once.
+    single_stepped: Vec<SingleStepped>,
     /// `--window`: the allocators' windowed probes, and whether a window is open.
     windows: Option<windows::Windows>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
@@ -299,6 +305,7 @@ impl Probes {
             sampled_sites: 0,
             exit_reader: false,
             allocators: Vec::new(),
+            single_stepped: Vec::new(),
             windows,
             _bpf_log: bpf_log,
         };
@@ -408,6 +415,9 @@ impl Probes {
         }
         self.allocators
             .push(AttachedAllocator { kind: allocator.kind.clone(), path: allocator.path.clone() });
+        for point in allocator.entry_points.iter().filter(|point| !point.probe.emulated) {
+            self.note_single_stepped(&allocator.path, &point.name, &point.probe);
+        }
         let index = self.allocators.len() as u32;
         self.note_allocator_code(index, allocator)?;
         let windowed = self.windows.is_some();
@@ -510,12 +520,33 @@ impl Probes {
                 semaphore: None,
             })
             .collect();
+        for site in calls.sites.iter().filter(|site| !site.probe.emulated) {
+            self.note_single_stepped(&calls.object.path, site.function.symbol(), &site.probe);
+        }
         let programs = CallPrograms { entry: MAP_ENTRY, exit: MAP_RETURN };
         let path = &calls.object.host_path;
         self.attach_calls(Calls { programs, path, entries: &sites, returns: &sites }, scope, LinkSet::Run)
             .with_context(|| {
                 format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display())
             })
+    }
+
+    /// Remembers a probe the kernel single-steps, once per function and file.
+    fn note_single_stepped(&mut self, file: &std::path::Path, function: &str, probe: &ProbePoint) {
+        let known = self.single_stepped.iter().any(|known| known.file == file && known.function == function);
+        if !known {
+            let instruction = probe.instruction.clone();
+            self.single_stepped.push(SingleStepped {
+                file: file.to_owned(),
+                function: function.to_owned(),
+                instruction,
+            });
+        }
+    }
+
+    /// Probes attached where the kernel single-steps: each function of each file once.
+    pub fn single_stepped(&self) -> &[SingleStepped] {
+        &self.single_stepped
     }
 
     /// The allocator whose probes saw a process first, from `ProcessStats::allocator`.

@@ -14,6 +14,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use memtrace_common::{ProcessStats, StackTotals};
 
+pub use crate::process::probe_point::SingleStepped;
 use crate::process::procfs::Mapping;
 use frame::Frame;
 use identity::ProcessIdentity;
@@ -161,6 +162,8 @@ pub struct Model {
     pub folded: Folded,
     /// The pids of released processes, in the order they were released, for folding.
     pub released_order: std::collections::VecDeque<u32>,
+    /// Probes the kernel single-steps (a second trap per call), each function once.
+    pub single_stepped: Vec<SingleStepped>,
 }
 
 /// Folded totals by command name and container (`ProcessIdentity::display_name`, see folding.rs).

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{
     entry_points::ResolvedEntryPoint, facts::FileCache, file::ObjectFile, image::ProcessImage,
-    map_calls::MapCalls, objects::SYSTEM_LIBRARY_DIRS,
+    map_calls::MapCalls, objects::SYSTEM_LIBRARY_DIRS, probe_point::ProbePoint,
 };
 
 /// Symbol prefixes of allocators built to live beside the system one, and their names.
@@ -188,6 +188,19 @@ pub fn installed_allocator_libraries() -> Vec<PathBuf> {
         }
     }
     found
+}
+
+/// Where memtrace's probes sit in an allocator library (`path` on the host): every entry point it
+/// defines, then the mapping calls where it defines them, each by its symbol.
+pub fn probe_points_in(path: &Path, cache: &FileCache) -> Result<Vec<(String, ProbePoint)>> {
+    let object = super::Root::host().open(path)?;
+    let entry_points = cache.entry_points(&object, "")?;
+    let mut points: Vec<(String, ProbePoint)> =
+        entry_points.iter().map(|point| (point.name.clone(), point.probe.clone())).collect();
+    if let Some(calls) = MapCalls::of_file(&object, cache) {
+        points.extend(calls.sites.iter().map(|site| (site.function.symbol().to_owned(), site.probe.clone())));
+    }
+    Ok(points)
 }
 
 #[cfg(test)]

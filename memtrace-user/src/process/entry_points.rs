@@ -49,6 +49,8 @@ pub const ENTRY_POINTS: [EntryPoint; 14] = [
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedEntryPoint {
     pub entry: EntryPoint,
+    /// Its symbol, prefix and all (`je_malloc`).
+    pub name: String,
     /// File offset of the function's first instruction.
     pub offset: u64,
     /// Where its probes sit (the entry probe, and the return probe of all but free).
@@ -89,7 +91,7 @@ pub fn resolve_entry_points(elf: &ElfObject<'_>, prefix: &str) -> Result<Vec<Res
         let probe =
             probe_point::place(&elf.function_code(function), function.address, entry.function.arguments());
         let code_around_probe = elf.code_around(function.address + probe.delta).unwrap_or_default();
-        resolved.push(ResolvedEntryPoint { entry, offset, probe, code_around_probe });
+        resolved.push(ResolvedEntryPoint { entry, name, offset, probe, code_around_probe });
     }
     Ok(resolved)
 }

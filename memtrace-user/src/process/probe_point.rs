@@ -49,6 +49,17 @@ pub struct ProbePoint {
     pub instruction: String,
 }
 
+/// A probe the kernel single-steps: no point of its function has an instruction it emulates where
+/// the arguments and the stack are still as the caller left them (summary `single_stepped`, doctor).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SingleStepped {
+    /// The file, as the traced process names it.
+    pub file: std::path::PathBuf,
+    pub function: String,
+    /// The instruction at its entry, where the probe stays.
+    pub instruction: String,
+}
+
 /// The probe point of the function whose code (from its entry at `address`, as far as its symbol
 /// reaches, and at least `WALK_BYTES` where the file has them) is `code`, for programs that read
 /// `arguments`.

@@ -38,6 +38,9 @@ impl Run {
             }
         }
         self.unwind.update(&mut self.probes, &self.model)?;
+        if self.model.single_stepped.len() != self.probes.single_stepped().len() {
+            self.model.single_stepped = self.probes.single_stepped().to_vec();
+        }
         self.samples += 1;
         let sample = Sample { ts_us, dump_id: self.samples };
         self.model.record_timeline(sample.ts_us);
