@@ -139,3 +139,54 @@ fn unprivileged_doctor_says_to_run_as_root_and_still_reports() {
     assert!(verdict.starts_with(CANNOT_WORK) && verdict.contains("run it as root"), "{verdict}");
     doctor.assert_status_agrees();
 }
+
+/// The probe points of Debian 12's allocators, as doctor lists them: each function's offset and
+/// the instruction the kernel emulates there, and the functions left single-stepped. The offsets
+/// are those of the packages' own code (objdump -d): jemalloc's malloc begins `cmp $0x1000,%rdi`
+/// and reaches its `ja` at +0x7; mimalloc's moves the size to rsi before its `ja` at +0x15.
+#[test]
+fn doctor_lists_where_each_allocators_probes_sit() {
+    assert_root();
+    let doctor = Doctor::run(Memtrace::new());
+    let library = |name: &str| {
+        let prefix = format!("/usr/lib/x86_64-linux-gnu/{name}: ");
+        let line = doctor.stdout.lines().map(str::trim).find(|line| line.starts_with(&prefix));
+        line.unwrap_or_else(|| panic!("no probe points for {name}:\n{}", doctor.stdout))[prefix.len()..]
+            .to_owned()
+    };
+    let expected: [(&str, &[&str], &str); 4] = [
+        (
+            "libc.so.6",
+            &["malloc push", "free+0x3 je", "mmap+0xa jne", "munmap+0xd jae", "mremap sub*"],
+            "reallocarray, mremap",
+        ),
+        (
+            "libjemalloc.so.2",
+            &["malloc+0x7 ja", "free+0x30 jne", "sdallocx+0xa ja", "rallocx+0x2 jmp"],
+            "none",
+        ),
+        (
+            "libmimalloc.so.2.0",
+            &["malloc+0x15 ja", "calloc+0x12 je", "realloc+0x14 jmp", "free+0x6 je"],
+            "none",
+        ),
+        ("libtcmalloc_minimal.so.4.5.10", &["malloc+0xa jne", "free+0xa jne"], "none"),
+    ];
+    for (name, points, stepped) in expected {
+        let line = library(name);
+        let (listed, single_stepped) = line.split_once("; single-stepped: ").expect("a single-stepped list");
+        let listed: Vec<&str> = listed.split(", ").collect();
+        for point in points {
+            assert!(listed.contains(point), "{name}: no {point:?} in {listed:?}");
+        }
+        assert_eq!(single_stepped, stepped, "{name}: {line}");
+        // Every starred point is named single-stepped, and only those.
+        let starred: Vec<&str> = listed
+            .iter()
+            .filter_map(|point| point.strip_suffix('*'))
+            .map(|p| p.split([' ', '+']).next().unwrap())
+            .collect();
+        let named: Vec<&str> = if stepped == "none" { Vec::new() } else { stepped.split(", ").collect() };
+        assert_eq!(starred, named, "{name}: {line}");
+    }
+}

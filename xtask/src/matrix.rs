@@ -152,6 +152,23 @@ const PLAN: &[(&str, &[&str])] = &[
     // --app-sampled: the allocator's own otel_memory probes, read by a non-sleepable program
     // (sampled_site) that walks the stack from the probe site
     ("app_sampled", &["the_allocators_samples_alone_make_the_heap_figures"]),
+    // the kernel's own count of single-steps (kprobes on arch_uprobe_pre_xol and
+    // arch_uprobe_skip_sstep) under a program of each allocator: ignored on the host, which has no
+    // kprobes; the only test of its binary
+    ("single_steps", &["--ignored"]),
+    // exact counts with each allocator, its probes past the first instruction: linked jemalloc,
+    // tcmalloc and mimalloc, preloaded jemalloc, tcmalloc_minimal and mimalloc, static glibc,
+    // launched and attached
+    (
+        "allocators",
+        &[
+            "linked_jemalloc_is_found_and_traced_exactly",
+            "linked_tcmalloc_and_mimalloc_are_found_and_traced_exactly",
+            "preloaded_jemalloc_wins_over_libc_when_attaching_by_pid",
+            "preloaded_tcmalloc_minimal_and_mimalloc_are_traced_exactly",
+            "static_binary_is_traced_through_its_own_malloc",
+        ],
+    ),
     // --window: the windowed probes attached and detached while free and realloc stay, both link
     // kinds where the kernel has both, threads caught inside malloc as a window closes
     ("windows", &[]),

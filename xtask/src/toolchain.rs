@@ -19,7 +19,8 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
 /// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
-/// must find (jemalloc, tcmalloc, mimalloc), and <sys/sdt.h> for USDT probes; and Debian's python3,
+/// must find (jemalloc, tcmalloc, mimalloc; make builds the jemalloc tikv-jemallocator compiles into
+/// the Rust fixture rjem_leaks), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
 /// which the tests of `memtrace serve` point at the agent; protoc, which decodes `--perfetto` traces
 /// against Perfetto's .proto files (cargo fetches those: the perfetto_protos crate) and with which
@@ -43,6 +44,7 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "golang-go",
     "chromium",
     "gcc",
+    "make",
     "libc6-dev",
     "libjemalloc-dev",
     "libgoogle-perftools-dev",

@@ -531,8 +531,8 @@ impl Probes {
             })
     }
 
-    /// Remembers a probe the kernel single-steps, once per function and file.
-    fn note_single_stepped(&mut self, file: &std::path::Path, function: &str, probe: &ProbePoint) {
+    /// Remembers a probe the kernel single-steps, once per function (or USDT probe) and file.
+    pub fn note_single_stepped(&mut self, file: &std::path::Path, function: &str, probe: &ProbePoint) {
         let known = self.single_stepped.iter().any(|known| known.file == file && known.function == function);
         if !known {
             let instruction = probe.instruction.clone();

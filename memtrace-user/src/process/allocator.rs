@@ -104,9 +104,9 @@ impl Allocator {
     }
 }
 
-/// The first object in search order that defines malloc wins, as it does for the dynamic linker.
-/// Failing that, an allocator with a known prefix anywhere (e.g. Rust's jemallocator in the
-/// executable) is the one the program calls.
+/// An allocator with a known prefix in the program itself wins (`executables_prefixed_allocator`);
+/// else the first object in search order that defines malloc, as for the dynamic linker; failing
+/// that, an allocator with a known prefix anywhere.
 fn choose(
     objects: &[ObjectFile],
     lib: Option<ObjectFile>,
@@ -133,19 +133,39 @@ fn choose(
         Some(prefix) => vec![prefix],
         None => std::iter::once("").chain(KNOWN_PREFIXES.iter().map(|(p, _)| *p)).collect(),
     };
-    for prefix in prefixes {
-        for object in objects {
-            // Objects that are not ELF (or unreadable) cannot be the allocator.
-            if let Ok(Some(allocator)) = Allocator::from_object(object, prefix, cache) {
-                return Ok(allocator);
-            }
+    // Objects that are not ELF (or unreadable) cannot be the allocator.
+    let defined =
+        |object: &ObjectFile, prefix: &str| Allocator::from_object(object, prefix, cache).ok().flatten();
+    let first_defining = |prefix: &str| objects.iter().find_map(|object| defined(object, prefix));
+    if prefix.is_none() {
+        if let Some(own) = executables_prefixed_allocator(objects, &prefixes[1..], defined) {
+            return Ok(own);
         }
+    }
+    if let Some(allocator) = prefixes.iter().find_map(|prefix| first_defining(prefix)) {
+        return Ok(allocator);
     }
     bail!(
         "no loaded object defines {}malloc; name the allocator's file with --lib PATH and its symbol \
          prefix with --allocator",
         prefix.unwrap_or("")
     )
+}
+
+/// An allocator with a known prefix built into the program itself (Rust's tikv-jemallocator,
+/// `_rjem_malloc`; a redis built with its own `je_malloc`), where the program does not define
+/// plain malloc: the program's own code calls it, and the C library's malloc only serves the
+/// libraries. It wins over a plain malloc found later in search order.
+fn executables_prefixed_allocator(
+    objects: &[ObjectFile],
+    prefixes: &[&str],
+    defined: impl Fn(&ObjectFile, &str) -> Option<Allocator>,
+) -> Option<Allocator> {
+    let executable = objects.first()?;
+    if defined(executable, "").is_some() {
+        return None;
+    }
+    prefixes.iter().find_map(|prefix| defined(executable, prefix))
 }
 
 fn kind_of(path: &Path, prefix: &str) -> String {

@@ -67,6 +67,18 @@ pub fn place(code: &[u8], address: u64, arguments: ArgumentsRead) -> ProbePoint 
     walk(code, address, arguments).unwrap_or_else(|| at_entry(code, address))
 }
 
+/// A probe that cannot move (a USDT site: its arguments are where its note says, at that
+/// instruction): whether the kernel emulates the instruction in `code`, which starts there, or
+/// (`nop5_optimized`: 6.18's optimized uprobes) calls into it where it is a 5-byte nop.
+pub fn fixed(code: &[u8], nop5_optimized: bool) -> ProbePoint {
+    let mut point = at_entry(code, 0);
+    point.emulated |= nop5_optimized && code.starts_with(&NOP5);
+    point
+}
+
+/// The 5-byte nop (`nopl 0x0(%rax,%rax,1)`) memtrace.h puts at its sites.
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
 /// The probe at the function's first byte, all arguments where the calling convention puts them.
 fn at_entry(code: &[u8], address: u64) -> ProbePoint {
     let first = Decoder::with_ip(64, code, address, DecoderOptions::NONE).decode();

@@ -37,14 +37,14 @@ use anyhow::{bail, Context, Result};
 use memtrace_common::usdt_action;
 
 use self::{
-    notes::ElfProbes,
+    notes::{ElfProbes, ProbeSite},
     plan::{is_sampled, spec_of, uses_of, write_specs},
 };
 pub use self::{plan::OwnSites, read::reporting_processes, request::UsdtRequest};
 use crate::{
     kernel::{Probes, Scope, Site},
     model::Model,
-    process::{file_identity, FileId, ObjectFile, ProcessImage, SparseImage},
+    process::{file_identity, probe_point, FileId, ObjectFile, ProcessImage, SparseImage},
 };
 
 /// The USDT side of the probes: what `--usdt` asks for, what was found, and what reading the
@@ -250,6 +250,9 @@ impl UsdtProbes {
                     Err(err) => return Err(err),
                 }
             }
+            if !specs.is_empty() {
+                note_if_single_stepped(probes, object, site);
+            }
             planned.counters.extend(
                 specs
                     .iter()
@@ -384,6 +387,19 @@ fn add_named_objects(
 /// The probe sites of an object, reading only its notes and symbol tables (semaphores are found
 /// by symbol), never the whole file; None where it has none memtrace would look at. A file a
 /// `--usdt` option names by path (`named`) must be readable and have probes.
+/// Counts a site whose instruction the kernel single-steps: sdt.h's 1-byte nop is emulated;
+/// memtrace.h's 5-byte nop is optimized from 6.18 and single-stepped before; another tool's macro
+/// may put something else there.
+fn note_if_single_stepped(probes: &mut Probes, object: &ObjectFile, site: &ProbeSite) {
+    let mut code = [0u8; 16];
+    let Ok(file) = std::fs::File::open(&object.host_path) else { return };
+    let Ok(read) = std::os::unix::fs::FileExt::read_at(&file, &mut code, site.offset) else { return };
+    let point = probe_point::fixed(&code[..read], crate::kernel::features::optimizes_nop5_sites());
+    if !point.emulated {
+        probes.note_single_stepped(&object.path, &format!("{}:{}", site.provider, site.name), &point);
+    }
+}
+
 fn read_probes(object: &ObjectFile, named: bool) -> Result<Option<ElfProbes>> {
     // Most files have no notes: look at the section headers before reading anything more.
     if !named && !notes::may_have_probes(&object.host_path) {
