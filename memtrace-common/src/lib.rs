@@ -306,13 +306,19 @@ pub struct ImageKey {
 }
 
 /// A process that began running a new program (sched_process_exec), for userspace to probe the
-/// allocators it brings; `hold` says whether the BPF side stopped it there ([`exec_hold`]).
+/// allocators it brings; or (`forked`) a process a followed one forked, at its return from fork,
+/// for userspace to probe its parent's image for it alone (probes of a followed tree are per
+/// process). `hold` says whether the BPF side stopped it there ([`exec_hold`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecEvent {
     pub tgid: u32,
     pub hold: u32,
+    /// The program's file; zero for a fork.
     pub image: ImageKey,
+    /// 1 for a forked child (the image is its parent's), 0 for an exec.
+    pub forked: u32,
+    pub _pad: u32,
 }
 
 /// What the exec tracepoint did with an exec ([`ExecEvent::hold`]).
@@ -325,6 +331,10 @@ pub mod exec_hold {
     /// It should have been stopped, and bpf_send_signal refused.
     pub const REFUSED: u32 = 2;
 }
+
+/// Forked children of a followed tree between fork and their first return to user mode, at most
+/// (the oldest is forgotten first: a child killed before it ran never returns).
+pub const MAX_PENDING_FORKS: u32 = 4096;
 
 /// Program files whose execs need no stop (their allocators are probed), remembered at most.
 pub const MAX_KNOWN_IMAGES: u32 = 4096;

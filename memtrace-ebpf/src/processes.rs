@@ -12,7 +12,7 @@ use aya_ebpf::{
 use memtrace_common::{
     exec_hold, reach, ExecEvent, ImageKey, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES,
     GLOBAL_LOST_SLOT, MAX_CGROUPS, MAX_CGROUP_DEPTH, MAX_COMMS, MAX_EXCLUDED_PIDS, MAX_KNOWN_IMAGES,
-    MAX_PROCESSES,
+    MAX_PENDING_FORKS, MAX_PROCESSES,
 };
 
 use crate::{
@@ -265,6 +265,10 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
     if TARGETS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
     }
+    // Its probes are its own (per process): it is held on its way out of fork until they are in.
+    if holding() && PENDING_FORKS.insert(&child_tgid, &1, 0).is_err() {
+        count_global_loss();
+    }
     // The child runs its parent's image: its stacks unwind through the parent's mapping table
     // until userspace writes its own (or it execs).
     if let Some(table) = crate::stacks::UNWIND_MAPPINGS.get_ptr(&tgid) {
@@ -302,14 +306,46 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     };
     let bprm: u64 = ctx.arg(2);
     let image = crate::kernel::exec_image(bprm).unwrap_or_default();
-    entry.write(ExecEvent { tgid, hold: hold_exec(&image), image });
+    entry.write(ExecEvent { tgid, hold: hold_exec(&image), image, ..ExecEvent::default() });
     entry.submit(0);
     0
 }
 
-/// Whether execs are held now: userspace clears it while it cannot answer (stopped, ending).
+/// Whether execs (and a tree's forks) are held now: userspace clears it while it cannot answer
+/// (stopped, ending).
 #[map]
 pub(crate) static HOLD_EXECS: Array<u32> = Array::with_max_entries(1, 0);
+
+fn holding() -> bool {
+    HOLD_EXECS.get(0).is_some_and(|on| *on != 0)
+}
+
+/// Children of followed processes (`reach::TREE`) forked while forks are held, until their first
+/// return to user mode.
+#[map]
+static PENDING_FORKS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_PENDING_FORKS, 0);
+
+/// A followed tree's new process returns from fork (its first syscall exit; attached only to
+/// follow a tree): it is stopped there, before its first instruction, and announced, so that
+/// userspace attaches its probes (links that carry its pid) before it runs. A thread's return,
+/// and any other process's, passes with one lookup.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn fork_return(_ctx: RawTracePointContext) -> u32 {
+    let Caller { tgid, tid } = caller();
+    if tgid != tid || PENDING_FORKS.get_ptr(&tgid).is_none() {
+        return 0;
+    }
+    let _ = PENDING_FORKS.remove(&tgid);
+    // Reserved before any stop: a process stopped unannounced would wait for nobody.
+    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
+        count_global_loss();
+        return 0;
+    };
+    let hold = if holding() { stop_current() } else { exec_hold::NONE };
+    entry.write(ExecEvent { tgid, hold, forked: 1, ..ExecEvent::default() });
+    entry.submit(0);
+    0
+}
 
 /// Program files whose allocators userspace has probed: their execs go on unstopped.
 #[map]
@@ -319,10 +355,14 @@ pub(crate) static KNOWN_IMAGES: LruHashMap<ImageKey, u8> = LruHashMap::with_max_
 /// program is known or execs are not held; says which (`exec_hold`). SIGSTOP is taken on the way
 /// back to user mode, before the new program's first instruction.
 fn hold_exec(image: &ImageKey) -> u32 {
-    let holding = HOLD_EXECS.get(0).is_some_and(|on| *on != 0);
-    if !holding || image.ino == 0 || KNOWN_IMAGES.get_ptr(image).is_some() {
+    if !holding() || image.ino == 0 || KNOWN_IMAGES.get_ptr(image).is_some() {
         return exec_hold::NONE;
     }
+    stop_current()
+}
+
+/// Sends the current process SIGSTOP, taken on its way back to user mode; says whether it went.
+fn stop_current() -> u32 {
     // SAFETY: the helper signals the current task; a tracepoint runs with interrupts enabled, so it
     // is sent at once.
     match unsafe { generated::bpf_send_signal(SIGSTOP) } {

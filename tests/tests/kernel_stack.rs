@@ -8,11 +8,12 @@ use memtrace_tests::{assert_root, memtrace_bin};
 use serde_json::Value;
 
 /// Every program memtrace loads.
-const PROGRAMS: [&str; 12] = [
+const PROGRAMS: [&str; 13] = [
     "alloc_enter",
     "alloc_exit",
     "empty_enter",
     "empty_exit",
+    "fork_return",
     "map_enter",
     "map_exit",
     "oom_victim",

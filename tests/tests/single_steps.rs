@@ -15,8 +15,8 @@ use memtrace_tests::{assert_root, fixture, fixture_variant, Memtrace, Outcome};
 const TRACING: &str = "/sys/kernel/tracing";
 const GROUP: &str = "memtrace_single_steps";
 /// The kprobes, by event name: stepped out of line, and emulated.
-const STEPPED: &str = "stepped";
-const EMULATED: &str = "emulated";
+const STEPPED: &str = "memtrace_stepped";
+const EMULATED: &str = "memtrace_emulated";
 
 /// Two kprobes, enabled while it lives and removed when dropped.
 struct StepCounter;
@@ -40,9 +40,11 @@ impl StepCounter {
     fn hits(&self) -> (u64, u64) {
         let profile = fs::read_to_string(Path::new(TRACING).join("kprobe_profile")).expect("kprobe_profile");
         let hits = |event: &str| {
-            let name = format!("{GROUP}/{event}");
-            let line = profile.lines().find(|line| line.split_whitespace().next() == Some(&name));
-            let line = line.unwrap_or_else(|| panic!("no {name} in kprobe_profile:\n{profile}"));
+            // 6.1 names the event alone, later kernels with its group.
+            let grouped = format!("{GROUP}/{event}");
+            let named = |name: &str| name == event || name == grouped;
+            let line = profile.lines().find(|line| line.split_whitespace().next().is_some_and(named));
+            let line = line.unwrap_or_else(|| panic!("no {event} in kprobe_profile:\n{profile}"));
             line.split_whitespace().nth(1).and_then(|hits| hits.parse().ok()).expect("a hit count")
         };
         (hits(STEPPED), hits(EMULATED))

@@ -120,6 +120,24 @@ impl Attachments {
         (allocators, mapped)
     }
 
+    /// Forgets, and detaches, what was attached for `pid` alone: it is gone, or its pid is a new
+    /// process's.
+    pub fn forget_process(&mut self, probes: &mut Probes, pid: u32) {
+        let scope = Scope::Process(pid);
+        self.probed.retain(|(_, of)| *of != scope);
+        self.usdt.forget_scope(scope);
+        probes.detach_process(pid);
+    }
+
+    /// The processes something is attached for alone.
+    pub fn processes(&self) -> HashSet<u32> {
+        let pid = |scope: &Scope| match scope {
+            Scope::Process(pid) => Some(*pid),
+            Scope::AllProcesses => None,
+        };
+        self.probed.iter().filter_map(|(_, scope)| pid(scope)).collect()
+    }
+
     /// How many allocator files are probed (the mapping calls' files, libc mostly, not counted).
     pub fn probed_files(&self) -> usize {
         self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()

@@ -2,8 +2,10 @@
 //! unless `--no-children`, every process they fork), or every process (`--all`). The exec watcher
 //! names each exec'd program's files while the process exists, and an exec of a program new to
 //! memtrace is held (`hold`: stopped by the BPF side) until that program is probed; processes are found as they first allocate (or report through
-//! USDT) and seen when they exit. What is attached for each is crate::attach's: uprobes belong to
-//! a file, so one attachment serves every process that maps it, in any mount namespace.
+//! USDT) and seen when they exit. What is attached for each is crate::attach's: under `--all` one
+//! attachment of a file serves every process that maps it, in any mount namespace; a followed
+//! tree's are per process (links that carry its pid, so no other process takes a trap), each new
+//! process held at its return from fork until its own are in, and closed once it is gone.
 
 pub mod hold;
 
@@ -30,7 +32,7 @@ use crate::{
     attach::usdt::UsdtProbes,
     attach::Attachments,
     kernel::features::{Feature, KernelFeatures},
-    kernel::{Probes, Reach},
+    kernel::{Probes, Reach, Scope},
     model::{identity::ProcessIdentity, Model},
     plan::Runtimes,
     process::allocator::{Allocator, Overrides},
@@ -64,6 +66,13 @@ pub struct Following {
     allowed_cgroups: HashSet<u64>,
     /// The pod, namespace and container names of containers, asked of containerd.
     container_names: ContainerNames,
+    /// A followed tree's processes probed for themselves (at add_target, fork or exec).
+    probed_for: HashSet<u32>,
+    /// The tree's processes the kernel follows that were not probed at the last look.
+    unprobed_last: HashSet<u32>,
+    /// Processes of the tree probed only when found at a sample: the kernel skipped the run that
+    /// would have held them at their return from fork, and their first allocations are missed.
+    late_forks: u64,
 }
 
 impl Following {
@@ -105,6 +114,9 @@ impl Following {
             cgroups_at_exec: HashMap::new(),
             allowed_cgroups: HashSet::new(),
             container_names: ContainerNames::new(runtimes.containerd_socket.clone()),
+            probed_for: HashSet::new(),
+            unprobed_last: HashSet::new(),
+            late_forks: 0,
         };
         if let Reach::AllProcesses(filter) = &this.reach {
             for (flag, name) in filter.cgroups.unmatched() {
@@ -120,11 +132,62 @@ impl Following {
     /// allocator and USDT sites; returns the allocator.
     pub fn add_target(&mut self, probes: &mut Probes, pid: u32, image: &ProcessImage) -> Result<Allocator> {
         let allocator = self.attach.target(probes, pid, image, self.reach.scope_for(pid))?;
-        // Probed now: a launched command's exec of it needs no stop.
-        if let (Some(_), Some(program)) = (&self.held, image.executable()) {
+        self.probed_for.insert(pid);
+        // Probed now for every process: a launched command's exec of it needs no stop.
+        if let (Some(_), Some(program), true) =
+            (&self.held, image.executable(), self.probes_serve_every_process())
+        {
             probes.know_image(program.id.kernel_key())?;
         }
         Ok(allocator)
+    }
+
+    /// Whether a file's probes, once attached, serve every process that maps it (`--all`), so a
+    /// program probed once needs no stop at its later execs; a tree's probes are per process.
+    fn probes_serve_every_process(&self) -> bool {
+        matches!(self.reach, Reach::AllProcesses(_))
+    }
+
+    /// Forgets, and detaches, what was attached for processes that are gone (a followed tree's
+    /// probes are per process: each one's links are closed once it is).
+    pub fn forget_gone_processes(&mut self, probes: &mut Probes) {
+        for pid in self.attach.processes().union(&self.probed_for).copied().collect::<Vec<u32>>() {
+            if !is_running(pid) {
+                self.attach.forget_process(probes, pid);
+                self.probed_for.remove(&pid);
+            }
+        }
+    }
+
+    /// Probes the tree's processes the kernel follows but memtrace never heard of, found at two
+    /// looks in a row (at the first, their fork may still be on its way): the kernel skipped the
+    /// run of fork_return that would have held them. Says so, and counts them.
+    pub fn probe_late_forks(&mut self, probes: &mut Probes) -> Result<()> {
+        if !matches!(self.reach, Reach::Tree) {
+            return Ok(());
+        }
+        let unprobed: HashSet<u32> = probes
+            .tree_processes()?
+            .into_iter()
+            .filter(|pid| !self.probed_for.contains(pid) && is_running(*pid))
+            .collect();
+        let late: Vec<u32> = unprobed.intersection(&self.unprobed_last).copied().collect();
+        for &pid in &late {
+            if let Ok(image) = ProcessImage::of_process(pid, self.attach.cache()) {
+                self.attach.exec(probes, &image, Scope::Process(pid))?;
+            }
+            self.probed_for.insert(pid);
+        }
+        if !late.is_empty() {
+            self.late_forks += late.len() as u64;
+            eprintln!(
+                "memtrace: warning: {} processes of the tree probed late ({} in all): the kernel skipped                  the run that holds a new process at its return from fork; their first allocations are missed",
+                late.len(),
+                self.late_forks
+            );
+        }
+        self.unprobed_last = unprobed.into_iter().filter(|pid| !late.contains(pid)).collect();
+        Ok(())
     }
 
     /// The USDT sites wanted and found.
@@ -147,10 +210,11 @@ impl Following {
         self.wakeup.as_fd()
     }
 
-    /// Probes the allocators and USDT sites that newly exec'd programs bring along; returns the
-    /// object files they map (still open), for symbolization. `prepare` is given each program's
-    /// files before a process stopped at its exec goes on (their unwind tables, so that its first
-    /// stacks are whole).
+    /// Probes the allocators and USDT sites that newly exec'd programs bring along, and a followed
+    /// tree's new processes for themselves; returns the object files the exec'd programs map
+    /// (still open), for symbolization: none where only forks were heard of. `prepare` is given
+    /// each program's files before a process stopped at its exec goes on (their unwind tables, so
+    /// that its first stacks are whole).
     pub fn handle_execs(
         &mut self,
         probes: &mut Probes,
@@ -159,21 +223,37 @@ impl Following {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
-        while let Ok(Exec { image, stopped, cgroup }) = self.execs.try_recv() {
+        while let Ok(Exec { image, stopped, cgroup, forked }) = self.execs.try_recv() {
             let pid = image.pid.unwrap_or_default();
-            self.execed.insert(pid);
-            self.note_cgroup_at_exec(pid, cgroup);
+            if forked {
+                // A new process: what was attached for an earlier one with its pid is not its own.
+                self.attach.forget_process(probes, pid);
+            } else {
+                self.execed.insert(pid);
+                self.note_cgroup_at_exec(pid, cgroup);
+            }
             let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
+            self.probed_for.insert(pid);
+            // A process gone before its probes are in needs none (its links would name no task).
+            let probed = probed.or_else(|err| match is_running(pid) {
+                true => Err(err),
+                false => Ok(()),
+            });
             if let (Some(key), Some(held)) = (stopped, &self.held) {
-                // Its later execs need no stop; this one goes on, probed (or not: the error says).
-                let known = probed.is_ok().then(|| probes.know_image(key)).transpose();
+                // Where probes serve every process, the program's later execs need no stop; this
+                // one goes on, probed (or not: the error says).
+                let knows = probed.is_ok() && !forked && self.probes_serve_every_process();
+                let known = knows.then(|| probes.know_image(key)).transpose();
                 let prepared = prepare(probes, &image.objects);
                 held.probed(pid);
                 known?;
                 prepared?;
             }
             probed?;
-            objects.extend(image.objects);
+            // A forked child's files are its parent's, indexed already.
+            if !forked {
+                objects.extend(image.objects);
+            }
         }
         Ok(objects)
     }
@@ -200,7 +280,7 @@ impl Following {
         const KEPT: usize = 4096;
         let Some(cgroup) = cgroup else { return };
         if self.cgroups_at_exec.len() >= KEPT {
-            self.cgroups_at_exec.retain(|pid, _| Path::new(&format!("/proc/{pid}")).exists());
+            self.cgroups_at_exec.retain(|pid, _| is_running(*pid));
         }
         self.cgroups_at_exec.insert(pid, cgroup);
     }
@@ -334,6 +414,8 @@ struct Exec {
     image: ProcessImage,
     stopped: Option<ImageKey>,
     cgroup: Option<String>,
+    /// A followed tree's new process at its return from fork, running its parent's image.
+    forked: bool,
 }
 
 /// The exec watcher: names the files of each exec'd process while it still exists, hands them on
@@ -387,8 +469,16 @@ impl Watcher {
             }
             _ => None,
         };
-        match ProcessImage::of_exec(event.tgid, &self.cache) {
-            Ok(image) => Some(Exec { image, stopped, cgroup: crate::process::cgroup::of_pid(event.tgid) }),
+        let forked = event.forked != 0;
+        let image = match forked {
+            true => ProcessImage::of_process(event.tgid, &self.cache),
+            false => ProcessImage::of_exec(event.tgid, &self.cache),
+        };
+        match image {
+            Ok(image) => {
+                let cgroup = crate::process::cgroup::of_pid(event.tgid);
+                Some(Exec { image, stopped, cgroup, forked })
+            }
             Err(_) => {
                 if let (Some(held), Some(_)) = (&self.held, stopped) {
                     held.let_go(event.tgid);
@@ -397,6 +487,10 @@ impl Watcher {
             }
         }
     }
+}
+
+fn is_running(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// poll's timeout until `deadline`, rounded up to a whole millisecond so poll does not wake early.

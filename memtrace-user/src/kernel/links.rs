@@ -80,7 +80,10 @@ pub enum Direction {
 /// Attached sites; dropping it detaches them.
 #[derive(Default)]
 pub struct Links {
-    descriptors: Vec<OwnedFd>,
+    /// Each link (and perf event), with the scope it was attached for.
+    descriptors: Vec<(Scope, OwnedFd)>,
+    /// Threads closing the links of scopes detached earlier.
+    closing: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Links {
@@ -103,7 +106,7 @@ impl Links {
             LinkKind::Multi => {
                 let link = attach_multi(program, &path_c, sites, scope, direction)
                     .with_context(|| describe(path, sites, scope))?;
-                self.descriptors.push(link);
+                self.descriptors.push((scope, link));
             }
             LinkKind::PerfEvent => {
                 for site in sites {
@@ -112,27 +115,59 @@ impl Links {
                     let link = link_perf_event(program, &event, site.cookie).with_context(|| {
                         format!("linking a program to the uprobe at {}+{:#x}", path.display(), site.offset)
                     })?;
-                    self.descriptors.extend([link, event]);
+                    self.descriptors.extend([(scope, link), (scope, event)]);
                 }
             }
         }
         Ok(())
     }
 
-    /// Detaches everything at once: each detach waits for RCU grace periods, so they are closed
-    /// from several threads and the waits overlap.
+    /// Detaches everything at once, and waits for the links detached earlier to be gone.
     pub fn detach(&mut self) {
-        let descriptors = std::mem::take(&mut self.descriptors);
-        let per_thread = descriptors.len().div_ceil(16).max(1);
-        let mut descriptors = descriptors.into_iter();
-        std::thread::scope(|scope| loop {
-            let chunk: Vec<OwnedFd> = descriptors.by_ref().take(per_thread).collect();
-            if chunk.is_empty() {
-                break;
-            }
-            scope.spawn(move || drop(chunk));
-        });
+        let descriptors = std::mem::take(&mut self.descriptors).into_iter().map(|(_, fd)| fd).collect();
+        detach_all(descriptors);
+        for closing in std::mem::take(&mut self.closing) {
+            let _ = closing.join();
+        }
     }
+
+    /// Detaches the links attached for `scope` alone, on a thread of their own: each close waits
+    /// for RCU grace periods (10-30 ms each here), which the main loop, and the processes held
+    /// until it answers, must not wait for.
+    pub fn detach_scope(&mut self, scope: Scope) {
+        let (gone, kept) =
+            std::mem::take(&mut self.descriptors).into_iter().partition(|(of, _)| *of == scope);
+        self.descriptors = kept;
+        let gone: Vec<OwnedFd> = gone.into_iter().map(|(_, fd)| fd).collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.closing.retain(|closing| !closing.is_finished());
+        // Where no thread can be started, the descriptors went with the closure: closed here.
+        if let Ok(closing) =
+            std::thread::Builder::new().name("link-closer".into()).spawn(move || detach_all(gone))
+        {
+            self.closing.push(closing);
+        }
+    }
+}
+
+/// Closes `descriptors`, each on a thread of its own (at most `CLOSERS` at once): each close
+/// waits for RCU grace periods, and closes made together share them.
+fn detach_all(descriptors: Vec<OwnedFd>) {
+    const CLOSERS: usize = 64;
+    if descriptors.len() <= 1 {
+        return drop(descriptors);
+    }
+    let per_thread = descriptors.len().div_ceil(CLOSERS);
+    let mut descriptors = descriptors.into_iter();
+    std::thread::scope(|scope| loop {
+        let chunk: Vec<OwnedFd> = descriptors.by_ref().take(per_thread).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        scope.spawn(move || drop(chunk));
+    });
 }
 
 impl Drop for Links {

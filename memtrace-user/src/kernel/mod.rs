@@ -114,8 +114,9 @@ pub enum Reach {
     /// The processes named with `add_target`, each through links that carry its pid.
     #[default]
     Targets,
-    /// The processes named with `add_target` and all their descendants: links fire in every
-    /// process that maps a probed file, and the kernel keeps the tree from fork and exit.
+    /// The processes named with `add_target` and all their descendants, each through links that
+    /// carry its pid (no other process pays for a probe): the kernel keeps the tree from fork and
+    /// exit, and holds each new process at its return from fork until its links are in.
     Tree,
     /// Every process, but these.
     AllProcesses(ProcessFilter),
@@ -125,8 +126,8 @@ impl Reach {
     /// How probes that serve `pid` are attached.
     pub fn scope_for(&self, pid: u32) -> Scope {
         match self {
-            Reach::Targets => Scope::Process(pid),
-            Reach::Tree | Reach::AllProcesses(_) => Scope::AllProcesses,
+            Reach::Targets | Reach::Tree => Scope::Process(pid),
+            Reach::AllProcesses(_) => Scope::AllProcesses,
         }
     }
 
@@ -167,6 +168,8 @@ pub struct AttachedAllocator {
     /// glibc, jemalloc, ... (`Allocator::kind`).
     pub kind: String,
     pub path: std::path::PathBuf,
+    /// The file itself, attached for one process or many.
+    pub file: crate::process::FileId,
 }
 
 /// Which links a probe joins: the run's, or (`--window`) those of the open window.
@@ -202,6 +205,10 @@ fn call_sites(index: u32, points: &[&ResolvedEntryPoint]) -> (Vec<Site>, Vec<Sit
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
 const EXIT_PROGRAM: &str = "process_exit";
+/// The program that holds a followed tree's new process at its return from fork: a run the
+/// kernel skips (another syscall's exit ran it on that CPU) loses no event by itself; the child it
+/// would have held is found at a later sample (`Following::probe_late_forks`) and counted there.
+const FORK_RETURN: &str = "fork_return";
 /// The program that hears of the OOM killer's victims.
 const OOM_PROGRAM: &str = "oom_victim";
 /// The program that reads an exiting process's memory at do_exit's entry.
@@ -215,11 +222,12 @@ pub struct SkippedRuns {
 
 impl SkippedRuns {
     /// The programs whose skipped runs are events lost, and how many: all but process_exit, whose
-    /// skipped runs leave undone what is done from /proc instead (collect/skipped_exits.rs).
+    /// skipped runs leave undone what is done from /proc instead (collect/skipped_exits.rs), the
+    /// exit reader, and fork_return, whose misses are counted as processes probed late.
     pub fn lossy(&self) -> impl Iterator<Item = (&str, u64)> {
         self.by_program
             .iter()
-            .filter(|(name, _)| name != EXIT_PROGRAM && name != EXIT_READER)
+            .filter(|(name, _)| ![EXIT_PROGRAM, EXIT_READER, FORK_RETURN].contains(&name.as_str()))
             .map(|(name, runs)| (name.as_str(), *runs))
     }
 
@@ -256,6 +264,10 @@ pub struct Probes {
     allocators: Vec<AttachedAllocator>,
     /// Probes attached where the kernel single-steps, each function of each file once.
     single_stepped: Vec<SingleStepped>,
+    /// The (file, function) pairs of `single_stepped`.
+    single_stepped_seen: std::collections::HashSet<(crate::process::FileId, String)>,
+    /// Whether a tree is followed (`Reach::Tree`): its processes are probed one by one.
+    follows_tree: bool,
     /// `--window`: the allocators' windowed probes, and whether a window is open.
     windows: Option<windows::Windows>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
@@ -306,6 +318,8 @@ impl Probes {
             exit_reader: false,
             allocators: Vec::new(),
             single_stepped: Vec::new(),
+            single_stepped_seen: std::collections::HashSet::new(),
+            follows_tree: matches!(config.reach, Reach::Tree),
             windows,
             _bpf_log: bpf_log,
         };
@@ -413,13 +427,7 @@ impl Probes {
         if let Scope::Process(0) = scope {
             bail!("pid 0 cannot be traced");
         }
-        self.allocators
-            .push(AttachedAllocator { kind: allocator.kind.clone(), path: allocator.path.clone() });
-        for point in allocator.entry_points.iter().filter(|point| !point.probe.emulated) {
-            self.note_single_stepped(&allocator.path, &point.name, &point.probe);
-        }
-        let index = self.allocators.len() as u32;
-        self.note_allocator_code(index, allocator)?;
+        let index = self.allocator_index(allocator)?;
         let windowed = self.windows.is_some();
         let (in_windows, always): (Vec<_>, Vec<_>) =
             allocator.entry_points.iter().partition(|point| windowed && point.entry.function.windowed());
@@ -436,6 +444,32 @@ impl Probes {
                 .with_context(|| format!("attaching to the allocator in {}", allocator.path.display()))?;
         }
         Ok(())
+    }
+
+    /// The cookie index of `allocator`'s file: its own from the first attachment, however many
+    /// processes it is attached for (a followed tree's are per process).
+    fn allocator_index(&mut self, allocator: &Allocator) -> Result<u32> {
+        let file = allocator.object.id;
+        if let Some(at) = self.allocators.iter().position(|known| known.file == file) {
+            return Ok(at as u32 + 1);
+        }
+        self.allocators.push(AttachedAllocator {
+            kind: allocator.kind.clone(),
+            path: allocator.path.clone(),
+            file,
+        });
+        for point in allocator.entry_points.iter().filter(|point| !point.probe.emulated) {
+            self.note_single_stepped((allocator.object.id, &allocator.path), &point.name, &point.probe);
+        }
+        let index = self.allocators.len() as u32;
+        self.note_allocator_code(index, allocator)?;
+        Ok(index)
+    }
+
+    /// Detaches the probes attached for `pid` alone (a followed tree's process that is gone, or
+    /// whose pid a new process took).
+    pub fn detach_process(&mut self, pid: u32) {
+        self.links.detach_scope(Scope::Process(pid));
     }
 
     /// Keeps one file's windowed calls for every window, attached now if a window is open.
@@ -521,7 +555,11 @@ impl Probes {
             })
             .collect();
         for site in calls.sites.iter().filter(|site| !site.probe.emulated) {
-            self.note_single_stepped(&calls.object.path, site.function.symbol(), &site.probe);
+            self.note_single_stepped(
+                (calls.object.id, &calls.object.path),
+                site.function.symbol(),
+                &site.probe,
+            );
         }
         let programs = CallPrograms { entry: MAP_ENTRY, exit: MAP_RETURN };
         let path = &calls.object.host_path;
@@ -531,15 +569,19 @@ impl Probes {
             })
     }
 
-    /// Remembers a probe the kernel single-steps, once per function (or USDT probe) and file.
-    pub fn note_single_stepped(&mut self, file: &std::path::Path, function: &str, probe: &ProbePoint) {
-        let known = self.single_stepped.iter().any(|known| known.file == file && known.function == function);
-        if !known {
-            let instruction = probe.instruction.clone();
+    /// Remembers a probe the kernel single-steps, once per function (or USDT probe) and file,
+    /// whatever path names the file (`file`: its identity, and the path shown).
+    pub fn note_single_stepped(
+        &mut self,
+        file: (crate::process::FileId, &std::path::Path),
+        function: &str,
+        probe: &ProbePoint,
+    ) {
+        if self.single_stepped_seen.insert((file.0, function.to_owned())) {
             self.single_stepped.push(SingleStepped {
-                file: file.to_owned(),
+                file: file.1.to_owned(),
                 function: function.to_owned(),
-                instruction,
+                instruction: probe.instruction.clone(),
             });
         }
     }
@@ -561,6 +603,12 @@ impl Probes {
         targets.insert(pid, 1, 0).with_context(|| format!("more than {MAX_PROCESSES} processes to trace"))
     }
 
+    /// The processes the kernel traces by pid (`Reach::Targets`, `Reach::Tree`): those named, and
+    /// with a tree the descendants it added at fork.
+    pub fn tree_processes(&self) -> Result<Vec<u32>> {
+        Ok(tables::TARGETS.entries(&self.ebpf)?.into_iter().map(|(pid, _)| pid).collect())
+    }
+
     /// The switch of the exec tracepoint's stops, for the exec hold (follow::hold).
     pub fn hold_switch(&self) -> Result<map_ops::ArrayCell> {
         tables::HOLD_EXECS.cell(&self.ebpf, 0)
@@ -576,6 +624,10 @@ impl Probes {
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
+        if self.follows_tree {
+            // A tree's new processes are held at their return from fork until probed for alone.
+            self.attach_raw_tracepoint(FORK_RETURN, "sys_exit")?;
+        }
         tables::EXEC_EVENTS.take(&mut self.ebpf)
     }
 

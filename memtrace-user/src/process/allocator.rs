@@ -138,7 +138,7 @@ fn choose(
         |object: &ObjectFile, prefix: &str| Allocator::from_object(object, prefix, cache).ok().flatten();
     let first_defining = |prefix: &str| objects.iter().find_map(|object| defined(object, prefix));
     if prefix.is_none() {
-        if let Some(own) = executables_prefixed_allocator(objects, &prefixes[1..], defined) {
+        if let Some(own) = executables_prefixed_allocator(objects, defined) {
             return Ok(own);
         }
     }
@@ -155,17 +155,19 @@ fn choose(
 /// An allocator with a known prefix built into the program itself (Rust's tikv-jemallocator,
 /// `_rjem_malloc`; a redis built with its own `je_malloc`), where the program does not define
 /// plain malloc: the program's own code calls it, and the C library's malloc only serves the
-/// libraries. It wins over a plain malloc found later in search order.
+/// libraries. It wins over a plain malloc found later in search order. Only the prefixes of
+/// allocators a program builds in to call them everywhere: CPython 3.13 builds in mimalloc
+/// (`mi_malloc`) and uses it only when free-threaded.
 fn executables_prefixed_allocator(
     objects: &[ObjectFile],
-    prefixes: &[&str],
     defined: impl Fn(&ObjectFile, &str) -> Option<Allocator>,
 ) -> Option<Allocator> {
+    const BUILT_IN_FOR_EVERY_CALL: [&str; 2] = ["_rjem_", "je_"];
     let executable = objects.first()?;
     if defined(executable, "").is_some() {
         return None;
     }
-    prefixes.iter().find_map(|prefix| defined(executable, prefix))
+    BUILT_IN_FOR_EVERY_CALL.iter().find_map(|prefix| defined(executable, prefix))
 }
 
 fn kind_of(path: &Path, prefix: &str) -> String {

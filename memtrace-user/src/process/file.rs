@@ -35,7 +35,7 @@ pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A file's identity, as the kernel's uprobes see it: the same file whatever path names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId {
     pub dev: u64,
     pub ino: u64,

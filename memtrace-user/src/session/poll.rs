@@ -167,10 +167,12 @@ impl Run {
         if execs_ready {
             let unwind = &mut self.unwind;
             let prepare = |probes: &mut Probes, objects: &[ObjectFile]| unwind.preload(probes, objects);
-            for object in self.following.handle_execs(&mut self.probes, prepare)? {
+            let execed = self.following.handle_execs(&mut self.probes, prepare)?;
+            // A new program's mappings are read soon; a forked child's are its parent's.
+            self.refresh_after_exec |= self.refreshes && !execed.is_empty();
+            for object in execed {
                 self.collector.index_object(&object);
             }
-            self.refresh_after_exec |= self.refreshes;
         }
         for &i in &exited {
             self.targets[i].exited = true;

@@ -25,6 +25,8 @@ impl Run {
         }
         self.following.allow_cgroups(&mut self.probes)?;
         self.following.adopt_new_processes(&self.probes, &mut self.model)?;
+        self.following.forget_gone_processes(&mut self.probes);
+        self.following.probe_late_forks(&mut self.probes)?;
         // Before the figures are read: a victim's heap at the kill is read with them.
         let victims = self.oom.take(&mut self.model, self.started);
         let ts_us = self.started.elapsed().as_micros() as u64;

@@ -83,6 +83,12 @@ impl UsdtProbes {
         read::collect(probes, &self.requests, self.system_wide, model)
     }
 
+    /// Forgets the files scanned for `scope` (a process gone): a new process with its pid is
+    /// scanned afresh.
+    pub fn forget_scope(&mut self, scope: Scope) {
+        self.scanned.retain(|(_, of)| *of != scope);
+    }
+
     /// The objects not scanned yet, each once, now marked scanned. Objects whose file cannot be
     /// found are left out (and not marked).
     fn take_unscanned(&mut self, objects: Vec<ObjectFile>, scope: Scope) -> Vec<ObjectFile> {
@@ -396,7 +402,11 @@ fn note_if_single_stepped(probes: &mut Probes, object: &ObjectFile, site: &Probe
     let Ok(read) = std::os::unix::fs::FileExt::read_at(&file, &mut code, site.offset) else { return };
     let point = probe_point::fixed(&code[..read], crate::kernel::features::optimizes_nop5_sites());
     if !point.emulated {
-        probes.note_single_stepped(&object.path, &format!("{}:{}", site.provider, site.name), &point);
+        probes.note_single_stepped(
+            (object.id, &object.path),
+            &format!("{}:{}", site.provider, site.name),
+            &point,
+        );
     }
 }
 
