@@ -85,6 +85,26 @@ fn thread_arenas_are_the_allocators_and_their_free_pages_what_malloc_trim_return
     let outcome = run.finish();
     outcome.assert_exit_code(0);
     assert_eq!(outcome.process()["lost_events"], 0);
+    // glibc gives a 4096-byte request a 4112-byte chunk, 4104 usable: 8 bytes a block.
+    assert_rounding(&memory, outcome.process(), 8);
+}
+
+/// `heap_rounding_bytes` of arenas.c's 8192 live blocks of 4096 bytes, `per_block` each, and at
+/// most 32 bytes or a quarter of its size for each of the other live blocks (pthread_create's):
+/// glibc's chunks are 16 bytes apart (a mapped one's pages, from 128 KiB), jemalloc's classes
+/// 16 bytes apart to 128 and four to a doubling above.
+fn assert_rounding(memory: &Value, process: &Value, per_block: u64) {
+    const BLOCKS: u64 = 8192;
+    const SIZE: u64 = 4096;
+    let rounding = level(memory, "heap_rounding_bytes");
+    let others = process["live_allocations"].as_u64().unwrap() - BLOCKS;
+    let others_bytes = level(memory, "heap_live_bytes") - BLOCKS * SIZE;
+    let least = BLOCKS * per_block;
+    let highest = least + others * 32 + others_bytes / 4;
+    assert!(
+        (least..=highest).contains(&rounding),
+        "heap_rounding_bytes {rounding} not in {least}..={highest}: {memory}"
+    );
 }
 
 /// The same program when its arenas were made before memtrace came: found from its mappings (and
@@ -192,7 +212,10 @@ fn jemalloc_resident_memory_is_the_allocators_as_its_stats_say() {
         "allocator_free_resident_bytes {free} < 80% of the purge's {purged}: {memory}"
     );
     run.send(b"x");
-    run.finish().assert_exit_code(0);
+    let outcome = run.finish();
+    outcome.assert_exit_code(0);
+    // 4096 bytes is one of jemalloc's classes: nothing lost on the blocks.
+    assert_rounding(&memory, outcome.process(), 0);
 }
 
 /// Debian's python3 with four threads keeping 90,000,000 bytes: its thread arenas were all of

@@ -36,6 +36,7 @@ use crate::{
         frame::Frame,
         levels::{MemoryLevels, OsMemory},
         oom::{KillStack, OOM_STACKS},
+        size_classes::usable_size,
         HeapPeak, Model, PeakConsumer, Process, StackProfile,
     },
     process::procfs::{self, Mapping},
@@ -60,6 +61,8 @@ pub struct Collector {
     owners: OwnersReader,
     /// The run's last sample: the free pool is measured whatever its budget says.
     last_sample: bool,
+    /// Each process's `heap_rounding_bytes`, measured with its free pool.
+    rounding: HashMap<u32, u64>,
     /// Each process's VmSize when its /proc/PID/maps was last read at a sample, when, and its brk
     /// heap then (`maps_unchanged`).
     maps_read: HashMap<u32, (u64, Instant, u64)>,
@@ -148,6 +151,7 @@ impl Collector {
             // What the kernel counted as it exited, else what was last seen.
             if let Some(memory) = MemoryLevels::at_exit(&process.stats, procfs::page_size(), owners) {
                 process.memory = memory;
+                process.memory.heap_rounding_bytes = self.rounding(process.identity.pid, whole);
             }
             return;
         }
@@ -161,11 +165,17 @@ impl Collector {
             let owners =
                 self.owners.read(process.identity.pid, os, whole, || seen.of(probes, process.identity.pid));
             process.memory = MemoryLevels::of(os, &process.stats, brk_heap_bytes, owners);
+            process.memory.heap_rounding_bytes = self.rounding(process.identity.pid, whole);
             process.free_pool = self.owners.free_pool(process.identity.pid).filter(|_| whole).cloned();
         }
         if let Some(comm) = procfs::comm(process.identity.pid) {
             process.identity.comm = comm;
         }
+    }
+
+    /// A process's `heap_rounding_bytes` as last measured, where every live block was seen.
+    fn rounding(&self, pid: u32, whole: bool) -> Option<u64> {
+        self.rounding.get(&pid).copied().filter(|_| whole)
     }
 
     /// The run's next sample is its last: its free pools are measured whatever the budget.
@@ -202,13 +212,19 @@ impl Collector {
             .map(|&pid| {
                 let mut blocks = blocks.remove(&pid).unwrap_or_default();
                 blocks.sort_unstable();
-                (pid, blocks, chunk_header(&model.processes[&pid].allocator_kind))
+                let kind = &model.processes[&pid].allocator_kind;
+                match rounding_of(kind, &blocks) {
+                    Some(bytes) => self.rounding.insert(pid, bytes),
+                    None => self.rounding.remove(&pid),
+                };
+                (pid, blocks, chunk_header(kind))
             })
             .collect();
         self.owners.measure_free_pools(measured, started, ts_us);
         for (&pid, process) in model.processes.iter_mut().filter(|(pid, _)| wanted.contains_key(pid)) {
             process.memory.allocator_free_resident_bytes =
                 self.owners.last(pid, true).and_then(|o| o.allocator_free);
+            process.memory.heap_rounding_bytes = self.rounding.get(&pid).copied();
             process.free_pool = self.owners.free_pool(pid).cloned();
         }
         Ok(())
@@ -284,6 +300,7 @@ impl Collector {
             self.owners.forget(tgid);
             self.maps_read.remove(&tgid);
             self.maps_first_read.remove(&tgid);
+            self.rounding.remove(&tgid);
         }
         self.interpreters.forget(tgids);
         self.stacks.forget(probes, tgids)
@@ -438,6 +455,12 @@ impl Collector {
 
 /// Whether every live block of the process went through the probes (traced from its image's
 /// start, nothing lost), so that its allocator's free pool can be measured; sampling aside.
+/// What `kind`'s size classes add to `blocks` (`MemoryLevels::heap_rounding_bytes`); None where
+/// they are unknown.
+fn rounding_of(kind: &str, blocks: &[LiveBlock]) -> Option<u64> {
+    blocks.iter().try_fold(0, |sum, block| Some(sum + usable_size(kind, block.size)? - block.size))
+}
+
 fn every_block_seen(process: &Process) -> bool {
     process.seen_from_start && process.stats.lost_events == 0
 }

@@ -355,7 +355,7 @@ mod tests {
             .filter(|d| d.counter.is_some())
             .map(|d| (d.uuid, d.name.clone()))
             .collect();
-        assert_eq!(tracks.len(), 14 + 1, "fourteen levels and one subsystem");
+        assert_eq!(tracks.len(), 15 + 1, "fifteen levels and one subsystem");
         let values: Vec<(String, u64, i64)> = decoded
             .packet
             .iter()
@@ -364,7 +364,7 @@ mod tests {
                 Some((tracks[&event.track_uuid].clone(), p.timestamp?, event.counter_value?))
             })
             .collect();
-        // The free pool was never measured: unknown, so not written.
+        // The free pool and the rounding were never measured: unknown, so not written.
         assert_eq!(values.len(), 13 + 13 + 1);
         assert!(values.contains(&("heap_live_bytes".into(), 100_000, 0)), "a zero is written too");
         assert!(values.contains(&("heap_live_bytes".into(), 200_000, 5768)));

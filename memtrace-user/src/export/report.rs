@@ -216,14 +216,15 @@ fn write_memory(text: &mut String, process: &Process) {
     }
     let _ = writeln!(
         text,
-        "    memory: rss anon {} file {} shmem {}, swap {}; allocator holds {} (overhead {}), \
-         mapped by the program {}, dark {}",
+        "    memory: rss anon {} file {} shmem {}, swap {}; allocator holds {} (overhead {}, size-class \
+         rounding {}), mapped by the program {}, dark {}",
         bytes(memory.rss_anon_bytes),
         bytes(memory.rss_file_bytes),
         bytes(memory.rss_shmem_bytes),
         bytes(memory.swap_bytes),
         bytes(memory.allocator_held_bytes),
         bytes(memory.heap_overhead_bytes),
+        memory.heap_rounding_bytes.map_or_else(|| "unknown".to_owned(), bytes),
         bytes(memory.mapped_anon_bytes),
         bytes(memory.dark_bytes)
     );

@@ -134,11 +134,17 @@ pub struct MemoryLevels {
     #[serde(default)]
     pub static_bytes: u64,
     pub dark_bytes: u64,
+    /// What the allocator's size classes add to the live blocks (each block's usable size less
+    /// the bytes asked for, model/size_classes.rs): heap_live + this is what the allocator counts
+    /// as allocated. Null where its classes are unknown (tcmalloc, mimalloc) or a live block was
+    /// not seen (from before the trace, or sampled).
+    #[serde(default)]
+    pub heap_rounding_bytes: Option<u64>,
 }
 
 impl MemoryLevels {
     /// The names of the levels, in the order `named` gives them.
-    pub const NAMES: [&'static str; 14] = [
+    pub const NAMES: [&'static str; 15] = [
         "rss_anon_bytes",
         "rss_file_bytes",
         "rss_shmem_bytes",
@@ -153,6 +159,7 @@ impl MemoryLevels {
         "stack_bytes",
         "static_bytes",
         "dark_bytes",
+        "heap_rounding_bytes",
     ];
 
     /// The levels of a process the OS says holds `os`, from the kernel's figures of it and the
@@ -210,6 +217,7 @@ impl MemoryLevels {
             stack_bytes: owners.stacks,
             static_bytes: owners.statics,
             dark_bytes: anonymous.saturating_sub(explained),
+            heap_rounding_bytes: None,
         }
     }
 
@@ -219,7 +227,7 @@ impl MemoryLevels {
     }
 
     /// Every level with its name, in `NAMES` order; None for a level that is unknown.
-    pub fn named(&self) -> [(&'static str, Option<u64>); 14] {
+    pub fn named(&self) -> [(&'static str, Option<u64>); 15] {
         let values = [
             Some(self.rss_anon_bytes),
             Some(self.rss_file_bytes),
@@ -235,8 +243,9 @@ impl MemoryLevels {
             Some(self.stack_bytes),
             Some(self.static_bytes),
             Some(self.dark_bytes),
+            self.heap_rounding_bytes,
         ];
-        let mut named = [("", None); 14];
+        let mut named = [("", None); 15];
         for (slot, (name, value)) in named.iter_mut().zip(Self::NAMES.into_iter().zip(values)) {
             *slot = (name, value);
         }

@@ -9,6 +9,7 @@ pub mod frame;
 pub mod identity;
 pub mod levels;
 pub mod oom;
+pub mod size_classes;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
