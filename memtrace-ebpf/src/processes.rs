@@ -265,8 +265,9 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
     if TARGETS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
     }
-    // Its probes are its own (per process): it is held on its way out of fork until they are in.
-    if holding() && PENDING_FORKS.insert(&child_tgid, &1, 0).is_err() {
+    // Its probes are its own (per process): it is announced on its way out of fork, and held
+    // there (where forks are held) until they are in.
+    if PENDING_FORKS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
     }
     // The child runs its parent's image: its stacks unwind through the parent's mapping table
