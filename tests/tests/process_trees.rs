@@ -257,3 +257,50 @@ fn a_parent_waiting_with_wuntraced_may_see_the_stop_of_a_held_exec() {
         other => panic!("the parent exited {other:?}: {stdout}{}", traced.stderr),
     }
 }
+
+/// The byte at libc's `malloc` in process `pid`'s memory (its copy of the page: a uprobe's
+/// breakpoint is written into each process it fires in, not into the file).
+fn first_byte_of_malloc(pid: u32) -> u8 {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the process's maps");
+    // The mapping of libc at file offset 0: the load bias, as libc's first address is 0.
+    let (base, path) = maps
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.len() == 6 && fields[5].ends_with("/libc.so.6") && fields[2] == "00000000")
+        .map(|fields| {
+            (u64::from_str_radix(fields[0].split('-').next().unwrap(), 16).unwrap(), fields[5].to_owned())
+        })
+        .unwrap_or_else(|| panic!("no libc in pid {pid}'s maps:\n{maps}"));
+    let nm = Command::new("nm").args(["-D", "--defined-only", &path]).output().expect("running nm");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let malloc = symbols
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.last().is_some_and(|name| name.split('@').next() == Some("malloc")))
+        .and_then(|fields| u64::from_str_radix(fields[0], 16).ok())
+        .unwrap_or_else(|| panic!("no malloc in {path}"));
+    let memory = std::fs::File::open(format!("/proc/{pid}/mem")).expect("the process's memory");
+    let mut byte = [0u8];
+    memory.read_exact_at(&mut byte, base + malloc).expect("reading malloc's first byte");
+    byte[0]
+}
+
+/// A followed tree is probed process by process (links that carry each pid): the kernel writes
+/// the breakpoint at glibc's malloc (whose probes sit at its first byte, a `push`) into the traced
+/// command's memory, and into no other process's, so a neighbour's malloc never traps.
+#[test]
+fn a_process_outside_the_tree_carries_no_breakpoint() {
+    const INT3: u8 = 0xcc;
+    let mut neighbour = Spawned::spawn(Command::new(fixture("wait_stdin")));
+    neighbour.wait_for_stdout("ready");
+    let mut run = Memtrace::new().command(&fixture("wait_stdin")).spawn();
+    // Ready once it allocated, so its probes were in place before it ran.
+    let traced = announced_pid(&run.wait_for_stdout("ready"));
+    assert_eq!(first_byte_of_malloc(traced), INT3, "the traced command's malloc has no breakpoint");
+    assert_ne!(first_byte_of_malloc(neighbour.pid()), INT3, "a process outside the tree has a breakpoint");
+    run.close_stdin();
+    run.finish().assert_exit_code(0);
+    neighbour.close_stdin();
+    assert!(neighbour.wait().success());
+}

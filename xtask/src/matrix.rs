@@ -105,14 +105,16 @@ const PLAN: &[(&str, &[&str])] = &[
             "argument_forms_decode_to_the_values_passed_at_o0_and_o2",
         ],
     ),
-    // a launched tree with children, and exec; a static program a traced shell execs, stopped at
-    // exec from BPF until it is probed
+    // a launched tree with children, and exec, each probed for itself (held at its return from
+    // fork, on raw_syscalls:sys_exit); a static program a traced shell execs, stopped at exec from
+    // BPF until it is probed; no breakpoint in a process outside the tree
     (
         "process_trees",
         &[
             "a_command_is_traced_with_every_child_it_forks",
             "an_env_chain_ends_in_the_final_program",
             "a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction",
+            "a_process_outside_the_tree_carries_no_breakpoint",
         ],
     ),
     // no memtrace run taints the kernel (Debian's kernels taint on fanotify permission events)
