@@ -306,7 +306,7 @@ pub struct ImageKey {
 }
 
 /// A process that began running a new program (sched_process_exec), for userspace to probe the
-/// allocators it brings; or (`forked`) a process a followed one forked, at its return from fork,
+/// allocators it brings; or (`forked`) a process a followed one forked, as it returns from fork,
 /// for userspace to probe its parent's image for it alone (probes of a followed tree are per
 /// process). `hold` says whether the BPF side stopped it there ([`exec_hold`]).
 #[repr(C)]
@@ -332,8 +332,8 @@ pub mod exec_hold {
     pub const REFUSED: u32 = 2;
 }
 
-/// Forked children of a followed tree between fork and their first return to user mode, at most
-/// (the oldest is forgotten first: a child killed before it ran never returns).
+/// Forked children of a followed tree between fork and their return from the C library's fork, at
+/// most (the oldest is forgotten first: a child forked otherwise never returns through it).
 pub const MAX_PENDING_FORKS: u32 = 4096;
 
 /// Program files whose execs need no stop (their allocators are probed), remembered at most.

@@ -4,9 +4,9 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated, generated::bpf_get_attach_cookie},
-    macros::{fentry, map, raw_tracepoint},
+    macros::{fentry, map, raw_tracepoint, uretprobe},
     maps::{Array, HashMap, LruHashMap, RingBuf},
-    programs::{FEntryContext, RawTracePointContext},
+    programs::{FEntryContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
 use memtrace_common::{
@@ -204,6 +204,8 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
         return 0;
     }
     let _ = TARGETS.remove(&tgid);
+    // A child that never returned through fork (forked otherwise): its pid may be a stranger's next.
+    let _ = PENDING_FORKS.remove(&tgid);
     // It takes no more stacks.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
@@ -265,7 +267,7 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
     if TARGETS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
     }
-    // Its probes are its own (per process): it is announced on its way out of fork, and held
+    // Its probes are its own (per process): it is announced as it returns from fork, and held
     // there (where forks are held) until they are in.
     if PENDING_FORKS.insert(&child_tgid, &1, 0).is_err() {
         count_global_loss();
@@ -295,6 +297,9 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     crate::threads::release(old_pid as u32);
     crate::threads::release(tgid);
     let _ = STATS.remove(tgid);
+    // A child that execs without returning through fork (vfork, posix_spawn) is announced by its
+    // exec instead.
+    let _ = PENDING_FORKS.remove(&tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
     let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
     if !is_traced_process(tgid) {
@@ -321,19 +326,21 @@ fn holding() -> bool {
     HOLD_EXECS.get(0).is_some_and(|on| *on != 0)
 }
 
-/// Children of followed processes (`reach::TREE`) forked while forks are held, until their first
-/// return to user mode.
+/// Children of followed processes (`reach::TREE`), from their fork until they return from the C
+/// library's fork (those that never do, forked otherwise, are found by userspace at a sample).
 #[map]
 static PENDING_FORKS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_PENDING_FORKS, 0);
 
-/// A followed tree's new process returns from fork (its first syscall exit; attached only to
-/// follow a tree): it is stopped there, before its first instruction, and announced, so that
-/// userspace attaches its probes (links that carry its pid) before it runs. A thread's return,
-/// and any other process's, passes with one lookup.
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn fork_return(_ctx: RawTracePointContext) -> u32 {
+/// A followed tree's new process returns from the C library's fork (a return probe there, for
+/// every process: few call fork, and the kernel hands the child its parent's pending returns):
+/// where fork returned 0, in a child forked from the tree, the child is stopped there and
+/// announced, so that userspace attaches its probes (links that carry its pid) before it runs
+/// on. Attached only to follow a tree.
+#[uretprobe]
+pub fn fork_return(ctx: RetProbeContext) -> u32 {
+    let forked: u64 = ctx.ret();
     let Caller { tgid, tid } = caller();
-    if tgid != tid || PENDING_FORKS.get_ptr(&tgid).is_none() {
+    if forked != 0 || tgid != tid || PENDING_FORKS.get_ptr(&tgid).is_none() {
         return 0;
     }
     let _ = PENDING_FORKS.remove(&tgid);

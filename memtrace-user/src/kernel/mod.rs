@@ -73,7 +73,8 @@ const EMPTY_RETURN: &str = "empty_exit";
 /// The C library's mapping calls, at entry and at return.
 const MAP_ENTRY: &str = "map_enter";
 const MAP_RETURN: &str = "map_exit";
-const UPROBE_PROGRAMS: [&str; 8] = [
+const UPROBE_PROGRAMS: [&str; 9] = [
+    FORK_RETURN,
     ALLOCATOR_ENTRY,
     ALLOCATOR_RETURN,
     USDT_SITE,
@@ -205,9 +206,9 @@ fn call_sites(index: u32, points: &[&ResolvedEntryPoint]) -> (Vec<Site>, Vec<Sit
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
 const EXIT_PROGRAM: &str = "process_exit";
-/// The program that holds a followed tree's new process at its return from fork: a run the
-/// kernel skips (another syscall's exit ran it on that CPU) loses no event by itself; the child it
-/// would have held is found at a later sample (`Following::probe_late_forks`) and counted there.
+/// The return probe on the C library's fork that holds a followed tree's new process: a run the
+/// kernel skips loses no event by itself; the child it would have held is found at a later sample
+/// (`Following::probe_late_forks`) and counted there.
 const FORK_RETURN: &str = "fork_return";
 /// The program that hears of the OOM killer's victims.
 const OOM_PROGRAM: &str = "oom_victim";
@@ -268,6 +269,8 @@ pub struct Probes {
     single_stepped_seen: std::collections::HashSet<(crate::process::FileId, String)>,
     /// Whether a tree is followed (`Reach::Tree`): its processes are probed one by one.
     follows_tree: bool,
+    /// The C libraries whose fork has the tree's return probe (`watch_forks`).
+    fork_watched: std::collections::HashSet<crate::process::FileId>,
     /// `--window`: the allocators' windowed probes, and whether a window is open.
     windows: Option<windows::Windows>,
     /// `--debug-bpf`'s printer; last, so that it prints what the probes wrote until detached.
@@ -320,6 +323,7 @@ impl Probes {
             single_stepped: Vec::new(),
             single_stepped_seen: std::collections::HashSet::new(),
             follows_tree: matches!(config.reach, Reach::Tree),
+            fork_watched: std::collections::HashSet::new(),
             windows,
             _bpf_log: bpf_log,
         };
@@ -542,6 +546,7 @@ impl Probes {
     /// mappings: one link for the entries and one for the returns (`attach_calls`).
     /// Not with the empty programs: the floor is the allocator's probe points alone.
     pub fn attach_map_calls(&mut self, calls: &MapCalls, scope: Scope) -> Result<()> {
+        self.watch_forks(calls)?;
         if !self.follow_mappings {
             return Ok(());
         }
@@ -567,6 +572,19 @@ impl Probes {
             .with_context(|| {
                 format!("attaching to mmap, munmap and mremap in {}", calls.object.path.display())
             })
+    }
+
+    /// A followed tree's new processes are caught as they return from the C library's fork: a
+    /// return probe on `calls`' file's fork, for every process (few call fork), once per file.
+    fn watch_forks(&mut self, calls: &MapCalls) -> Result<()> {
+        let Some(fork) = calls.fork.filter(|_| self.follows_tree) else { return Ok(()) };
+        if !self.fork_watched.insert(calls.object.id) {
+            return Ok(());
+        }
+        let site = Site { offset: fork, cookie: 0, semaphore: None };
+        let path = &calls.object.host_path;
+        self.attach_sites(FORK_RETURN, path, &[site], Scope::AllProcesses, Direction::Return)
+            .with_context(|| format!("attaching to fork in {}", calls.object.path.display()))
     }
 
     /// Remembers a probe the kernel single-steps, once per function (or USDT probe) and file,
@@ -624,10 +642,7 @@ impl Probes {
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
-        if self.follows_tree {
-            // A tree's new processes are held at their return from fork until probed for alone.
-            self.attach_raw_tracepoint(FORK_RETURN, "sys_exit")?;
-        }
+
         tables::EXEC_EVENTS.take(&mut self.ebpf)
     }
 

@@ -52,6 +52,8 @@ struct Cached {
     interpreters: HashMap<FileId, Result<Arc<Option<Interpreter>>, String>>,
     /// file -> where the C library it is keeps thread-specific data, if one.
     thread_keys: HashMap<FileId, Result<Arc<Option<ThreadKeys>>, String>>,
+    /// file -> the file offset of the fork it defines, if one.
+    forks: HashMap<FileId, Result<Arc<Option<u64>>, String>>,
 }
 
 type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
@@ -97,6 +99,17 @@ impl FileCache {
     pub fn thread_keys(&self, object: &ObjectFile) -> Option<ThreadKeys> {
         let read = || read_symbols(object, |elf| Ok(thread_keys(elf)));
         *self.symbols_once(|cached| &mut cached.thread_keys, object.id, read).ok()?
+    }
+
+    /// The file offset of the `fork` that `object` (a C library) defines, if it defines one.
+    pub fn fork(&self, object: &ObjectFile) -> Option<u64> {
+        let read = || {
+            read_symbols(object, |elf| {
+                let fork = elf.defined_functions(|name| name == b"fork").into_iter().next();
+                Ok(fork.and_then(|fork| elf.code_file_offset(fork.address)))
+            })
+        };
+        *self.symbols_once(|cached| &mut cached.forks, object.id, read).ok()?
     }
 
     /// What `read` finds, or why it cannot, remembered in `table` under `key`.

@@ -12,6 +12,9 @@ use super::{facts::FileCache, file::ObjectFile, image::ProcessImage, map_sites::
 #[derive(Debug, Clone)]
 pub struct MapCalls {
     pub sites: Vec<MapSite>,
+    /// The file offset of the same file's `fork`, where a followed tree's new processes are
+    /// caught as they return from it.
+    pub fork: Option<u64>,
     /// The file, kept open: the probes attach at its `host_path`.
     pub object: ObjectFile,
 }
@@ -26,7 +29,7 @@ impl MapCalls {
     pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
         let sites = cache.map_sites(object).ok()?;
         (sites.len() == MapFunction::ALL.len())
-            .then(|| Self { sites: sites.to_vec(), object: object.clone() })
+            .then(|| Self { sites: sites.to_vec(), fork: cache.fork(object), object: object.clone() })
     }
 }
 
