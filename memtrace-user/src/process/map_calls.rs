@@ -28,8 +28,11 @@ impl MapCalls {
     /// The mapping calls `object` defines, if it defines them all.
     pub fn of_file(object: &ObjectFile, cache: &FileCache) -> Option<Self> {
         let sites = cache.map_sites(object).ok()?;
-        (sites.len() == MapFunction::ALL.len())
-            .then(|| Self { sites: sites.to_vec(), fork: cache.fork(object), object: object.clone() })
+        (sites.len() == MapFunction::ALL.len()).then(|| Self {
+            sites: sites.to_vec(),
+            fork: cache.fork(object),
+            object: object.clone(),
+        })
     }
 }
 
