@@ -11,6 +11,8 @@
 //! collector's own CPU use while 100 quiet processes are traced. Last, bpftrace running a
 //! memleak-style script on the same loop, where bpftrace is installed or can be; and real Python
 //! work, exact, sampled, under heaptrack and in the fleet mode (`--app-sampled`): python_work.rs.
+//! Real servers (redis, sqlite3, python3 with glibc, tcmalloc and mimalloc) beside heaptrack are
+//! a run of their own, `--servers`: servers.rs.
 
 use std::{
     io::{BufRead, BufReader},
@@ -23,6 +25,7 @@ use anyhow::{Context, Result};
 
 mod collector;
 mod python_work;
+mod servers;
 
 use crate::{as_root, compile_c, workspace_root};
 
@@ -43,6 +46,8 @@ pub enum Part {
     Python,
     Windowed,
     Collector,
+    /// Real servers and programs side by side with heaptrack (servers.rs).
+    Servers,
 }
 
 pub fn run(memtrace: &Path, part: Part) -> Result<()> {
@@ -51,6 +56,7 @@ pub fn run(memtrace: &Path, part: Part) -> Result<()> {
         Part::Python => return python_work::run(memtrace),
         Part::Windowed => return python_work::run_windowed(memtrace),
         Part::Collector => return collector_costs(memtrace, &trace),
+        Part::Servers => return servers::run(memtrace),
         Part::All => {}
     }
     let program = compile_c("bench/malloc_loop.c", "bench", &["-pthread"])?;
@@ -366,15 +372,25 @@ fn memtrace_writing(memtrace: &Path, trace: &Path) -> Command {
 }
 
 fn ns_per_pair(command: &mut Command) -> Result<f64> {
-    let output = command.output().with_context(|| format!("running {command:?}"))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "{command:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = stdout_of(command)?;
     text.trim().parse().with_context(|| format!("{command:?} printed {text:?}, not nanoseconds"))
 }
+
+/// What a command printed on stdout (its stdin empty), once it has exited successfully; else an
+/// error naming it, with its status and the end of what it said on stderr.
+fn stdout_of(command: &mut Command) -> Result<String> {
+    let output = command.stdin(Stdio::null()).output().with_context(|| format!("running {command:?}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(STDERR_LINES)..].join("\n");
+        anyhow::bail!("{command:?} failed ({}); the end of its stderr:\n{tail}", output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// How much of a failed command's stderr an error quotes.
+const STDERR_LINES: usize = 20;
 
 /// memtrace's whole run on `true` (which itself takes about a millisecond): start-up, attach,
 /// detach and the outputs.

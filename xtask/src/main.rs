@@ -58,15 +58,20 @@ enum Task {
     /// Measure what tracing costs a malloc/free loop and real Python work, as ratios from one run
     Bench {
         /// Only the Python work (exact, sampled, heaptrack, --app-sampled, windows)
-        #[arg(long, conflicts_with_all = ["collector", "windowed"])]
+        #[arg(long, conflicts_with_all = ["collector", "windowed", "servers"])]
         python: bool,
         /// Only the long Python work in windows (untraced, exact, --window, heaptrack)
-        #[arg(long, conflicts_with = "collector")]
+        #[arg(long, conflicts_with_all = ["collector", "servers"])]
         windowed: bool,
         /// Only memtrace's own CPU and memory (quiet processes launched, under --all, under
         /// serve --all; one big heap)
-        #[arg(long)]
+        #[arg(long, conflicts_with = "servers")]
         collector: bool,
+        /// Only real servers and programs, untraced, under the floor (empty programs), memtrace
+        /// exact, --no-stacks, --window 1s/20s and heaptrack: redis-server (jemalloc) under
+        /// redis-benchmark, sqlite3, python3 JSON work with glibc, tcmalloc and mimalloc
+        #[arg(long)]
+        servers: bool,
     },
     /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
     /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
@@ -90,11 +95,12 @@ fn main() -> Result<()> {
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Image => image::build(&build()?),
-        Task::Bench { python, windowed, collector } => {
-            let part = match (python, windowed, collector) {
-                (true, _, _) => bench::Part::Python,
-                (_, true, _) => bench::Part::Windowed,
-                (_, _, true) => bench::Part::Collector,
+        Task::Bench { python, windowed, collector, servers } => {
+            let part = match (python, windowed, collector, servers) {
+                (true, ..) => bench::Part::Python,
+                (_, true, ..) => bench::Part::Windowed,
+                (_, _, true, _) => bench::Part::Collector,
+                (.., true) => bench::Part::Servers,
                 _ => bench::Part::All,
             };
             bench::run(&build()?, part)

@@ -14,8 +14,9 @@
 //! --windowed` alone).
 
 use std::{
+    ffi::OsString,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use anyhow::{bail, Context, Result};
@@ -26,7 +27,7 @@ const ROUNDS: usize = 3;
 
 /// How one variant runs the script.
 #[derive(Clone, Copy)]
-enum Runner {
+pub(super) enum Runner {
     Untraced,
     Memtrace(&'static [&'static str]),
     Heaptrack,
@@ -154,10 +155,8 @@ fn print(variants: &[Variant], title: &str) {
 }
 
 /// The command of one variant; `(preload, malloc)`: the library python preloads, and whether
-/// pymalloc is off. Both go to python alone, through env: never to memtrace; to heaptrack only
-/// PYTHONMALLOC, which heaptrack's own programs ignore (heaptrack must run python itself: run
-/// through env, it traces env and not what env execs).
-fn command(
+/// pymalloc is off. Both go to python alone, through env (see `launch`).
+pub(super) fn command(
     runner: Runner,
     Tools { memtrace, memray }: Tools<'_>,
     script: &Path,
@@ -171,41 +170,67 @@ fn command(
     if malloc {
         assignments.push("PYTHONMALLOC=malloc".to_owned());
     }
+    if let Runner::Memray = runner {
+        let mut command = Command::new("env");
+        command.args(&assignments).arg(memray).args(["run", "--quiet", "--force", "-o"]);
+        command.arg(out.join("python.memray")).arg(script);
+        return command;
+    }
     // Debian's python3, by its path: a python3 earlier on PATH may be a wrapper (pyenv's shims are
     // shell scripts), which heaptrack would trace instead.
-    let python = [PathBuf::from("/usr/bin/python3"), script.to_owned()];
+    let python = [OsString::from("/usr/bin/python3"), script.into()];
+    launch(
+        runner,
+        memtrace,
+        &Launch { env: &assignments, argv: &python, memtrace_args: &[] },
+        &out.join("python"),
+    )
+}
+
+/// A program to run under one of the runners.
+pub(super) struct Launch<'a> {
+    /// `NAME=value` assignments for the program alone.
+    pub env: &'a [String],
+    /// The program and its arguments.
+    pub argv: &'a [OsString],
+    /// memtrace's options beyond the runner's own (e.g. `--summary PATH`).
+    pub memtrace_args: &'a [OsString],
+}
+
+/// `program` run untraced, under memtrace or under heaptrack (not memray, which runs python
+/// scripts alone), the tracer writing `out` with its own extension. The assignments go to the
+/// program through env: never to memtrace; to heaptrack too, whose own programs ignore them or
+/// run fine with them (heaptrack must run the program itself: run through env, it traces env and
+/// not what env execs).
+pub(super) fn launch(runner: Runner, memtrace: &Path, program: &Launch<'_>, out: &Path) -> Command {
+    let Launch { env, argv, memtrace_args } = program;
     match runner {
         Runner::Untraced => {
             let mut command = Command::new("env");
-            command.args(&assignments).args(&python);
+            command.args(*env).args(*argv);
             command
         }
         Runner::Memtrace(args) => {
             let mut command = crate::as_root(memtrace);
-            command.args(args).arg("-o").arg(out.join("python.json")).arg("--").arg("env");
-            command.args(&assignments).args(&python);
+            command.args(args).args(*memtrace_args).arg("-o").arg(out.with_extension("json"));
+            command.arg("--").arg("env").args(*env).args(*argv);
             command
         }
         Runner::Heaptrack => {
             let mut command = Command::new("env");
-            command.args(&assignments).arg("heaptrack").arg("-o").arg(out.join("python.heaptrack"));
-            command.args(&python);
+            command.args(*env).arg("heaptrack").arg("-o").arg(out.with_extension("heaptrack"));
+            command.args(*argv);
             command
         }
-        Runner::Memray => {
-            let mut command = Command::new("env");
-            command.args(&assignments).arg(memray).args(["run", "--quiet", "--force", "-o"]);
-            command.arg(out.join("python.memray")).arg(script);
-            command
-        }
+        Runner::Memray => unreachable!("memray runs python scripts alone: see `command`"),
     }
 }
 
 /// The tracers a variant may run.
 #[derive(Clone, Copy)]
-struct Tools<'a> {
-    memtrace: &'a Path,
-    memray: &'a Path,
+pub(super) struct Tools<'a> {
+    pub memtrace: &'a Path,
+    pub memray: &'a Path,
 }
 
 /// The memray release the bench runs (the one tests/src/memray.rs compares with).
@@ -234,15 +259,10 @@ fn ensure_memray() -> Result<PathBuf> {
 }
 
 /// Runs the script and reads the seconds it printed.
-fn seconds_of(mut command: Command) -> Result<f64> {
-    let output = command.stdin(Stdio::null()).output().with_context(|| format!("running {command:?}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
+pub(super) fn seconds_of(mut command: Command) -> Result<f64> {
+    let stdout = super::stdout_of(&mut command)?;
     let Some(seconds) = stdout.lines().find_map(|line| line.strip_prefix("seconds ")) else {
-        bail!(
-            "{command:?} printed no `seconds` line ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        bail!("{command:?} printed no `seconds` line: {stdout}");
     };
     seconds.trim().parse().context("the script's seconds")
 }
