@@ -41,6 +41,9 @@ pub struct Memory {
     allocator_resident: u64,
     used_memory: u64,
     heap_live_bytes: u64,
+    /// What jemalloc's size classes add to the live blocks: live + rounding is what it counts
+    /// as allocated.
+    heap_rounding_bytes: u64,
     allocator_resident_bytes: u64,
     lost_events: u64,
 }
@@ -204,6 +207,7 @@ impl Memory {
             allocator_resident: field("allocator_resident")?,
             used_memory: field("used_memory")?,
             heap_live_bytes: level("heap_live_bytes")?,
+            heap_rounding_bytes: level("heap_rounding_bytes")?,
             allocator_resident_bytes: level("allocator_resident_bytes")?,
             lost_events: super::super::lost_events(summary)?,
         })
@@ -222,6 +226,13 @@ impl Memory {
             mib(self.allocator_allocated),
             self.heap_live_bytes as f64 / self.allocator_allocated as f64,
             mib(self.used_memory)
+        );
+        let allocated = self.heap_live_bytes + self.heap_rounding_bytes;
+        println!(
+            "  memtrace heap_live + heap_rounding {:>7.1} MiB   redis allocator_allocated {:>8.1} MiB   ratio {:.3}",
+            mib(allocated),
+            mib(self.allocator_allocated),
+            allocated as f64 / self.allocator_allocated as f64
         );
         println!(
             "  memtrace allocator_resident_bytes {:>8.1} MiB   redis allocator_resident  {:>8.1} MiB   ratio {:.3}",
