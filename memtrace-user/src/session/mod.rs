@@ -9,6 +9,7 @@ mod poll;
 mod sample;
 mod signals;
 mod targets;
+mod window_cpu;
 mod windows;
 
 use std::{process::ExitCode, time::Instant};
