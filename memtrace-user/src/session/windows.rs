@@ -27,9 +27,11 @@ pub struct WindowClock {
 }
 
 impl WindowClock {
-    /// The clock of a run whose first window is open since `started`.
-    pub fn new(window: Window, started: Instant) -> Self {
-        let cpu = WindowCpu::new();
+    /// The clock of a run whose first window is open since `started`, where `model`'s processes
+    /// are traced from the start.
+    pub fn new(window: Window, started: Instant, model: &Model) -> Self {
+        let mut cpu = WindowCpu::new();
+        cpu.opened(traced(model));
         Self { window, opened: Some(started), last_opened: started, probed: Duration::ZERO, closed: 0, cpu }
     }
 
