@@ -158,7 +158,7 @@ pub struct RunArgs {
     /// memalign family are probed only inside windows, while free and realloc stay probed, so each
     /// block a window recorded is followed until it is freed and its stack stays exact. The traced
     /// programs pay for allocation probes only inside windows; heap figures become estimates
-    /// (the windows' scaled by the run's time over the probed time)
+    /// (the windows' scaled by each process's user CPU time over its user CPU time inside windows)
     #[arg(long, value_name = "ON/EVERY", value_parser = Window::parse,
           conflicts_with_all = ["sample", "app_sampled", "empty_probes"])]
     pub window: Option<Window>,

@@ -2,19 +2,31 @@
 //! fixtures/windowed.c allocates in the first window, then (told once the window has closed)
 //! allocates unseen, frees half of what the window recorded and reallocs a recorded block: the
 //! figures, divided by the weight the summary gives, are the recorded ones derived in its header.
+//! fixtures/window_pairs.c's estimates are held to its exact counts.
+//!
+//! A test learns that windows closed from memtrace itself: the trace's `windows` counter (arg
+//! `closed`) on memtrace's own track, written at every sample, only ever grows. (Watching
+//! memtrace's links come and go missed windows: a sampler 50 ms apart against 50 ms windows sees
+//! one phase again and again where the two keep step, and a slow kernel detaches a window's links
+//! so late that the next window is due at once, its links back within microseconds.)
 
-use std::fs;
-
-use memtrace_tests::{fixture, leak_stack, leak_through, poll, Memtrace};
+use memtrace_tests::{fixture, leak_stack, leak_through, Memtrace, Running, Trace};
 use serde_json::Value;
 
-/// The BPF links memtrace holds: a window's close detaches its own.
-fn links_held_by(pid: u32) -> usize {
-    let fdinfo = fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("reading fdinfo");
-    fdinfo
-        .filter_map(|entry| fs::read_to_string(entry.ok()?.path()).ok())
-        .filter(|info| info.lines().any(|line| line.starts_with("link_type:")))
-        .count()
+/// The windows closed by the latest sample of `trace`.
+fn windows_closed(trace: &Trace) -> u64 {
+    trace.counters("windows").filter_map(|counter| counter["args"]["closed"].as_u64()).max().unwrap_or(0)
+}
+
+/// Waits until memtrace's trace says `closes` windows have closed.
+fn wait_for_windows_to_close(run: &mut Running, closes: u64) {
+    run.wait_for_trace(&format!("{closes} windows closed"), |trace| windows_closed(trace) >= closes);
+}
+
+/// The windows closed in a run, as its summary says.
+fn closed_in(outcome: &memtrace_tests::Outcome) -> u64 {
+    let summary = outcome.summary();
+    summary["windows"]["closed"].as_u64().unwrap_or_else(|| panic!("no windows.closed: {summary:#}"))
 }
 
 /// A figure as recorded: the estimate divided by the weight, to the nearest whole number.
@@ -28,8 +40,8 @@ fn leaks_through(process: &Value, frame: &str) -> bool {
     process["leaks"].as_array().unwrap().iter().any(|leak| leak_stack(leak).contains(&frame))
 }
 
-/// The fixture traced with its first window open 3 s, told to go on once memtrace's links show
-/// the window closed; `links` is MEMTRACE_LINKS, where a test names it.
+/// The fixture traced with its first window open 3 s, told to go on once memtrace says the window
+/// closed; `links` is MEMTRACE_LINKS, where a test names it.
 fn traced_through_a_window(links: Option<&str>) -> memtrace_tests::Outcome {
     let mut memtrace = Memtrace::new();
     if let Some(links) = links {
@@ -37,9 +49,7 @@ fn traced_through_a_window(links: Option<&str>) -> memtrace_tests::Outcome {
     }
     let mut run = memtrace.args(["--window", "3s/1h"]).command(&fixture("windowed")).spawn();
     run.wait_for_stdout("ready ");
-    let pid = run.pid();
-    let open = links_held_by(pid);
-    poll("the window to close", || (links_held_by(pid) < open).then_some(()));
+    wait_for_windows_to_close(&mut run, 1);
     run.send(b"g");
     run.finish()
 }
@@ -49,6 +59,7 @@ fn assert_followed_out_of_the_window(outcome: &memtrace_tests::Outcome) {
     let summary = outcome.summary();
     let windows = &summary["windows"];
     assert_eq!(windows["on_s"], 3.0, "{summary:#}");
+    assert_eq!(windows["closed"], 1, "{summary:#}");
     assert!(windows["weight"].as_f64().unwrap() > 1.0, "the run outlasted its window: {windows:#}");
     let process = outcome.process();
     assert_eq!(recorded(process, &process["allocations"]), 202, "{process:#}");
@@ -79,21 +90,15 @@ fn windows_work_through_per_site_links_too() {
     assert_followed_out_of_the_window(&traced_through_a_window(Some("perf")));
 }
 
-/// window_churn's four threads, traced with windows of 50 ms every 100 ms until `closes` windows
-/// have closed (memtrace's links counted as they come and go), then stopped.
-fn churned(window: Option<&str>, closes: usize) -> memtrace_tests::Outcome {
+/// window_churn's four threads, traced with `window` (or exactly) until memtrace says `closes`
+/// windows have closed, then stopped.
+fn churned(window: Option<&str>, closes: u64) -> memtrace_tests::Outcome {
     let args = window.map_or(vec![], |window| vec!["--window", window]);
     let mut run = Memtrace::new().args(args).command(&fixture("window_churn")).spawn();
     run.wait_for_stdout("ready ");
-    let pid = run.pid();
-    let mut seen = 0;
-    let mut last = links_held_by(pid);
-    poll("windows to close", || {
-        let now = links_held_by(pid);
-        seen += usize::from(now < last);
-        last = now;
-        (seen >= closes).then_some(())
-    });
+    if window.is_some() {
+        wait_for_windows_to_close(&mut run, closes);
+    }
     run.send(b"g");
     run.finish()
 }
@@ -108,6 +113,7 @@ fn churned(window: Option<&str>, closes: usize) -> memtrace_tests::Outcome {
 fn threads_caught_inside_malloc_as_windows_close_lose_no_free() {
     let windowed = churned(Some("50ms/100ms"), 10);
     windowed.assert_exit_code(0);
+    assert!(closed_in(&windowed) >= 10, "{:#}", windowed.summary());
     let process = windowed.process();
     assert_eq!(process["untracked_frees"], 0, "{process:#}");
     assert_eq!(process["lost_events"], 0, "{process:#}");
@@ -123,22 +129,16 @@ fn threads_caught_inside_malloc_as_windows_close_lose_no_free() {
 
 /// Under `--all` each file is probed through a descriptor (its path may be in another mount
 /// namespace): every window attaches through one memtrace keeps open, and windows open again and
-/// again.
+/// again (four closed: three opened again after one closed), each attached without a warning.
 #[test]
 fn windows_open_again_under_all() {
     let mut run = Memtrace::new().args(["--all", "--comm", "windowed", "--window", "100ms/300ms"]).spawn();
     run.wait_for_stderr("memtrace: tracing");
-    let pid = run.pid();
-    let (mut last, mut rises) = (links_held_by(pid), 0);
-    poll("windows to open again", || {
-        let now = links_held_by(pid);
-        rises += usize::from(now > last);
-        last = now;
-        (rises >= 3).then_some(())
-    });
+    wait_for_windows_to_close(&mut run, 4);
     run.interrupt();
     let outcome = run.finish();
     assert!(!outcome.stderr.contains("no longer probed in windows"), "{}", outcome.stderr);
+    assert!(closed_in(&outcome) >= 4, "{:#}", outcome.summary());
 }
 
 #[test]
@@ -146,4 +146,52 @@ fn a_window_that_never_closes_is_refused() {
     let outcome = Memtrace::new().args(["--window", "2s/1s"]).command(&fixture("windowed")).run();
     assert_ne!(outcome.status.code(), Some(0));
     outcome.assert_stderr_mentions(&["never closes; make EVERY longer than ON"]);
+}
+
+/// window_pairs' four threads make `pairs` malloc/free pairs each, some work on every block: the
+/// probes slow them inside windows (each malloc traps), and the estimates, scaled by the program's
+/// user CPU time inside windows against its total (the traps are system time), stay within 15% of
+/// the exact counts, and nearer than the wall-time weight (elapsed over probed time) would put
+/// them, which is said beside them. Measured here on a loaded machine: 0.878x to 1.049x in six
+/// runs (wall time: 0.54x to 0.78x). Not 10%: the kernel splits a process's CPU time into user
+/// and system by sampling at timer ticks, and /proc reads it in 10 ms ticks; with 0.6 s to 1 s of
+/// user time inside windows that is noise of some 10% (README, Windows). Not in the kernel
+/// matrix: under TCG the split was off by half (0.52x), or no window met the run at all.
+#[test]
+fn windowed_estimates_of_a_program_the_probes_slow_are_within_fifteen_percent() {
+    // The matrix's emulated CPUs (MEMTRACE_TEST_SLOWDOWN set) are some 30 times slower: 40 times
+    // fewer pairs take about as much CPU time there (4 to 5 s of user time in all).
+    let pairs: u64 = if std::env::var_os("MEMTRACE_TEST_SLOWDOWN").is_some() { 25_000 } else { 1_000_000 };
+    let outcome = Memtrace::new()
+        .args(["--window", "50ms/100ms"])
+        .command(&fixture("window_pairs"))
+        .arg(pairs.to_string())
+        .run();
+    outcome.assert_exit_code(0);
+    let process = outcome.process();
+    let exact = (4 * pairs + 4, 4 * pairs);
+    let estimated =
+        |figure: &str| process[figure].as_u64().unwrap_or_else(|| panic!("no {figure}: {process:#}"));
+    let wall_weight = outcome.summary()["windows"]["weight"].as_f64().unwrap();
+    let by_wall_time = recorded(process, &process["allocations"]) as f64 * wall_weight;
+    let ratio = |estimate: f64, exact: u64| estimate / exact as f64;
+    eprintln!(
+        "window_pairs x{pairs}: allocations {} exact, estimated {} ({:.3}x; by wall time {:.3}x), frees {} ({:.3}x); \
+         window_cpu {}, window_weight {}, wall-time weight {wall_weight:.3}",
+        exact.0,
+        estimated("allocations"),
+        ratio(estimated("allocations") as f64, exact.0),
+        ratio(by_wall_time, exact.0),
+        estimated("frees"),
+        ratio(estimated("frees") as f64, exact.1),
+        process["window_cpu"],
+        process["window_weight"],
+    );
+    assert_eq!(process["lost_events"], 0, "{process:#}");
+    for (figure, exact) in [("allocations", exact.0), ("frees", exact.1)] {
+        let ratio = ratio(estimated(figure) as f64, exact);
+        assert!((0.85..=1.15).contains(&ratio), "{figure}: {ratio:.3}x the exact {exact}: {process:#}");
+    }
+    let (by_cpu, by_wall) = (ratio(estimated("allocations") as f64, exact.0), ratio(by_wall_time, exact.0));
+    assert!((by_cpu - 1.0).abs() < (by_wall - 1.0).abs(), "user time {by_cpu:.3}x, wall time {by_wall:.3}x");
 }

@@ -95,11 +95,11 @@ impl Collector {
         for process in model.processes.values().filter(|process| !process.released) {
             read.insert(process.identity.pid, probes.stats(process.identity.pid)?);
         }
-        let estimator = model.estimator();
+        let estimators = model.estimators();
         let image_start = |tgid: u32| read.get(&tgid).map(|stats: &ProcessStats| stats.started_ns);
         // Sampling weighs each block by its size, so the live table is read; under windows every
-        // block weighs the same, and the kernel's counts of what was recorded serve.
-        let sampled = match estimator {
+        // block of a process weighs the same, and the kernel's counts of what was recorded serve.
+        let sampled = match estimators.of(None) {
             Some(poisson @ Estimator::Poisson(_)) => Some(estimate_live(probes, poisson, image_start)?),
             _ => None,
         };
@@ -110,6 +110,7 @@ impl Collector {
             };
             let previous_peak = process.stats.peak_live_bytes;
             process.stats = *stats;
+            let estimator = estimators.of(process.window_cpu);
             if let Some(estimator) = estimator {
                 let live = match &sampled {
                     Some(sampled) => sampled.get(&process.identity.pid).copied().unwrap_or_default(),
@@ -125,7 +126,7 @@ impl Collector {
             if let Some(comm) = crate::model::kernel_comm(&process.stats) {
                 process.identity.comm = comm;
             }
-            self.read_levels(process, estimator.is_none(), &mut seen, probes);
+            self.read_levels(process, !estimators.any(), &mut seen, probes);
         }
         self.measure_free_pools(probes, model, ts_us)?;
         let live =
@@ -186,7 +187,7 @@ impl Collector {
     /// Measures the allocator's free pool of every running process whose every live block is in
     /// the kernel's table, when the budget allows (collect/owners/mod.rs).
     fn measure_free_pools(&mut self, probes: &Probes, model: &mut Model, ts_us: u64) -> Result<()> {
-        if model.estimator().is_some() || !self.owners.free_pool_due(self.last_sample) {
+        if model.estimators().any() || !self.owners.free_pool_due(self.last_sample) {
             return Ok(());
         }
         let wanted: HashMap<u32, u64> = model
@@ -315,7 +316,8 @@ impl Collector {
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
         let now_ns = monotonic_now_ns();
-        let estimator = model.estimator();
+        let estimators = model.estimators();
+        let estimator_of = |tgid: u32| estimators.of(model.processes.get(&tgid).and_then(|p| p.window_cpu));
         // Records from before a process's current program image (it exec'd) are not its own.
         let image_start = |tgid: u32| model.processes.get(&tgid).map(|p| p.stats.started_ns);
         let current = |tgid: u32, since_ns: u64| image_start(tgid).is_some_and(|start| since_ns >= start);
@@ -329,7 +331,8 @@ impl Collector {
             let age = Duration::from_nanos(now_ns.saturating_sub(allocation.timestamp_ns));
             entry.oldest_age = entry.oldest_age.max(Some(age));
             if age >= older {
-                let weight = estimator.map_or(1.0, |estimator| estimator.count_weight(allocation.size));
+                let weight =
+                    estimator_of(key.tgid).map_or(1.0, |estimator| estimator.count_weight(allocation.size));
                 entry.bytes += weight * allocation.size as f64;
                 entry.allocations += weight;
             }
@@ -349,6 +352,7 @@ impl Collector {
                 continue;
             };
             let leak = leaked.get(&key).copied().unwrap_or_default();
+            let estimator = estimators.of(process.window_cpu);
             process.stacks.push(StackProfile {
                 frames: self.resolve(key.tgid, &stack, &process.mappings),
                 totals: estimator.map_or(totals, |estimator| scale_totals(estimator, totals)),
@@ -375,8 +379,9 @@ impl Collector {
         model: &mut Model,
         live: &[(StackKey, StackTotals)],
     ) -> Result<()> {
-        let estimator = model.estimator();
+        let estimators = model.estimators();
         for process in model.processes.values_mut() {
+            let estimator = estimators.of(process.window_cpu);
             let Some(kill) = process.oom_kill.as_mut().filter(|kill| !kill.read) else { continue };
             let image_start = process.stats.started_ns;
             let mut held: Vec<&(StackKey, StackTotals)> = live
@@ -430,8 +435,9 @@ impl Collector {
         model: &mut Model,
         of_process: impl Fn(u32) -> bool,
     ) -> Result<()> {
-        let estimator = model.estimator();
+        let estimators = model.estimators();
         for process in model.processes.values_mut().filter(|p| of_process(p.identity.pid)) {
+            let estimator = estimators.of(process.window_cpu);
             let Some(raw) = self.peaks.peak_of(process.identity.pid, process.stats.started_ns) else {
                 continue;
             };

@@ -67,8 +67,9 @@ pub fn sampling_note(sampling: Sampling) -> String {
 pub fn estimate_note(model: &Model) -> Option<String> {
     if let Some(windows) = model.windows {
         return Some(format!(
-            "memtrace --window {}s/{}s: values are estimates, the allocations of {:.1}s of windows in {:.1}s each \
-             scaled by {:.2}",
+            "memtrace --window {}s/{}s: values are estimates, the allocations of {:.1}s of windows in {:.1}s, \
+             each process's scaled by its user CPU time over that inside windows (or by {:.2}, the run's \
+             time over the windows')",
             windows.on_s, windows.every_s, windows.probed_s, windows.elapsed_s, windows.weight
         ));
     }

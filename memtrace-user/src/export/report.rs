@@ -48,8 +48,10 @@ pub fn render(model: &Model, end: RunEnd, top: usize) -> String {
     if let Some(windows) = model.windows {
         let _ = writeln!(
             text,
-            "memtrace: allocations probed in windows of {}s every {}s ({:.1}s of {:.1}s): each recorded \
-             allocation stands for {:.2}; {} are estimates; the stacks of the blocks a window recorded are exact",
+            "memtrace: allocations probed in windows of {}s every {}s ({:.1}s of {:.1}s): each process's \
+             recorded allocations are scaled by its user CPU time over that inside windows (by {:.2}, the \
+             run's time over the windows', where too little of it was inside); {} are estimates; the stacks \
+             of the blocks a window recorded are exact",
             windows.on_s,
             windows.every_s,
             windows.probed_s,

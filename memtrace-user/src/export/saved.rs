@@ -203,6 +203,7 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
         usdt,
         oom_kill,
         window_weight: saved.window_weight,
+        window_cpu: saved.window_cpu,
     })
 }
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
 use crate::model::{
-    estimate::{Sampling, Windows},
+    estimate::{Sampling, UserCpu, Windows},
     frame::Frame,
     identity::Container,
     levels::{FreeClass, FreePool, MemoryLevels},
@@ -123,10 +123,14 @@ pub struct ProcessSummary {
     /// The kernel's OOM killer ended it: when, where, and what it held then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kill: Option<OomKillSummary>,
-    /// `--window`: what each recorded allocation of its figures stands for (the run's weight when
-    /// its figures were last read).
+    /// `--window`: what each recorded allocation of its figures stands for (its user CPU time over
+    /// that inside windows, or the run's wall-time weight; as of its last reading).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_weight: Option<f64>,
+    /// `--window`: its user CPU time inside windows and in all (`inside_s`, `total_s`), which
+    /// its weight is worked out from where there is enough inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_cpu: Option<UserCpu>,
 }
 
 /// A process the kernel's OOM killer ended (model/oom.rs).
@@ -292,6 +296,7 @@ impl ProcessSummary {
             peak: process.peak.as_ref().map(|peak| PeakSummary::of(peak, table)),
             oom_kill: process.oom_kill.as_ref().map(|kill| OomKillSummary::of(kill, table)),
             window_weight: process.window_weight,
+            window_cpu: process.window_cpu,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct TraceFile {
     whole_bytes: u64,
     /// Losses not charged to a process have been drawn (under memtrace's own pid).
     losses_shown: bool,
+    /// memtrace's own pid has its name (`own_counters`).
+    own_track_named: bool,
     /// The run ended cleanly: the file is a whole trace, even without events.
     finished: bool,
     /// The name each process's track was last given: named again when it changes (an exec, a
@@ -52,6 +54,7 @@ impl TraceFile {
             events_written: 0,
             whole_bytes: 1,
             losses_shown: false,
+            own_track_named: false,
             finished: false,
             named: BTreeMap::new(),
             closed: BTreeSet::new(),
@@ -87,22 +90,27 @@ impl TraceFile {
         Ok(())
     }
 
-    /// Losses no process can be charged with (a full process table, USDT reports), as a counter of
-    /// memtrace's own, from the first one on.
-    fn unattributed_losses(&mut self, model: &Model, sample: Sample) -> Vec<Value> {
+    /// memtrace's own counters: losses no process can be charged with (a full process table, USDT
+    /// reports), from the first one on, and `--window`'s windows closed so far.
+    fn own_counters(&mut self, model: &Model, sample: Sample) -> Vec<Value> {
         let lost = model.unattributed_lost_events + model.usdt_lost_events;
-        if lost == 0 && !self.losses_shown {
+        self.losses_shown |= lost > 0;
+        if !self.losses_shown && model.windows.is_none() {
             return Vec::new();
         }
         let pid = std::process::id();
         let mut events = Vec::new();
-        if !self.losses_shown {
-            self.losses_shown = true;
-            events.push(json!({"name": "process_name", "ph": "M", "pid": pid, "tid": pid,
-                               "args": {"name": "memtrace (losses of no one process)"}}));
+        if !self.own_track_named {
+            self.own_track_named = true;
+            events.push(process_name(pid, "memtrace"));
         }
-        events.push(json!({"name": "lost_events", "ph": "C", "ts": sample.ts_us, "pid": pid, "tid": pid,
-                           "args": {"lost_events": lost}}));
+        let own_counter = |name: &str, args: Value| json!({"name": name, "ph": "C", "ts": sample.ts_us, "pid": pid, "tid": pid, "args": args});
+        if self.losses_shown {
+            events.push(own_counter("lost_events", json!({ "lost_events": lost })));
+        }
+        if let Some(windows) = model.windows {
+            events.push(own_counter("windows", json!({ "closed": windows.closed })));
+        }
         events
     }
 
@@ -151,7 +159,7 @@ impl Exporter for TraceFile {
                 self.closed.insert(process.identity.pid);
             }
         }
-        events.extend(self.unattributed_losses(model, sample));
+        events.extend(self.own_counters(model, sample));
         self.write_events(&events)
     }
 
@@ -411,6 +419,30 @@ mod tests {
             (losses[1]["name"].as_str(), losses[1]["ts"].as_u64(), losses[1]["args"]["lost_events"].as_u64()),
             (Some("lost_events"), Some(2000), Some(3))
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn windows_closed_is_a_counter_of_memtraces_own() {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-windows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let mut trace = TraceFile::create(&path).unwrap();
+        let mut model = model();
+        let windows = crate::model::estimate::Windows::new(0.05, 0.1);
+        for (closed, ts_us) in [(0, 1000), (3, 2000)] {
+            model.windows = Some(windows.measured(0.05, 0.1, closed));
+            trace.sample(&model, Sample { ts_us, dump_id: closed }).unwrap();
+        }
+        trace.finish(&model, RunEnd { duration: Duration::from_secs(2) }).unwrap();
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let own = Value::from(std::process::id());
+        let own: Vec<&Value> = events.iter().filter(|e| e["pid"] == own).collect();
+        assert_eq!(own.len(), 3, "a name and a counter at each sample: {own:?}");
+        assert_eq!((own[0]["ph"].as_str(), own[0]["args"]["name"].as_str()), (Some("M"), Some("memtrace")));
+        let closed: Vec<_> =
+            own[1..].iter().map(|e| (e["name"].as_str(), e["args"]["closed"].as_u64())).collect();
+        assert_eq!(closed, [(Some("windows"), Some(0)), (Some("windows"), Some(3))]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,6 +1,7 @@
 //! How the allocations a run recorded stand for all of them, where it did not record every one:
-//! `--sample`'s Poisson weights by size, or `--window`'s one weight, the run's time over the time
-//! its allocation probes were attached.
+//! `--sample`'s Poisson weights by size, or `--window`'s weight per process: its user CPU time
+//! over its user CPU time inside windows (the run's time over the windows' where that is too
+//! little to measure).
 
 /// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this
 /// mean, so an allocation of S bytes is recorded with probability 1 - exp(-S/R). Each recorded
@@ -56,7 +57,7 @@ impl Sampling {
 
 /// `--window ON/EVERY`: allocations were probed for ON of every EVERY (free and realloc always),
 /// so every block a window recorded is followed until it is freed, and the figures of the time
-/// between windows are the windows' scaled by `weight`.
+/// between windows are the windows' scaled by each process's weight (`weight_of`).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Windows {
     pub on_s: f64,
@@ -64,7 +65,11 @@ pub struct Windows {
     /// How long the allocation probes were attached, all windows together, and the run so far.
     pub probed_s: f64,
     pub elapsed_s: f64,
-    /// What one recorded allocation stands for: elapsed over probed time.
+    /// Windows closed so far.
+    #[serde(default)]
+    pub closed: u64,
+    /// Elapsed over probed time: what one recorded allocation stands for in a process whose user
+    /// CPU time inside windows is too little to measure (`UserCpu::MEASURABLE_INSIDE_S`).
     pub weight: f64,
     /// The figures that are estimates; every other figure stays exact.
     #[serde(skip_deserializing, default = "Windows::estimated")]
@@ -88,17 +93,85 @@ impl Windows {
     ];
 
     pub fn new(on_s: f64, every_s: f64) -> Self {
-        Self { on_s, every_s, probed_s: 0.0, elapsed_s: 0.0, weight: 1.0, estimated: Self::ESTIMATED }
+        Self {
+            on_s,
+            every_s,
+            probed_s: 0.0,
+            elapsed_s: 0.0,
+            closed: 0,
+            weight: 1.0,
+            estimated: Self::ESTIMATED,
+        }
     }
 
     fn estimated() -> &'static [&'static str] {
         Self::ESTIMATED
     }
 
-    /// The run so far: `probed_s` of `elapsed_s` inside windows.
-    pub fn measured(self, probed_s: f64, elapsed_s: f64) -> Self {
-        let weight = if probed_s > 0.0 { (elapsed_s / probed_s).max(1.0) } else { 1.0 };
-        Self { probed_s, elapsed_s, weight, ..self }
+    /// The run so far: `probed_s` of `elapsed_s` inside windows, `closed` windows closed.
+    pub fn measured(self, probed_s: f64, elapsed_s: f64, closed: u64) -> Self {
+        Self { probed_s, elapsed_s, closed, weight: ratio_past_one(elapsed_s, probed_s), ..self }
+    }
+
+    /// What one allocation recorded in a process stands for. The probes slow a program inside a
+    /// window (their traps are system time), so the share of its wall time a window covers is
+    /// less than the share of its work: its user CPU time measures the work, where there is
+    /// enough of it inside windows to count in clock ticks.
+    pub fn weight_of(&self, cpu: Option<UserCpu>) -> f64 {
+        match cpu {
+            Some(cpu) if cpu.inside_s >= UserCpu::MEASURABLE_INSIDE_S => {
+                ratio_past_one(cpu.total_s, cpu.inside_s)
+            }
+            _ => self.weight,
+        }
+    }
+}
+
+/// `whole / part`, at least 1 (a part never stands for less than itself); 1 when `part` is none.
+fn ratio_past_one(whole: f64, part: f64) -> f64 {
+    if part > 0.0 {
+        (whole / part).max(1.0)
+    } else {
+        1.0
+    }
+}
+
+/// `--window`: a process's user CPU time (all its threads) since memtrace first saw it, and the
+/// part of it spent inside windows, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct UserCpu {
+    pub inside_s: f64,
+    pub total_s: f64,
+}
+
+impl UserCpu {
+    /// /proc counts CPU time in clock ticks (10 ms), and a reading at a window's open or close is
+    /// off by up to one: those errors average out over many windows, but below this much user
+    /// time inside windows (10 ticks) the wall-time weight stands in.
+    pub const MEASURABLE_INSIDE_S: f64 = 0.1;
+}
+
+/// How every process's recorded allocations stand for all of them, as of the latest sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimators {
+    pub sampling: Option<Sampling>,
+    pub windows: Option<Windows>,
+}
+
+impl Estimators {
+    /// The estimator of a process whose user CPU time is `cpu`; None where every allocation is
+    /// recorded.
+    pub fn of(&self, cpu: Option<UserCpu>) -> Option<Estimator> {
+        match (self.sampling, self.windows) {
+            (Some(sampling), _) => Some(Estimator::Poisson(sampling)),
+            (None, Some(windows)) => Some(Estimator::Windows(windows.weight_of(cpu))),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether the heap figures are estimates.
+    pub fn any(&self) -> bool {
+        self.sampling.is_some() || self.windows.is_some()
     }
 }
 
@@ -151,10 +224,23 @@ mod tests {
     #[test]
     fn a_window_of_a_tenth_makes_each_allocation_stand_for_ten() {
         // 2 s probed of 20 s: one recorded block stands for 10.
-        let windows = Windows::new(1.0, 10.0).measured(2.0, 20.0);
+        let windows = Windows::new(1.0, 10.0).measured(2.0, 20.0, 2);
         assert_eq!(windows.weight, 10.0);
         assert_eq!(Estimator::Windows(windows.weight).scale(3, 300), (30.0, 3000.0));
         // Before any window closed, nothing is scaled.
-        assert_eq!(Windows::new(1.0, 10.0).measured(0.5, 0.5).weight, 1.0);
+        assert_eq!(Windows::new(1.0, 10.0).measured(0.5, 0.5, 0).weight, 1.0);
+    }
+
+    #[test]
+    fn a_process_is_weighted_by_its_user_time_where_it_can_be_measured() {
+        let windows = Windows::new(1.0, 10.0).measured(2.0, 20.0, 2);
+        // The probes slowed it: 2 s of wall time in windows, but only 0.5 s of its 20 s of work.
+        let slowed = UserCpu { inside_s: 0.5, total_s: 20.0 };
+        assert_eq!(windows.weight_of(Some(slowed)), 40.0);
+        let estimators = Estimators { sampling: None, windows: Some(windows) };
+        assert_eq!(estimators.of(Some(slowed)), Some(Estimator::Windows(40.0)));
+        // Too few ticks inside windows to count, or none read: the run's wall-time weight.
+        assert_eq!(windows.weight_of(Some(UserCpu { inside_s: 0.05, total_s: 3.0 })), 10.0);
+        assert_eq!(windows.weight_of(None), 10.0);
     }
 }

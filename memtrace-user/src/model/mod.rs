@@ -57,6 +57,8 @@ pub struct Process {
     /// `--window`: what each allocation recorded stood for when its figures were last read (an
     /// exited process keeps the weight of its last reading).
     pub window_weight: Option<f64>,
+    /// `--window`: its user CPU time inside windows and in all, which its weight comes from.
+    pub window_cpu: Option<estimate::UserCpu>,
 }
 
 impl Process {
@@ -254,13 +256,10 @@ pub struct KernelMaps {
 }
 
 impl Model {
-    /// How recorded allocations stand for all of them: None where every allocation is recorded.
-    pub fn estimator(&self) -> Option<estimate::Estimator> {
-        match (self.sampling, self.windows) {
-            (Some(sampling), _) => Some(estimate::Estimator::Poisson(sampling)),
-            (None, Some(windows)) => Some(estimate::Estimator::Windows(windows.weight)),
-            (None, None) => None,
-        }
+    /// How each process's recorded allocations stand for all of them (`Estimators::of`, with the
+    /// process's `window_cpu`).
+    pub fn estimators(&self) -> estimate::Estimators {
+        estimate::Estimators { sampling: self.sampling, windows: self.windows }
     }
 
     /// The one place a process enters the model, with its identity (`ProcessIdentity::read`).
@@ -284,6 +283,7 @@ impl Model {
                 usdt: UsdtFigures::default(),
                 oom_kill: None,
                 window_weight: None,
+                window_cpu: None,
             },
         );
     }

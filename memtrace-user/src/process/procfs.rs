@@ -127,6 +127,35 @@ pub fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// The user CPU time of a process (all its threads, those that ended too) and when it started,
+/// both in clock ticks (`clock_ticks_per_second`), from /proc/PID/stat; a zombie still has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserTime {
+    pub utime_ticks: u64,
+    /// Field 22, `starttime`: with the pid, which process this is.
+    pub start_ticks: u64,
+}
+
+pub fn user_time(pid: u32) -> Option<UserTime> {
+    parse_stat_user_time(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Fields 14 (utime) and 22 (starttime) of a stat line; the name (field 2) may hold spaces and
+/// parentheses, so the fields are counted from its closing one.
+fn parse_stat_user_time(stat: &str) -> Option<UserTime> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after_name.split_ascii_whitespace().collect();
+    // fields[0] is field 3 (state).
+    Some(UserTime { utime_ticks: fields.get(11)?.parse().ok()?, start_ticks: fields.get(19)?.parse().ok()? })
+}
+
+/// The unit of /proc's CPU times (USER_HZ, 100 on Linux).
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks).ok().filter(|&ticks| ticks > 0).unwrap_or(100)
+}
+
 /// This machine's host name (empty when it cannot be read): what OTLP's `host.name` and the
 /// pushes' `host` name by default.
 pub fn host_name() -> String {
@@ -197,6 +226,14 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn user_time_is_read_past_a_name_with_parentheses() {
+        let stat = "42 (a) b (c)) R 1 42 42 0 -1 4194560 100 0 0 0 731 12 0 0 20 0 5 0 98765 1000 10 0";
+        let read = super::parse_stat_user_time(stat).unwrap();
+        assert_eq!(read, super::UserTime { utime_ticks: 731, start_ticks: 98765 });
+        assert_eq!(super::parse_stat_user_time("42 (cut) R 1"), None);
+    }
+
     use super::*;
     use std::path::Path;
 

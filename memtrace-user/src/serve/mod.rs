@@ -206,6 +206,7 @@ fn copy(process: &Process, stacks: Stacks) -> Process {
         usdt: process.usdt.clone(),
         oom_kill: process.oom_kill.clone(),
         window_weight: process.window_weight,
+        window_cpu: process.window_cpu,
     }
 }
 

@@ -9,6 +9,7 @@ mod poll;
 mod sample;
 mod signals;
 mod targets;
+mod window_cpu;
 mod windows;
 
 use std::{process::ExitCode, time::Instant};
@@ -72,7 +73,7 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     }
     let started = Instant::now();
     let mut run = Run {
-        windows: probe_plan.window.map(|window| WindowClock::new(window, started)),
+        windows: probe_plan.window.map(|window| WindowClock::new(window, started, &model)),
         probes,
         collector,
         model,

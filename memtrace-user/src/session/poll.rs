@@ -109,7 +109,7 @@ impl Run {
             }
             let now = Instant::now();
             if let Some(clock) = &mut self.windows {
-                clock.tick(&mut self.probes, now)?;
+                clock.tick(&mut self.probes, &self.model, now)?;
             }
             if std::mem::take(&mut self.refresh_after_exec) && self.early_refresh.is_none() {
                 self.early_refresh = Some(FIRST_REFRESH);

@@ -30,8 +30,8 @@ impl Run {
         // Before the figures are read: a victim's heap at the kill is read with them.
         let victims = self.oom.take(&mut self.model, self.started);
         let ts_us = self.started.elapsed().as_micros() as u64;
-        if let (Some(clock), Some(windows)) = (&self.windows, self.model.windows) {
-            self.model.windows = Some(clock.measured(windows, self.started, Instant::now()));
+        if let Some(clock) = &mut self.windows {
+            clock.measure(&mut self.model, self.started, Instant::now());
         }
         self.collector.sample(&self.probes, self.following.usdt(), &mut self.model, ts_us)?;
         for pid in victims {

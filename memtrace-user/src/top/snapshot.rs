@@ -110,7 +110,7 @@ impl Snapshot {
             functions: process.function_totals().into_iter().take(DETAIL_ENTRIES).collect(),
             subsystems: process.usdt.subsystems.clone(),
         });
-        Self { elapsed, rows, lost_events: model.lost_events(), detail, sampled: model.estimator().is_some() }
+        Self { elapsed, rows, lost_events: model.lost_events(), detail, sampled: model.estimators().any() }
     }
 }
 
