@@ -129,15 +129,6 @@ impl Attachments {
         probes.detach_process(pid);
     }
 
-    /// The processes something is attached for alone.
-    pub fn processes(&self) -> HashSet<u32> {
-        let pid = |scope: &Scope| match scope {
-            Scope::Process(pid) => Some(*pid),
-            Scope::AllProcesses => None,
-        };
-        self.probed.iter().filter_map(|(_, scope)| pid(scope)).collect()
-    }
-
     /// How many allocator files are probed (the mapping calls' files, libc mostly, not counted).
     pub fn probed_files(&self) -> usize {
         self.probed.iter().filter(|(file, _)| matches!(file, Probed::Allocator(_))).count()

@@ -346,15 +346,21 @@ mod tests {
         model
     }
 
+    /// A directory of the test's own, made, and the trace file's path in it.
+    fn trace_path(test: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("memtrace-trace-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        (dir, path)
+    }
+
     fn read_lines(path: &Path) -> Vec<String> {
         std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
     }
 
     #[test]
     fn trace_is_valid_json_when_finished_and_when_cut_short() {
-        let dir = std::env::temp_dir().join(format!("memtrace-trace-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("trace.json");
+        let (dir, path) = trace_path("test");
         let mut trace = TraceFile::create(&path).unwrap();
         let mut model = model();
         trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
@@ -401,9 +407,7 @@ mod tests {
 
     #[test]
     fn losses_of_no_process_are_a_counter_of_memtraces_own() {
-        let dir = std::env::temp_dir().join(format!("memtrace-trace-losses-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("trace.json");
+        let (dir, path) = trace_path("losses");
         let mut trace = TraceFile::create(&path).unwrap();
         let mut model = model();
         trace.sample(&model, Sample { ts_us: 1000, dump_id: 1 }).unwrap();
@@ -424,9 +428,7 @@ mod tests {
 
     #[test]
     fn windows_closed_is_a_counter_of_memtraces_own() {
-        let dir = std::env::temp_dir().join(format!("memtrace-trace-windows-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("trace.json");
+        let (dir, path) = trace_path("windows");
         let mut trace = TraceFile::create(&path).unwrap();
         let mut model = model();
         let windows = crate::model::estimate::Windows::new(0.05, 0.1);
@@ -448,9 +450,7 @@ mod tests {
 
     #[test]
     fn a_trace_without_events_is_not_left_behind() {
-        let dir = std::env::temp_dir().join(format!("memtrace-trace-empty-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("trace.json");
+        let (dir, path) = trace_path("empty");
         drop(TraceFile::create(&path).unwrap());
         assert!(!path.exists(), "an empty trace was left behind");
         let mut finished = TraceFile::create(&path).unwrap();

@@ -66,7 +66,8 @@ pub struct Following {
     allowed_cgroups: HashSet<u64>,
     /// The pod, namespace and container names of containers, asked of containerd.
     container_names: ContainerNames,
-    /// A followed tree's processes probed for themselves (at add_target, fork or exec).
+    /// The processes probed for themselves (at add_target, fork or exec): every one anything is
+    /// attached for alone.
     probed_for: HashSet<u32>,
     /// The tree's processes the kernel follows that were not probed at the last look.
     unprobed_last: HashSet<u32>,
@@ -151,11 +152,10 @@ impl Following {
     /// Forgets, and detaches, what was attached for processes that are gone (a followed tree's
     /// probes are per process: each one's links are closed once it is).
     pub fn forget_gone_processes(&mut self, probes: &mut Probes) {
-        for pid in self.attach.processes().union(&self.probed_for).copied().collect::<Vec<u32>>() {
-            if !is_running(pid) {
-                self.attach.forget_process(probes, pid);
-                self.probed_for.remove(&pid);
-            }
+        let gone: Vec<u32> = self.probed_for.iter().copied().filter(|&pid| !is_running(pid)).collect();
+        for pid in gone {
+            self.attach.forget_process(probes, pid);
+            self.probed_for.remove(&pid);
         }
     }
 

@@ -502,13 +502,6 @@ extern "C" fn exit_on_sigill(_: libc::c_int) {
     unsafe { libc::_exit(CHILD_SIGILL) }
 }
 
-/// Whether this kernel optimizes uprobes on 5-byte nops (the uprobe syscall, 6.18): such a site
-/// is then called into, not trapped, and never single-stepped. Probed once a run.
-pub fn optimizes_nop5_sites() -> bool {
-    static OPTIMIZES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OPTIMIZES.get_or_init(|| matches!(syscall_exists(SYS_UPROBE), Presence::Found))
-}
-
 /// Whether a uprobe syscall exists: made outside a trampoline, it kills the caller with SIGILL, so
 /// a forked child makes it (with a SIGILL handler, so no core is dumped).
 fn syscall_exists(number: libc::c_long) -> Presence {

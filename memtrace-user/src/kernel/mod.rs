@@ -463,7 +463,7 @@ impl Probes {
             file,
         });
         for point in allocator.entry_points.iter().filter(|point| !point.probe.emulated) {
-            self.note_single_stepped((allocator.object.id, &allocator.path), &point.name, &point.probe);
+            self.note_single_stepped((file, &allocator.path), &point.name, &point.probe);
         }
         let index = self.allocators.len() as u32;
         self.note_allocator_code(index, allocator)?;
@@ -642,7 +642,6 @@ impl Probes {
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
         self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
-
         tables::EXEC_EVENTS.take(&mut self.ebpf)
     }
 

@@ -51,7 +51,8 @@ pub fn run(plan: Plan) -> Result<ExitCode> {
     let mut collector = Collector::new(kernel.features.has(Feature::ExactRssCounters));
     let mut model = empty_model(&mode, &probe_plan);
     let own_sites = OwnSites { app_sampled: probe_plan.app_sampled };
-    let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone());
+    let nop5_optimized = kernel.features.has(Feature::OptimizedUprobes);
+    let usdt = UsdtProbes::new(own_sites, probe_plan.usdt.clone(), nop5_optimized);
     let oom = OomWatch::start(&mut probes);
     let mut following =
         Following::start(&mut probes, probe_plan.allocator, reach, &kernel.features, usdt, &runtimes)?;

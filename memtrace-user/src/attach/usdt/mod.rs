@@ -65,11 +65,14 @@ pub struct UsdtProbes {
     scanned: HashSet<(FileId, Scope)>,
     /// System-wide: the identities of the files `--usdt PATH:...` names by path.
     named: Vec<FileId>,
+    /// Whether the kernel optimizes uprobes on 5-byte nops (memtrace.h's sites): its
+    /// `Feature::OptimizedUprobes`.
+    nop5_optimized: bool,
 }
 
 impl UsdtProbes {
-    pub fn new(own: OwnSites, requests: Vec<UsdtRequest>) -> Self {
-        Self { own, found: vec![false; requests.len()], requests, ..Self::default() }
+    pub fn new(own: OwnSites, requests: Vec<UsdtRequest>, nop5_optimized: bool) -> Self {
+        Self { own, found: vec![false; requests.len()], requests, nop5_optimized, ..Self::default() }
     }
 
     /// Whether allocations come from the allocators' sampled probes alone (`--app-sampled`):
@@ -245,6 +248,8 @@ impl UsdtProbes {
         lenient: bool,
     ) -> Result<PlannedSites> {
         let mut planned = PlannedSites::default();
+        // Each site's instruction, to count those the kernel single-steps: the file opened once.
+        let code = std::fs::File::open(&object.host_path).ok();
         for site in &elf.sites {
             let uses = uses_of(self.own, &self.requests, site, object, explicit);
             let mut specs = Vec::with_capacity(uses.len());
@@ -256,8 +261,8 @@ impl UsdtProbes {
                     Err(err) => return Err(err),
                 }
             }
-            if !specs.is_empty() {
-                note_if_single_stepped(probes, object, site);
+            if let (false, Some(code)) = (specs.is_empty(), &code) {
+                note_if_single_stepped(probes, object, code, site, self.nop5_optimized);
             }
             planned.counters.extend(
                 specs
@@ -390,17 +395,19 @@ fn add_named_objects(
     Ok(named)
 }
 
-/// The probe sites of an object, reading only its notes and symbol tables (semaphores are found
-/// by symbol), never the whole file; None where it has none memtrace would look at. A file a
-/// `--usdt` option names by path (`named`) must be readable and have probes.
-/// Counts a site whose instruction the kernel single-steps: sdt.h's 1-byte nop is emulated;
-/// memtrace.h's 5-byte nop is optimized from 6.18 and single-stepped before; another tool's macro
-/// may put something else there.
-fn note_if_single_stepped(probes: &mut Probes, object: &ObjectFile, site: &ProbeSite) {
-    let mut code = [0u8; 16];
-    let Ok(file) = std::fs::File::open(&object.host_path) else { return };
-    let Ok(read) = std::os::unix::fs::FileExt::read_at(&file, &mut code, site.offset) else { return };
-    let point = probe_point::fixed(&code[..read], crate::kernel::features::optimizes_nop5_sites());
+/// Counts a site whose instruction (read from `code`, its object's file) the kernel single-steps:
+/// sdt.h's 1-byte nop is emulated; memtrace.h's 5-byte nop is optimized where `nop5_optimized`
+/// (6.18) and single-stepped before; another tool's macro may put something else there.
+fn note_if_single_stepped(
+    probes: &mut Probes,
+    object: &ObjectFile,
+    code: &std::fs::File,
+    site: &ProbeSite,
+    nop5_optimized: bool,
+) {
+    let mut bytes = [0u8; 16];
+    let Ok(read) = std::os::unix::fs::FileExt::read_at(code, &mut bytes, site.offset) else { return };
+    let point = probe_point::fixed(&bytes[..read], nop5_optimized);
     if !point.emulated {
         probes.note_single_stepped(
             (object.id, &object.path),
@@ -410,6 +417,9 @@ fn note_if_single_stepped(probes: &mut Probes, object: &ObjectFile, site: &Probe
     }
 }
 
+/// The probe sites of an object, reading only its notes and symbol tables (semaphores are found
+/// by symbol), never the whole file; None where it has none memtrace would look at. A file a
+/// `--usdt` option names by path (`named`) must be readable and have probes.
 fn read_probes(object: &ObjectFile, named: bool) -> Result<Option<ElfProbes>> {
     // Most files have no notes: look at the section headers before reading anything more.
     if !named && !notes::may_have_probes(&object.host_path) {
