@@ -13,7 +13,7 @@ use std::{
     collections::{HashMap, HashSet},
     io::Read,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::mpsc::{self, Receiver},
     time::Instant,
 };
@@ -36,7 +36,11 @@ use crate::{
     model::{identity::ProcessIdentity, Model},
     plan::Runtimes,
     process::allocator::{Allocator, Overrides},
-    process::{cgroup::CgroupNames, containerd::ContainerNames, procfs},
+    process::{
+        cgroup::CgroupNames,
+        containerd::ContainerNames,
+        procfs::{self, is_running},
+    },
     process::{FileCache, ObjectFile, ProcessImage},
 };
 
@@ -339,7 +343,7 @@ impl Following {
         // again after its exit (a thread that allocated after its leader exited), is seen to be
         // gone here.
         for process in model.processes.values_mut() {
-            if !process.exited && !Path::new(&format!("/proc/{}", process.identity.pid)).exists() {
+            if !process.exited && !is_running(process.identity.pid) {
                 process.exited = true;
             }
         }
@@ -487,10 +491,6 @@ impl Watcher {
             }
         }
     }
-}
-
-fn is_running(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// poll's timeout until `deadline`, rounded up to a whole millisecond so poll does not wake early.

@@ -51,7 +51,7 @@ impl WindowedCalls {
     /// Whether the one process these calls were for has gone (its probes cannot be attached again).
     pub fn process_gone(&self) -> bool {
         match self.sites.scope {
-            Scope::Process(pid) => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            Scope::Process(pid) => !crate::process::procfs::is_running(pid),
             Scope::AllProcesses => false,
         }
     }

@@ -4,6 +4,11 @@ use std::{fs, path::PathBuf};
 
 use crate::model::levels::OsMemory;
 
+/// Whether process `pid` still exists (a zombie does, until it is reaped).
+pub fn is_running(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// The process (thread group) a pid or thread id belongs to.
 pub fn tgid(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
