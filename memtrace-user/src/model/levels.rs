@@ -80,15 +80,17 @@ impl ResidentOwners {
         self.allocator + self.program + self.stacks + self.statics
     }
 
-    /// The owners last read, made to fit in the `anonymous` bytes a process had as it exited.
-    /// If that differs by more than a tenth from what the owners were read against, the process
-    /// grew or gave memory back after the last sample (one that exits within its first
-    /// milliseconds was read before its heap existed; Python frees its objects at its end): the
-    /// owners are stale, and None. Otherwise threads ended before the process did, and their
-    /// stacks and a page or two of their arenas went with them: the excess is taken from the
-    /// stacks, then the allocator.
-    pub fn fitted(self, anonymous: u64) -> Option<Self> {
-        if self.anonymous.abs_diff(anonymous) * 10 > anonymous {
+    /// The owners last read, made to fit in the `anonymous` bytes and the brk heap of
+    /// `heap_break_bytes` a process had as it exited. If the anonymous bytes differ by more than a
+    /// tenth from what the owners were read against, or the brk heap outgrew the allocator's
+    /// mappings then (the heap is always one of them), the process grew or gave memory back after
+    /// the last sample (one that exits within its first milliseconds was read before its heap
+    /// existed; Python frees its objects at its end): the owners are stale, and None. Otherwise
+    /// threads ended before the process did, and their stacks and a page or two of their arenas
+    /// went with them: the excess is taken from the stacks, then the allocator.
+    pub fn fitted(self, anonymous: u64, heap_break_bytes: u64) -> Option<Self> {
+        if self.anonymous.abs_diff(anonymous) * 10 > anonymous || self.allocator_accessible < heap_break_bytes
+        {
             return None;
         }
         let excess = self.owned().saturating_sub(anonymous);
@@ -180,7 +182,8 @@ impl MemoryLevels {
         let exit = &stats.exit_memory;
         (exit.read != 0).then(|| {
             let os = OsMemory::at_exit(exit, page_size);
-            let owners = owners.and_then(|owners| owners.fitted(os.rss_anon_bytes + os.swap_bytes));
+            let owners = owners
+                .and_then(|owners| owners.fitted(os.rss_anon_bytes + os.swap_bytes, exit.heap_break_bytes));
             Self::new(os, stats.live_bytes, TakenMemory::of(stats, exit.heap_break_bytes), owners)
         })
     }
@@ -319,14 +322,15 @@ mod tests {
             allocator: 90 * MIB,
             stacks: MIB,
             statics: MIB,
+            allocator_accessible: 96 * MIB,
             anonymous: 92 * MIB,
             ..ResidentOwners::default()
         };
         // The threads' stacks and 1 MiB of their arenas went before the exit was counted.
-        let fitted = owners.fitted(90 * MIB).unwrap();
+        let fitted = owners.fitted(90 * MIB, 8 * MIB).unwrap();
         assert_eq!((fitted.stacks, fitted.allocator, fitted.statics), (0, 89 * MIB, MIB));
-        assert_eq!(owners.fitted(92 * MIB), Some(owners));
-        assert_eq!(owners.fitted(5 * MIB), None, "the process gave back what the owners held");
+        assert_eq!(owners.fitted(92 * MIB, 8 * MIB), Some(owners));
+        assert_eq!(owners.fitted(5 * MIB, 8 * MIB), None, "the process gave back what the owners held");
         // Read just after its exec (no heap yet), 112 KiB when it exited milliseconds later (6.1's
         // matrix run of fixtures/leaks.c): none of its heap would have an owner.
         let young = ResidentOwners {
@@ -335,7 +339,16 @@ mod tests {
             anonymous: 20 * KIB,
             ..ResidentOwners::default()
         };
-        assert_eq!(young.fitted(112 * KIB), None, "the process grew after the owners were read");
+        assert_eq!(young.fitted(112 * KIB, 132 * KIB), None, "the process grew after the owners were read");
+        // Read before its first malloc, with its anonymous pages all but those it had at exit
+        // (6.12-rt's matrix run of fixtures/leaks.c): its 132 KiB brk heap came after the read.
+        let before_malloc = ResidentOwners { anonymous: 120 * KIB, ..young };
+        assert_eq!(
+            before_malloc.fitted(124 * KIB, 132 * KIB),
+            None,
+            "its heap came after the owners were read"
+        );
+        assert!(before_malloc.fitted(124 * KIB, 0).is_some(), "nothing grew");
     }
 
     #[test]
