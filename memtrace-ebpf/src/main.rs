@@ -12,7 +12,6 @@
 mod arguments;
 mod counters;
 mod debug;
-mod frame_memo;
 mod helpers;
 mod interpreter;
 mod kernel;

@@ -41,7 +41,6 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, add_signed},
-    frame_memo::FrameMemos,
     helpers::{loaded, map_value, now_ns},
     interpreter::InterpreterFrames,
     perl::read_perl_frames,
@@ -128,24 +127,14 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
         add(&stats.lost_events, 1);
         return NO_STACK;
     };
-    let Some(memos) = FrameMemos::of(claim.slot()) else {
-        add(&stats.lost_events, 1);
-        return NO_STACK;
-    };
-    capture_in(ctx, tgid, stats, claim.get(), memos)
+    capture_in(ctx, tgid, stats, claim.get())
 }
 
 /// `capture_stack` in a claimed slot. A walk that repeats the slot's last one is not done again
 /// (window.rs); otherwise the raw return addresses are cheap to take and name the stack within one
 /// program image, and its build-ID form, which outlives the process, is written once per distinct
 /// raw stack and cached in RAW_STACKS.
-fn capture_in(
-    ctx: &RetProbeContext,
-    tgid: u32,
-    stats: &ProcessStats,
-    scratch: &mut Scratch,
-    memos: &mut FrameMemos,
-) -> u64 {
+fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let regs = unsafe {
         Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
@@ -175,7 +164,7 @@ fn capture_in(
         scratch.window.begin(&scratch.start);
         // SAFETY: a map value, valid while the program runs.
         let mappings = unsafe { &*mappings };
-        unwind(mappings, scratch, memos);
+        unwind(mappings, scratch);
     }
     // SAFETY: the claimed slot's state; read back through memory so that every path's state is one.
     let (depth, stop) = unsafe { (read_volatile(&(*state).depth), read_volatile(&(*state).stop)) };
@@ -183,10 +172,6 @@ fn capture_in(
     // frame: frame pointers, and the kernel's build IDs.
     let unknown = table.is_none() && depth <= 1 && stop == unwind_stop::NO_MAPPING as u64;
     let by_tables = mappings.is_some() && !unknown;
-    if by_tables {
-        // SAFETY: as above.
-        memos.commit(unsafe { &*state }, scratch.found.lookups == 0);
-    }
     if !by_tables {
         let depth = walk_frame_pointers(ctx, &mut scratch.raw) as u64;
         // SAFETY: as above.
@@ -264,9 +249,8 @@ fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, 
 /// and the files' tables, into the slot's `raw` and `locations`; leaves the depth and why the walk
 /// ended (`unwind_stop`) in its `state`.
 #[inline(never)]
-fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch, memos: &mut FrameMemos) {
+fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
     let state: *mut UnwindState = &raw mut scratch.state;
-    memos.begin(&scratch.start);
     let regs = scratch.start.regs;
     // SAFETY: the claimed slot's state.
     unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
@@ -278,7 +262,6 @@ fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch, memos: &mut FrameMem
         state,
         window: &mut scratch.window,
         found: &mut scratch.found,
-        memos,
     };
     // The frame step is verified once, as the callback, rather than once per frame of a loop.
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
@@ -296,7 +279,6 @@ struct Walk {
     state: *mut UnwindState,
     window: *mut StackWindow,
     found: *mut FoundMappings,
-    memos: *mut FrameMemos,
 }
 
 /// bpf_loop's callback: one frame; 1 ends the loop.
@@ -304,40 +286,10 @@ extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `Walk` that `unwind` passed, whose pointers are map values
     // that live as long as the program runs.
     let walk = unsafe { &*(walk as *const Walk) };
-    if let Some(more) = take_over(walk) {
-        return i64::from(!more);
-    }
     // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
     // take their chain of frames, and the two together would not fit in the BPF stack.
     locate_frame(walk);
-    let more = unwind_frame(walk);
-    keep_words(walk);
-    i64::from(!more)
-}
-
-/// Keeps the words the frame just taken read, for the next walk (frame_memo.rs).
-#[inline(never)]
-fn keep_words(walk: &Walk) {
-    // SAFETY: as in `unwind_frame`.
-    let (state, window, memos) = unsafe { (walk.state, &*walk.window, &mut *walk.memos) };
-    // SAFETY: the claimed slot's state.
-    let depth = unsafe { read_volatile(&(*state).depth) };
-    memos.record_words(depth.wrapping_sub(1), &window.frame);
-}
-
-/// The walk's next frame as the slot's last walk took it, if it can be taken over
-/// (frame_memo.rs): Some(whether the walk goes on).
-#[inline(never)]
-fn take_over(walk: &Walk) -> Option<bool> {
-    // SAFETY: as in `unwind_frame`; the memos are the claimed slot's, and so is the state.
-    let (raw, locations, state, window, memos) = unsafe {
-        (&mut *walk.raw, &mut *walk.locations, &mut *walk.state, &mut *walk.window, &mut *walk.memos)
-    };
-    let index = state.depth as usize & (STACK_DEPTH - 1);
-    let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
-        return None;
-    };
-    memos.take_over(state, window, slot, location)
+    i64::from(!unwind_frame(walk))
 }
 
 /// The address the walk's next frame is looked up by: past the innermost frame, rip is a return
@@ -371,9 +323,8 @@ fn locate_frame(walk: &Walk) {
 fn unwind_frame(walk: &Walk) -> bool {
     // SAFETY: the `Walk`'s pointers are map values that live as long as the program runs, each
     // this run's alone (its claimed slot) but the mapping table, which it only reads.
-    let (raw, locations, state, window, found, memos) = unsafe {
-        (&mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window, &*walk.found, &mut *walk.memos)
-    };
+    let (raw, locations, state, window, found) =
+        unsafe { (&mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window, &*walk.found) };
     // SAFETY: the claimed slot's state.
     let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
     let index = depth as usize & (STACK_DEPTH - 1);
@@ -402,8 +353,6 @@ fn unwind_frame(walk: &Walk) -> bool {
     *slot = regs.rip;
     let base = mapping.file_offset.wrapping_sub(mapping.start);
     *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
-    window.begin_frame();
-    memos.record(depth, &regs, location);
     match step(&regs, mapping.file, pc.wrapping_add(base), window) {
         Ok(caller) => {
             // SAFETY: as above.
