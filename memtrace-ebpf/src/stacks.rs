@@ -46,7 +46,6 @@ use crate::{
     perl::read_perl_frames,
     python::read_python_frames,
     scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
-    vma::FoundMappings,
     window::{tables_epoch, Registers, StackWindow, WalkStart},
 };
 
@@ -250,20 +249,16 @@ fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, 
 /// ended (`unwind_stop`) in its `state`.
 #[inline(never)]
 fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
-    let state: *mut UnwindState = &raw mut scratch.state;
     let regs = scratch.start.regs;
     // SAFETY: the claimed slot's state.
-    unsafe { write_volatile(state, UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 }) };
-    scratch.found.clear();
-    let mut walk = Walk {
-        mappings,
-        raw: &mut scratch.raw,
-        locations: &mut scratch.locations,
-        state,
-        window: &mut scratch.window,
-        found: &mut scratch.found,
+    unsafe {
+        write_volatile(
+            &raw mut scratch.state,
+            UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 },
+        )
     };
-    // The frame step is verified once, as the callback, rather than once per frame of a loop.
+    scratch.found.clear();
+    let mut walk = Walk { mappings, scratch };
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
     // program's stack for the whole call, as bpf_loop requires.
     unsafe { bpf_loop(STACK_DEPTH as u32, unwind_step as *mut c_void, (&raw mut walk).cast(), 0) };
@@ -274,11 +269,7 @@ fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
 #[repr(C)]
 struct Walk {
     mappings: *const UnwindMappings,
-    raw: *mut RawStack,
-    locations: *mut Locations,
-    state: *mut UnwindState,
-    window: *mut StackWindow,
-    found: *mut FoundMappings,
+    scratch: *mut Scratch,
 }
 
 /// bpf_loop's callback: one frame; 1 ends the loop.
@@ -288,8 +279,16 @@ extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     let walk = unsafe { &*(walk as *const Walk) };
     // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
     // take their chain of frames, and the two together would not fit in the BPF stack.
-    locate_frame(walk);
-    i64::from(!unwind_frame(walk))
+    memtrace_locate_frame(walk.mappings, walk.scratch);
+    let went_on = memtrace_unwind_frame(walk.scratch);
+    // A global function's result is any scalar to the verifier, and a callback must return 0 or
+    // 1: read back through memory, the result is compared, not bit-flipped by a compiler that
+    // knows it is 0 or 1.
+    // SAFETY: a local.
+    match unsafe { read_volatile(&went_on) } {
+        0 => 1,
+        _ => 0,
+    }
 }
 
 /// The address the walk's next frame is looked up by: past the innermost frame, rip is a return
@@ -303,30 +302,51 @@ fn frame_pc(rip: u64, depth: u64) -> u64 {
 }
 
 /// Finds the mapping of the walk's next frame, by the process's mapping table or else the
-/// kernel's, into `FoundMappings::current`.
+/// kernel's, into the slot's `FoundMappings::current`.
+///
+/// The frame's two steps are global functions (exported, `extern "C"`): the verifier checks each
+/// once, on its own, with its arguments as the types say (memory of the type's size, or null),
+/// rather than once for every state in which a walk calls it. That keeps the unwinder's share of
+/// a program's verification small (`memtrace verifier-report` shows each program's). They take
+/// map values only as their own arguments: a pointer read from memory is no pointer to them.
 #[inline(never)]
-fn locate_frame(walk: &Walk) {
-    // SAFETY: as in `unwind_frame`.
-    let (mappings, state, found) = unsafe { (&*walk.mappings, walk.state, &mut *walk.found) };
+#[no_mangle]
+pub extern "C" fn memtrace_locate_frame(mappings: *const UnwindMappings, scratch: *mut Scratch) -> i64 {
+    // SAFETY: null, or the map values `unwind` passed: the mapping table, which the walk only
+    // reads, and the run's claimed slot.
+    let (Some(mappings), Some(scratch)) = (unsafe { mappings.as_ref() }, unsafe { scratch.as_mut() }) else {
+        return 0;
+    };
     // SAFETY: the claimed slot's state.
-    let (rip, depth) = unsafe { (read_volatile(&(*state).regs.rip), read_volatile(&(*state).depth)) };
+    let (rip, depth) =
+        unsafe { (read_volatile(&scratch.state.regs.rip), read_volatile(&scratch.state.depth)) };
     let pc = frame_pc(rip, depth);
     match find_mapping(mappings, pc) {
-        Some(mapping) => found.current = *mapping,
-        None => found.locate(pc),
+        Some(mapping) => scratch.found.current = *mapping,
+        None => scratch.found.locate(pc),
     }
+    0
 }
 
-/// Takes one frame (in the mapping `locate_frame` found) and steps to its caller; false when the
-/// walk ends (the reason in `state`).
+/// Takes one frame (in the mapping `memtrace_locate_frame` found) and steps to its caller; 0 when
+/// the walk ends (the reason in the slot's state). Global, as `memtrace_locate_frame` says.
 #[inline(never)]
-fn unwind_frame(walk: &Walk) -> bool {
-    // SAFETY: the `Walk`'s pointers are map values that live as long as the program runs, each
-    // this run's alone (its claimed slot) but the mapping table, which it only reads.
-    let (raw, locations, state, window, found) =
-        unsafe { (&mut *walk.raw, &mut *walk.locations, walk.state, &mut *walk.window, &*walk.found) };
-    // SAFETY: the claimed slot's state.
-    let UnwindState { regs, depth, .. } = unsafe { read_volatile(state) };
+#[no_mangle]
+pub extern "C" fn memtrace_unwind_frame(scratch: *mut Scratch) -> i64 {
+    // SAFETY: null, or the run's claimed slot that `unwind` passed.
+    let Some(scratch) = (unsafe { scratch.as_mut() }) else {
+        return 0;
+    };
+    i64::from(unwind_frame(scratch))
+}
+
+/// `memtrace_unwind_frame` in the claimed slot.
+fn unwind_frame(scratch: &mut Scratch) -> bool {
+    let Scratch { raw, locations, state, window, found, .. } = scratch;
+    let state: *mut UnwindState = state;
+    // SAFETY: the claimed slot's state; read and written field by field, never as one value on
+    // this frame's stack, which lies on the probe's deepest chain of calls.
+    let (regs, depth) = unsafe { (read_volatile(&(*state).regs), read_volatile(&(*state).depth)) };
     let index = depth as usize & (STACK_DEPTH - 1);
     let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
         return false;
@@ -357,11 +377,9 @@ fn unwind_frame(walk: &Walk) -> bool {
         Ok(caller) => {
             // SAFETY: as above.
             unsafe {
-                write_volatile(
-                    state,
-                    UnwindState { regs: caller, depth: depth + 1, stop: unwind_stop::DEPTH_LIMIT as u64 },
-                )
-            };
+                write_volatile(&mut (*state).regs, caller);
+                write_volatile(&mut (*state).depth, depth + 1);
+            }
             true
         }
         Err(stop) => end(depth + 1, stop),

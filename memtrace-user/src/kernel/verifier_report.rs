@@ -48,6 +48,27 @@ pub struct ProgramStack {
     pub deepest_bytes: u32,
     /// The deepest chain as the verifier itself sums it, where it says (`... max N`).
     pub verifier_max: Option<u32>,
+    /// What verifying it cost: instructions the verifier walked (1,000,000 at most) and the time.
+    pub verifier_cost: VerifierCost,
+}
+
+/// The verifier's own statistics of one load (`processed N insns`, `verification time N usec`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct VerifierCost {
+    pub insns_processed: u64,
+    pub verification_us: u64,
+}
+
+impl VerifierCost {
+    fn of(log: &str) -> Self {
+        let figure = |prefix: &str| {
+            log.lines()
+                .find_map(|line| line.strip_prefix(prefix))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        Self { insns_processed: figure("processed "), verification_us: figure("verification time ") }
+    }
 }
 
 impl ProgramStack {
@@ -116,6 +137,7 @@ pub fn report(object: &[u8], ebpf: &Ebpf, attach_type: u32) -> Result<Vec<Progra
             deepest_chain,
             deepest_bytes,
             verifier_max,
+            verifier_cost: VerifierCost::of(&log),
         });
     }
     report.sort_by(|a, b| a.name.cmp(&b.name));
@@ -203,6 +225,7 @@ mod tests {
             Some((vec![48, 0, 40, 16, 48], Some(112)))
         );
         assert_eq!(stack_depths("processed 10 insns"), None);
+        assert_eq!(VerifierCost::of(log), VerifierCost { insns_processed: 10, verification_us: 68340 });
     }
 
     #[test]
@@ -216,6 +239,7 @@ mod tests {
             deepest_chain: vec![0, 1],
             deepest_bytes: chain,
             verifier_max: None,
+            verifier_cost: VerifierCost::default(),
         };
         assert!(stack(vec![352, 376], 736, true).problem().unwrap().contains("736 bytes"));
         assert!(stack(vec![48, 280], 352, true).problem().is_none());
