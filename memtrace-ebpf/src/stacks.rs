@@ -322,7 +322,7 @@ pub extern "C" fn memtrace_locate_frame(mappings: *const UnwindMappings, scratch
         unsafe { (read_volatile(&scratch.state.regs.rip), read_volatile(&scratch.state.depth)) };
     let pc = frame_pc(rip, depth);
     match find_mapping(mappings, pc) {
-        Some(mapping) => scratch.found.current = *mapping,
+        Some(mapping) => scratch.found.set_current(mapping),
         None => scratch.found.locate(pc),
     }
     0
