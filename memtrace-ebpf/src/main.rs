@@ -12,6 +12,7 @@
 mod arguments;
 mod counters;
 mod debug;
+mod frame_memo;
 mod helpers;
 mod interpreter;
 mod kernel;

@@ -81,12 +81,12 @@ unsafe impl Claimable for Scratch {}
 
 /// Runs that can be under way on one CPU at once, each preempted by the next, before one goes
 /// without a stack.
-const SLOTS_PER_CPU: u32 = 4;
+pub(crate) const SLOTS_PER_CPU: u32 = 4;
 
 /// Slots any CPU's runs take when their CPU's are all held. 8 threads on 2 CPUs, each preempted in
 /// the unwinder on the same CPU (seen under emulation on a PREEMPT(lazy) kernel), hold 4 of one
 /// CPU's slots and 4 of these.
-const SPARE_SLOTS: u32 = 16;
+pub(crate) const SPARE_SLOTS: u32 = 16;
 
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(SLOTS_PER_CPU, 0);
@@ -112,26 +112,37 @@ const FREE: u64 = 0;
 const HELD: u64 = 1;
 
 /// A slot this run holds until the claim drops.
-pub(crate) struct Claim<T: Claimable + 'static>(*mut T);
+pub(crate) struct Claim<T: Claimable + 'static> {
+    value: *mut T,
+    slot: Slot,
+}
+
+/// Which slot a claim holds: its index in the CPU's slots, or in the spare ones. A map of other
+/// per-slot memory (frame_memo.rs) is this run's at the same slot while the claim lives.
+#[derive(Clone, Copy)]
+pub(crate) enum Slot {
+    Cpu(u32),
+    Spare(u32),
+}
 
 impl<T: Claimable + 'static> Claim<T> {
     /// The first free one of this CPU's `count` slots, or None when every one is held by a run
     /// under way.
     pub(crate) fn take(slots: &'static PerCpuArray<T>, count: u32) -> Option<Self> {
-        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?))
+        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?, Slot::Cpu(slot)))
     }
 
     /// The first free one of `count` slots that every CPU shares, or None when every one is held.
     pub(crate) fn take_spare(slots: &'static Array<T>, count: u32) -> Option<Self> {
-        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?))
+        (0..count).find_map(|slot| Self::claimed(slots.get_ptr_mut(slot)?, Slot::Spare(slot)))
     }
 
     /// The slot at `value`, if its owner word was free and is this run's now. (A `Claim` is made
     /// only then: one made and dropped for a slot another run holds would free it.)
-    fn claimed(value: *mut T) -> Option<Self> {
+    fn claimed(value: *mut T, slot: Slot) -> Option<Self> {
         // The owner word is the value's first (`Claimable`).
         if compare_exchange(value as *const u64, FREE, HELD) == FREE {
-            Some(Self(value))
+            Some(Self { value, slot })
         } else {
             None
         }
@@ -140,12 +151,17 @@ impl<T: Claimable + 'static> Claim<T> {
     /// The slot's memory, this run's alone while the claim lives.
     pub(crate) fn get(&mut self) -> &mut T {
         // SAFETY: a map value, valid while the program runs; the owner word makes it this run's.
-        unsafe { &mut *self.0 }
+        unsafe { &mut *self.value }
+    }
+
+    /// Which slot the claim holds.
+    pub(crate) fn slot(&self) -> Slot {
+        self.slot
     }
 }
 
 impl<T: Claimable + 'static> Drop for Claim<T> {
     fn drop(&mut self) {
-        compare_exchange(self.0 as *const u64, HELD, FREE);
+        compare_exchange(self.value as *const u64, HELD, FREE);
     }
 }

@@ -41,6 +41,7 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, add_signed},
+    frame_memo::FrameMemos,
     helpers::{loaded, map_value, now_ns},
     interpreter::InterpreterFrames,
     perl::read_perl_frames,
@@ -126,14 +127,24 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
         add(&stats.lost_events, 1);
         return NO_STACK;
     };
-    capture_in(ctx, tgid, stats, claim.get())
+    let Some(memos) = FrameMemos::of(claim.slot()) else {
+        add(&stats.lost_events, 1);
+        return NO_STACK;
+    };
+    capture_in(ctx, tgid, stats, claim.get(), memos)
 }
 
 /// `capture_stack` in a claimed slot. A walk that repeats the slot's last one is not done again
 /// (window.rs); otherwise the raw return addresses are cheap to take and name the stack within one
 /// program image, and its build-ID form, which outlives the process, is written once per distinct
 /// raw stack and cached in RAW_STACKS.
-fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &mut Scratch) -> u64 {
+fn capture_in(
+    ctx: &RetProbeContext,
+    tgid: u32,
+    stats: &ProcessStats,
+    scratch: &mut Scratch,
+    memos: &mut FrameMemos,
+) -> u64 {
     // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
     let regs = unsafe {
         Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
@@ -163,7 +174,7 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
         scratch.window.begin(&scratch.start);
         // SAFETY: a map value, valid while the program runs.
         let mappings = unsafe { &*mappings };
-        unwind(mappings, scratch);
+        unwind(mappings, scratch, memos);
     }
     // SAFETY: the claimed slot's state; read back through memory so that every path's state is one.
     let (depth, stop) = unsafe { (read_volatile(&(*state).depth), read_volatile(&(*state).stop)) };
@@ -171,6 +182,10 @@ fn capture_in(ctx: &RetProbeContext, tgid: u32, stats: &ProcessStats, scratch: &
     // frame: frame pointers, and the kernel's build IDs.
     let unknown = table.is_none() && depth <= 1 && stop == unwind_stop::NO_MAPPING as u64;
     let by_tables = mappings.is_some() && !unknown;
+    if by_tables {
+        // SAFETY: as above.
+        memos.commit(unsafe { &*state }, scratch.found.lookups == 0);
+    }
     if !by_tables {
         let depth = walk_frame_pointers(ctx, &mut scratch.raw) as u64;
         // SAFETY: as above.
@@ -248,7 +263,8 @@ fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, 
 /// and the files' tables, into the slot's `raw` and `locations`; leaves the depth and why the walk
 /// ended (`unwind_stop`) in its `state`.
 #[inline(never)]
-fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
+fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch, memos: &mut FrameMemos) {
+    memos.begin(&scratch.start);
     let regs = scratch.start.regs;
     // SAFETY: the claimed slot's state.
     unsafe {
@@ -258,7 +274,7 @@ fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
         )
     };
     scratch.found.clear();
-    let mut walk = Walk { mappings, scratch };
+    let mut walk = Walk { mappings, scratch, memos };
     // SAFETY: the callback is a function of this program, and its context is `walk`, on this
     // program's stack for the whole call, as bpf_loop requires.
     unsafe { bpf_loop(STACK_DEPTH as u32, unwind_step as *mut c_void, (&raw mut walk).cast(), 0) };
@@ -270,6 +286,7 @@ fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch) {
 struct Walk {
     mappings: *const UnwindMappings,
     scratch: *mut Scratch,
+    memos: *mut FrameMemos,
 }
 
 /// bpf_loop's callback: one frame; 1 ends the loop.
@@ -279,8 +296,13 @@ extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     let walk = unsafe { &*(walk as *const Walk) };
     // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
     // take their chain of frames, and the two together would not fit in the BPF stack.
-    memtrace_locate_frame(walk.mappings, walk.scratch);
-    let went_on = memtrace_unwind_frame(walk.scratch);
+    let went_on = match memtrace_take_over(walk.scratch, walk.memos) {
+        MUST_WALK => {
+            memtrace_locate_frame(walk.mappings, walk.scratch);
+            memtrace_unwind_frame(walk.scratch, walk.memos)
+        }
+        went_on => went_on,
+    };
     // A global function's result is any scalar to the verifier, and a callback must return 0 or
     // 1: read back through memory, the result is compared, not bit-flipped by a compiler that
     // knows it is 0 or 1.
@@ -328,20 +350,46 @@ pub extern "C" fn memtrace_locate_frame(mappings: *const UnwindMappings, scratch
     0
 }
 
-/// Takes one frame (in the mapping `memtrace_locate_frame` found) and steps to its caller; 0 when
-/// the walk ends (the reason in the slot's state). Global, as `memtrace_locate_frame` says.
+/// What `memtrace_take_over` returns where the frame cannot be taken over.
+const MUST_WALK: i64 = -1;
+
+/// The walk's next frame as the slot's last walk took it, if it can be taken over
+/// (frame_memo.rs): 1 if the walk goes on, 0 if it ends there, else `MUST_WALK`. Global, as
+/// `memtrace_locate_frame` says.
 #[inline(never)]
 #[no_mangle]
-pub extern "C" fn memtrace_unwind_frame(scratch: *mut Scratch) -> i64 {
-    // SAFETY: null, or the run's claimed slot that `unwind` passed.
-    let Some(scratch) = (unsafe { scratch.as_mut() }) else {
+pub extern "C" fn memtrace_take_over(scratch: *mut Scratch, memos: *mut FrameMemos) -> i64 {
+    // SAFETY: null, or the run's claimed slot and its memos, which `unwind` passed.
+    let (Some(scratch), Some(memos)) = (unsafe { scratch.as_mut() }, unsafe { memos.as_mut() }) else {
+        return MUST_WALK;
+    };
+    let Scratch { raw, locations, state, window, .. } = scratch;
+    let index = state.depth as usize & (STACK_DEPTH - 1);
+    let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
+        return MUST_WALK;
+    };
+    memos.take_over(state, window, slot, location).map_or(MUST_WALK, i64::from)
+}
+
+/// Takes one frame (in the mapping `memtrace_locate_frame` found) and steps to its caller; 0 when
+/// the walk ends (the reason in the slot's state). Keeps the frame in the walk's memo
+/// (frame_memo.rs). Global, as `memtrace_locate_frame` says.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn memtrace_unwind_frame(scratch: *mut Scratch, memos: *mut FrameMemos) -> i64 {
+    // SAFETY: null, or the run's claimed slot and its memos, which `unwind` passed.
+    let (Some(scratch), Some(memos)) = (unsafe { scratch.as_mut() }, unsafe { memos.as_mut() }) else {
         return 0;
     };
-    i64::from(unwind_frame(scratch))
+    let went_on = unwind_frame(scratch, memos);
+    // SAFETY: the claimed slot's state.
+    let depth = unsafe { read_volatile(&scratch.state.depth) };
+    memos.record_words(depth.wrapping_sub(1), &scratch.window.frame);
+    i64::from(went_on)
 }
 
 /// `memtrace_unwind_frame` in the claimed slot.
-fn unwind_frame(scratch: &mut Scratch) -> bool {
+fn unwind_frame(scratch: &mut Scratch, memos: &mut FrameMemos) -> bool {
     let Scratch { raw, locations, state, window, found, .. } = scratch;
     let state: *mut UnwindState = state;
     // SAFETY: the claimed slot's state; read and written field by field, never as one value on
@@ -373,6 +421,8 @@ fn unwind_frame(scratch: &mut Scratch) -> bool {
     *slot = regs.rip;
     let base = mapping.file_offset.wrapping_sub(mapping.start);
     *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
+    window.begin_frame();
+    memos.record(depth, &regs, location);
     match step(&regs, mapping.file, pc.wrapping_add(base), window) {
         Ok(caller) => {
             // SAFETY: as above.

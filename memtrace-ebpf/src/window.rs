@@ -139,6 +139,21 @@ pub(crate) struct StackWindow {
     /// The memo's regions, read again by `recall`.
     again: [u64; RECALL_WORDS],
     memo: WalkMemo,
+    /// The words the current frame's step read, for frame_memo.rs.
+    pub(crate) frame: FrameWords,
+}
+
+/// Words a frame's step reads at most: two, one read of two or two of one.
+pub(crate) const FRAME_WORDS: usize = 2;
+
+/// The words one frame's step read, where and what: a frame that read more is counted, not kept
+/// (`count` past `FRAME_WORDS`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct FrameWords {
+    pub(crate) count: u64,
+    pub(crate) address: [u64; FRAME_WORDS],
+    pub(crate) value: [u64; FRAME_WORDS],
 }
 
 impl StackWindow {
@@ -230,7 +245,24 @@ impl StackWindow {
             self.state = window_state::EXHAUSTED;
         }
         // SAFETY: the helper checks the user address and fails rather than faults.
-        unsafe { bpf_probe_read_user(address as *const [u64; N]) }.map_err(|_| READ_FAULT)
+        let words = unsafe { bpf_probe_read_user(address as *const [u64; N]) }.map_err(|_| READ_FAULT)?;
+        self.log_frame(address, words);
+        Ok(words)
+    }
+
+    /// Starts the words of the walk's next frame.
+    pub(crate) fn begin_frame(&mut self) {
+        self.frame.count = 0;
+    }
+
+    /// Notes words read for the current frame.
+    fn log_frame<const N: usize>(&mut self, address: u64, words: [u64; N]) {
+        for (i, word) in words.into_iter().enumerate() {
+            let slot = (self.frame.count as usize + i) & (FRAME_WORDS - 1);
+            self.frame.address[slot] = address + 8 * i as u64;
+            self.frame.value[slot] = word;
+        }
+        self.frame.count += N as u64;
     }
 
     /// Refills the window from `address`: a kilobyte, or, where that runs past the end of the
@@ -269,6 +301,7 @@ impl StackWindow {
             self.memo.value[slot] = word;
         }
         self.memo.logged += N as u64;
+        self.log_frame(address, words);
         let span = &mut self.memo.regions[region].span;
         *span = (*span).max((first + N as u64) * 8);
     }

@@ -109,6 +109,34 @@ fn stacks_that_differ_only_in_a_return_address_stay_apart() {
     assert_eq!(process["unwind_stops"]["whole"], 2000, "{:#}", process["unwind_stops"]);
 }
 
+/// Deep stacks taken over from the slot's last walk where their frames meet it are still told
+/// apart far out (deep_paths.c: 64 frames and more, the leaf and the path near main alternating):
+/// four stacks, 1000 allocations and 40000 bytes each, every one whole.
+#[test]
+fn deep_stacks_that_differ_far_out_stay_apart() {
+    let (outcome, ..) = run_attached(&fixture_variant("deep_paths", "nofp", &NO_FRAME_POINTERS), &[]);
+    let process = outcome.process();
+    assert_eq!(process["allocations"], 4000, "{process:#}");
+    assert_eq!(leaks(process).len(), 4, "one group per leaf and path: {:#}", process["leaks"]);
+    for leaf in ["leaf_1", "leaf_2"] {
+        for path in ["path_a", "path_b"] {
+            let leak = leaks(process)
+                .iter()
+                .find(|leak| {
+                    let names = stack_names(leak);
+                    names.first() == Some(&leaf) && names.get(62) == Some(&path)
+                })
+                .unwrap_or_else(|| panic!("no leak through {leaf} and {path}: {:#}", process["leaks"]));
+            assert_eq!((&leak["allocations"], &leak["bytes"]), (&1000.into(), &40_000.into()), "{leak:#}");
+            let mut chain = vec![leaf];
+            chain.extend(["descend"; 61]);
+            chain.extend([path, "main"]);
+            assert_chain(leak, &chain);
+        }
+    }
+    assert_eq!(process["unwind_stops"]["whole"], 4000, "{:#}", process["unwind_stops"]);
+}
+
 /// `--debug-bpf` says why a stack ends short, once per new stack: jit_alloc.c allocates 10 times
 /// from code in no file (an anonymous executable page), where the walk must stop.
 #[test]

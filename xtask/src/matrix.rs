@@ -49,7 +49,8 @@ const PLAN: &[(&str, &[&str])] = &[
             "sampled_leaks_are_estimated_within_five_percent",
         ],
     ),
-    // stacks without frame pointers: the .eh_frame unwinder; 128 frames; whole from a launched
+    // stacks without frame pointers: the .eh_frame unwinder; 128 frames; deep stacks taken over
+    // from the slot's last walk (frame_memo.rs) told apart far out; whole from a launched
     // program's first instruction and in short-lived programs a shell runs, held at their exec
     // (the kernel's own mappings, bpf_find_vma, before memtrace has read the process's)
     (
@@ -57,6 +58,7 @@ const PLAN: &[(&str, &[&str])] = &[
         &[
             "chain_without_frame_pointers_is_whole_and_one_group",
             "a_stack_of_a_hundred_frames_is_whole_from_the_first_instruction",
+            "deep_stacks_that_differ_far_out_stay_apart",
             "a_stack_past_the_depth_limit_keeps_128_frames_and_says_so",
             "short_lived_programs_a_shell_runs_have_whole_stacks",
         ],
