@@ -55,7 +55,42 @@ fn main() -> Result<()> {
     let out = PathBuf::from(env::var("OUT_DIR")?).join("memtrace.bpf.o");
     std::fs::copy(&object, &out)
         .with_context(|| format!("copying {} to {}", object.display(), out.display()))?;
-    Ok(())
+    check_programs(&object)
+}
+
+/// Fails the build where the object's programs and memtrace_common::programs differ: a program
+/// one side names and the other does not, or of another kind.
+fn check_programs(object: &Path) -> Result<()> {
+    use memtrace_common::programs::{mismatch, Mismatch};
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+    let bytes = std::fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+    let file = object::File::parse(&*bytes).with_context(|| format!("parsing {}", object.display()))?;
+    // A program is a global function outside .text, in the section its kind names.
+    let mut programs = Vec::new();
+    for symbol in file.symbols().filter(|s| s.kind() == SymbolKind::Text && s.is_global()) {
+        let Some(index) = symbol.section_index() else { continue };
+        let section = file.section_by_index(index)?.name()?;
+        if section != ".text" {
+            programs.push((symbol.name()?, section));
+        }
+    }
+    let Some(mismatch) = mismatch(programs.iter().copied()) else { return Ok(()) };
+    let table = "memtrace-common/src/programs.rs";
+    match mismatch {
+        Mismatch::Unlisted { name, section } => {
+            bail!("memtrace-ebpf defines BPF program `{name}` (section {section}), which {table} does not list: add it there")
+        }
+        Mismatch::OtherKind { program, section } => bail!(
+            "BPF program `{}` is in section {section} of the object, but {table} says it is {:?}: make the two agree",
+            program.name,
+            program.kind
+        ),
+        Mismatch::Missing(program) => bail!(
+            "{table} lists BPF program `{}` ({:?}), which memtrace-ebpf does not define: define it or remove it from the table",
+            program.name,
+            program.kind
+        ),
+    }
 }
 
 fn find_route() -> Result<Route> {

@@ -3,6 +3,7 @@
 #![cfg_attr(not(test), no_std)]
 
 pub mod arguments;
+pub mod programs;
 
 pub use arguments::{ArgumentRegisters, ArgumentsRead};
 

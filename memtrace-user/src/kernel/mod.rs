@@ -31,10 +31,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memtrace_common::{
-    reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey, InterpreterCodeKey,
-    KernelLayout, PerlSub, ProbeCookie, ProcessStats, PythonCode, Region, RegionKey, StackKey, StackTotals,
-    DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS, MAX_COMMS,
-    MAX_PROCESSES,
+    programs, reach, Allocation, AllocationKey, AllocatorCode, AllocatorFunction, ImageKey,
+    InterpreterCodeKey, KernelLayout, PerlSub, ProbeCookie, ProcessStats, PythonCode, Region, RegionKey,
+    StackKey, StackTotals, DEFAULT_MAX_LIVE_ALLOCATIONS, GLOBAL_LOST_SLOT, MAX_ALLOCATOR_CODES, MAX_CGROUPS,
+    MAX_COMMS, MAX_PROCESSES,
 };
 
 pub use kernel_btf::kernel_layout;
@@ -60,19 +60,20 @@ use crate::{
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
-/// The uprobe programs of memtrace-ebpf: every allocator entry point, every allocator return, and
+/// The uprobe programs of memtrace-ebpf (each named once, in memtrace_common::programs, which the
+/// build checks against the object): every allocator entry point, every allocator return, and
 /// every USDT site.
-const ALLOCATOR_ENTRY: &str = "alloc_enter";
-const ALLOCATOR_RETURN: &str = "alloc_exit";
-const USDT_SITE: &str = "usdt_site";
+const ALLOCATOR_ENTRY: &str = programs::ALLOC_ENTER.name;
+const ALLOCATOR_RETURN: &str = programs::ALLOC_EXIT.name;
+const USDT_SITE: &str = programs::USDT_SITE.name;
 /// The allocator's own sampled probes (`--app-sampled`).
-const SAMPLED_SITE: &str = "sampled_site";
+const SAMPLED_SITE: &str = programs::SAMPLED_SITE.name;
 /// Programs that do nothing, on the allocator's probe points: the floor `cargo xtask bench` measures.
-const EMPTY_ENTRY: &str = "empty_enter";
-const EMPTY_RETURN: &str = "empty_exit";
+const EMPTY_ENTRY: &str = programs::EMPTY_ENTER.name;
+const EMPTY_RETURN: &str = programs::EMPTY_EXIT.name;
 /// The C library's mapping calls, at entry and at return.
-const MAP_ENTRY: &str = "map_enter";
-const MAP_RETURN: &str = "map_exit";
+const MAP_ENTRY: &str = programs::MAP_ENTER.name;
+const MAP_RETURN: &str = programs::MAP_EXIT.name;
 const UPROBE_PROGRAMS: [&str; 9] = [
     FORK_RETURN,
     ALLOCATOR_ENTRY,
@@ -205,15 +206,13 @@ fn call_sites(index: u32, points: &[&ResolvedEntryPoint]) -> (Vec<Site>, Vec<Sit
 
 /// The program that marks exits: its runs the kernel skips lose no event of a traced process by
 /// themselves (the collector finds such exits in /proc; `skipped_exit_runs`).
-const EXIT_PROGRAM: &str = "process_exit";
+const EXIT_PROGRAM: &str = programs::PROCESS_EXIT.name;
 /// The return probe on the C library's fork that holds a followed tree's new process: a run the
 /// kernel skips loses no event by itself; the child it would have held is found at a later sample
 /// (`Following::probe_late_forks`) and counted there.
-const FORK_RETURN: &str = "fork_return";
-/// The program that hears of the OOM killer's victims.
-const OOM_PROGRAM: &str = "oom_victim";
+const FORK_RETURN: &str = programs::FORK_RETURN.name;
 /// The program that reads an exiting process's memory at do_exit's entry.
-const EXIT_READER: &str = "exit_begins";
+const EXIT_READER: &str = programs::EXIT_BEGINS.name;
 
 /// The runs of each program the kernel skipped, as read at one moment.
 pub struct SkippedRuns {
@@ -328,10 +327,10 @@ impl Probes {
             _bpf_log: bpf_log,
         };
         // Exits release each thread's allocator slot and mark processes exited, in every mode.
-        probes.attach_raw_tracepoint(EXIT_PROGRAM, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(programs::PROCESS_EXIT)?;
         probes.exit_reader = probes.attach_exit_reader().is_ok();
         if let Reach::Tree = config.reach {
-            probes.attach_raw_tracepoint("process_fork", "sched_process_fork")?;
+            probes.attach_raw_tracepoint(programs::PROCESS_FORK)?;
         }
         Ok(probes)
     }
@@ -641,19 +640,14 @@ impl Probes {
     /// Follows processes as they exec; returns the ring buffer that announces the execs of traced
     /// processes.
     pub fn follow_processes(&mut self) -> Result<RingBuf<MapData>> {
-        self.attach_raw_tracepoint("process_exec", "sched_process_exec")?;
+        self.attach_raw_tracepoint(programs::PROCESS_EXEC)?;
         tables::EXEC_EVENTS.take(&mut self.ebpf)
     }
 
     /// Hears of the OOM killer's victims (oom:mark_victim); returns the ring buffer that announces
     /// them. An error where the kernel has no such tracepoint.
     pub fn watch_oom_kills(&mut self) -> Result<RingBuf<MapData>> {
-        let tracepoint: &mut aya::programs::RawTracePoint = self
-            .ebpf
-            .program_mut(OOM_PROGRAM)
-            .with_context(|| format!("the BPF object has no program {OOM_PROGRAM}"))?
-            .try_into()?;
-        tracepoint.attach("mark_victim").context("attaching to oom:mark_victim")?;
+        self.attach_raw_tracepoint(programs::OOM_VICTIM)?;
         tables::OOM_EVENTS.take(&mut self.ebpf)
     }
 
@@ -672,14 +666,17 @@ impl Probes {
     /// The exit levels' reader at do_exit's entry (fentry), for kernels whose sched_process_exit
     /// comes after the task's memory is released; an error where the kernel has no fentry.
     fn attach_exit_reader(&mut self) -> Result<()> {
+        let programs::ProgramKind::Fentry(function) = programs::EXIT_BEGINS.kind else {
+            bail!("BPF program {EXIT_READER} is no fentry program: {:?}", programs::EXIT_BEGINS.kind);
+        };
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let program: &mut aya::programs::FEntry = self
             .ebpf
             .program_mut(EXIT_READER)
             .with_context(|| format!("the BPF object has no program {EXIT_READER}"))?
             .try_into()?;
-        program.load("do_exit", &btf).context("verifying the exit reader")?;
-        program.attach().context("attaching the exit reader to do_exit")?;
+        program.load(function, &btf).context("verifying the exit reader")?;
+        program.attach().with_context(|| format!("attaching the exit reader to {function}"))?;
         Ok(())
     }
 
@@ -689,13 +686,17 @@ impl Probes {
     }
 
     /// Raw tracepoints attach by name, with no tracefs needed.
-    fn attach_raw_tracepoint(&mut self, program: &str, event: &str) -> Result<()> {
+    /// Attaches raw tracepoint `program` to the tracepoint the table names for it.
+    fn attach_raw_tracepoint(&mut self, program: programs::Program) -> Result<()> {
+        let programs::ProgramKind::RawTracepoint(event) = program.kind else {
+            bail!("BPF program {} is no raw tracepoint: {:?}", program.name, program.kind);
+        };
         let tracepoint: &mut aya::programs::RawTracePoint = self
             .ebpf
-            .program_mut(program)
-            .with_context(|| format!("the BPF object has no program {program}"))?
+            .program_mut(program.name)
+            .with_context(|| format!("the BPF object has no program {}", program.name))?
             .try_into()?;
-        tracepoint.attach(event).with_context(|| format!("attaching to sched:{event}"))?;
+        tracepoint.attach(event).with_context(|| format!("attaching to tracepoint {event}"))?;
         Ok(())
     }
 
