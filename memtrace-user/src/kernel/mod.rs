@@ -16,17 +16,20 @@ mod stack;
 pub mod sys;
 pub mod tables;
 mod thread_slots;
+mod unwind_tables;
+mod usdt_tables;
 pub mod verifier_report;
 mod windows;
 pub use map_ops::ArrayCell;
 pub use map_ops::Taken;
 pub use stack::Stack;
+pub use unwind_tables::InterpreterTable;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{HashMap, MapData, RingBuf},
+    maps::{MapData, RingBuf},
     programs::Program,
     Ebpf, EbpfLoader,
 };
@@ -43,7 +46,6 @@ pub use links::{Scope, Site};
 use live_table::{LiveTable, TableSize};
 use loader::MultiPrograms;
 pub use per_cpu::with_per_cpu_sums;
-use tables::{ArrayTable, Table};
 
 use crate::{
     kernel::features::{KernelFeatures, LinkKind},
@@ -736,23 +738,12 @@ impl Probes {
         self.usdt_sites > 0
     }
 
-    /// Every entry of a USDT map (`SUBSYSTEMS`, `USDT_COUNTERS`, `DUMP_ROUNDS`); none without a site
-    /// attached.
-    pub fn usdt_entries<K: aya::Pod, V: aya::Pod>(&self, table: &Table<K, V>) -> Result<Vec<(K, V)>> {
-        if !self.usdt_written() {
-            return Ok(Vec::new());
-        }
-        table.entries(&self.ebpf)
-    }
-
     pub fn occupancy(&self) -> Result<MapOccupancy> {
         Ok(MapOccupancy {
             processes: tables::STATS.entries(&self.ebpf)?.len(),
             live_allocations: self.live.len(),
             stack_totals: tables::STACK_TOTALS.entries(&self.ebpf)?.len(),
-            usdt_entries: self.usdt_entries(&tables::SUBSYSTEMS)?.len()
-                + self.usdt_entries(&tables::USDT_COUNTERS)?.len()
-                + self.usdt_entries(&tables::DUMP_ROUNDS)?.len(),
+            usdt_entries: self.usdt_figures().len()?,
         })
     }
 
@@ -852,29 +843,6 @@ impl Probes {
             return Ok(Some(Stack::new(&frames.frames)));
         }
         Ok(tables::DEEP_STACKS.get(&self.ebpf, &stack)?.map(|frames| Stack::new(&frames.frames)))
-    }
-
-    /// A hash map of the kernel's, typed, for updates.
-    pub fn writable<K: aya::Pod, V: aya::Pod>(
-        &mut self,
-        table: &Table<K, V>,
-    ) -> Result<HashMap<&mut MapData, K, V>> {
-        table.writable(&mut self.ebpf)
-    }
-
-    /// The value at `index` of an array of the kernel's.
-    pub fn array_get<V: aya::Pod>(&self, table: &ArrayTable<V>, index: u32) -> Result<V> {
-        table.get(&self.ebpf, index)
-    }
-
-    /// Writes the value at `index` of an array of the kernel's.
-    pub fn array_set<V: aya::Pod>(&mut self, table: &ArrayTable<V>, index: u32, value: &V) -> Result<()> {
-        table.set(&mut self.ebpf, index, value)
-    }
-
-    /// Writes `values` into an array of the kernel's from index `first` on, in a few syscalls.
-    pub fn array_set_many<V: aya::Pod>(&self, table: &ArrayTable<V>, first: u32, values: &[V]) -> Result<()> {
-        table.set_many(&self.ebpf, first, values)
     }
 }
 

@@ -11,7 +11,7 @@ use super::{
     request::UsdtRequest,
 };
 use crate::{
-    kernel::{tables::USDT_SPECS, Probes},
+    kernel::Probes,
     process::{FileId, ObjectFile},
 };
 
@@ -83,7 +83,7 @@ pub(super) fn write_specs(
         bail!("more than {MAX_USDT_SPECS} uses of USDT probe sites to attach; name fewer with --usdt");
     }
     for (index, spec) in (first..).zip(specs.iter()) {
-        probes.array_set(&USDT_SPECS, index, spec).context("writing a USDT site's spec")?;
+        probes.set_usdt_spec(index, spec)?;
     }
     *next_spec += specs.len() as u32;
     Ok(Some(u64::from(first)))

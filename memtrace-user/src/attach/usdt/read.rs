@@ -5,14 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use memtrace_common::{SubsystemKey, SubsystemValue, USDT_LOST_SLOT};
+use memtrace_common::{SubsystemKey, SubsystemValue};
 
 use super::{request::UsdtRequest, rounds::Rounds};
 use crate::{
-    kernel::{
-        tables::{DUMP_ROUNDS, SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS},
-        Probes,
-    },
+    kernel::Probes,
     model::{Model, UsdtProbeCounter},
 };
 
@@ -36,7 +33,7 @@ pub(super) fn collect(
         }
     }
     let mut counters: BTreeMap<u32, BTreeMap<String, UsdtProbeCounter>> = BTreeMap::new();
-    for (key, value) in probes.usdt_entries(&USDT_COUNTERS)? {
+    for (key, value) in probes.usdt_figures().counters()? {
         let Some(request) = requests.get(key.counter as usize) else {
             continue;
         };
@@ -62,7 +59,7 @@ pub(super) fn collect(
             figures.probes.extend(counters);
         }
     }
-    model.usdt_lost_events = probes.array_get(&USDT_LOST_EVENTS, USDT_LOST_SLOT)?;
+    model.usdt_lost_events = probes.usdt_figures().lost_events()?;
     Ok(())
 }
 
@@ -71,13 +68,14 @@ pub(super) fn collect(
 fn read_subsystems(probes: &Probes) -> Result<(Vec<(SubsystemKey, SubsystemValue)>, Rounds)> {
     let mut reads = 0;
     loop {
-        let before = probes.usdt_entries(&DUMP_ROUNDS)?;
-        let entries = probes.usdt_entries(&SUBSYSTEMS)?;
+        let figures = probes.usdt_figures();
+        let before = figures.dump_rounds()?;
+        let entries = figures.subsystems()?;
         if before.is_empty() {
             // A round that began meanwhile is not complete: none of its values shows.
             return Ok((entries, Rounds::default()));
         }
-        let rounds = Rounds::new(before, probes.usdt_entries(&DUMP_ROUNDS)?);
+        let rounds = Rounds::new(before, figures.dump_rounds()?);
         reads += 1;
         if rounds.steady() || reads == SUBSYSTEM_READS {
             return Ok((entries, rounds));
@@ -88,8 +86,9 @@ fn read_subsystems(probes: &Probes) -> Result<(Vec<(SubsystemKey, SubsystemValue
 /// The processes the kernel has USDT figures for (subsystems or `--usdt` counters).
 pub fn reporting_processes(probes: &Probes) -> Result<BTreeSet<u32>> {
     let mut tgids = BTreeSet::new();
-    tgids.extend(probes.usdt_entries(&SUBSYSTEMS)?.into_iter().map(|(key, _)| key.tgid));
-    tgids.extend(probes.usdt_entries(&USDT_COUNTERS)?.into_iter().map(|(key, _)| key.tgid));
+    let figures = probes.usdt_figures();
+    tgids.extend(figures.subsystems()?.into_iter().map(|(key, _)| key.tgid));
+    tgids.extend(figures.counters()?.into_iter().map(|(key, _)| key.tgid));
     Ok(tgids)
 }
 

@@ -16,7 +16,7 @@ use std::{
     sync::mpsc::{channel, Receiver, Sender},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use memtrace_common::{
     interpreter, unwind_file_state, ThreadKeys, UnwindFile, UnwindMapping, UnwindMappings, UNWIND_MAX_FILES,
     UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_ROWS,
@@ -24,13 +24,7 @@ use memtrace_common::{
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
-    kernel::{
-        tables::{
-            PERL_PROCESSES, PYTHON_PROCESSES, UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS,
-            UNWIND_PAGES, UNWIND_ROWS,
-        },
-        Probes,
-    },
+    kernel::{InterpreterTable, Probes},
     model::Model,
     process::{interpreter::InterpreterProcess, perl::with_thread_keys, procfs::Mapping},
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
@@ -165,21 +159,10 @@ impl KernelTables {
             self.announce_if_ready(process.identity.pid);
         }
         if !gone.is_empty() {
-            for &pid in &gone {
-                match self.processes.remove(&pid).and_then(|table| table.interpreter) {
-                    Some(InterpreterProcess::Python(_)) => {
-                        let _ = probes.writable(&PYTHON_PROCESSES)?.remove(&pid);
-                    }
-                    Some(InterpreterProcess::Perl(_)) => {
-                        let _ = probes.writable(&PERL_PROCESSES)?.remove(&pid);
-                    }
-                    None => {}
-                }
+            for pid in &gone {
+                self.processes.remove(pid);
             }
-            let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
-            for pid in gone {
-                let _ = mappings.remove(&pid);
-            }
+            probes.unwind_tables().forget(&gone)?;
             self.changed = true;
         }
         self.publish(probes)
@@ -192,7 +175,7 @@ impl KernelTables {
             return Ok(());
         }
         self.epoch += 1;
-        probes.array_set(&UNWIND_EPOCH, 0, &self.epoch).context("bumping the unwind tables' epoch")
+        probes.unwind_tables().set_epoch(self.epoch)
     }
 
     /// Writes a process's mapping table, giving each new file a slot (and a table).
@@ -236,20 +219,19 @@ impl KernelTables {
         value.mappings[..value.count as usize].sort_by_key(|m| m.start);
         if let Some(process) = &table.interpreter {
             // Before the flag that has the kernel read it. A full map leaves native frames alone.
-            let written = match process {
-                InterpreterProcess::Python(python) => {
-                    probes.writable(&PYTHON_PROCESSES)?.insert(pid, *python, 0)
-                }
-                InterpreterProcess::Perl(perl) => {
-                    let perl = with_thread_keys(*perl, table.thread_keys);
-                    probes.writable(&PERL_PROCESSES)?.insert(pid, perl, 0)
-                }
-            };
-            value.interpreter = if written.is_ok() { process.kind() } else { interpreter::NONE };
+            let written = probes.unwind_tables().set_interpreter(
+                pid,
+                match process {
+                    InterpreterProcess::Python(python) => InterpreterTable::Python(*python),
+                    InterpreterProcess::Perl(perl) => {
+                        InterpreterTable::Perl(with_thread_keys(*perl, table.thread_keys))
+                    }
+                },
+            )?;
+            value.interpreter = if written { process.kind() } else { interpreter::NONE };
         }
-        let mut mappings = probes.writable(&UNWIND_MAPPINGS)?;
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.
-        let _ = mappings.insert(pid, value, 0);
+        probes.unwind_tables().set_mappings(pid, &value)?;
         self.changed = true;
         table.mappings = executable;
         table.announced = false;
@@ -285,11 +267,7 @@ impl KernelTables {
         };
         self.write_file(probes, slot, &file)?;
         // The kernel's way to the slot from a mapping of the file (a process's first moments).
-        // A full map leaves the file to the mapping tables.
-        let mut file_slots = probes.writable(&UNWIND_FILE_SLOTS)?;
-        for key in object.kernel_keys() {
-            let _ = file_slots.insert(key, slot, 0);
-        }
+        probes.unwind_tables().set_file_keys(&object.kernel_keys(), slot)?;
         match (&self.worker, when) {
             (Some((requests, _)), Build::Worker) => {
                 // The worker only ends with memtrace.
@@ -319,8 +297,7 @@ impl KernelTables {
         }
         table.info.rows_start = self.next_row;
         table.info.pages_start = self.next_page;
-        probes.array_set_many(&UNWIND_ROWS, self.next_row, &table.rows)?;
-        probes.array_set_many(&UNWIND_PAGES, self.next_page, &table.pages)?;
+        probes.unwind_tables().set_table((self.next_row, &table.rows), (self.next_page, &table.pages))?;
         self.next_row = rows_end as u32;
         self.next_page = pages_end as u32;
         // The rows are in place before the kernel may read them.
@@ -331,7 +308,7 @@ impl KernelTables {
     }
 
     fn write_file(&mut self, probes: &mut Probes, slot: u32, file: &UnwindFile) -> Result<()> {
-        probes.array_set(&UNWIND_FILES, slot, file).context("writing an unwind file slot")?;
+        probes.unwind_tables().set_file(slot, file)?;
         self.changed = true;
         Ok(())
     }
@@ -372,6 +349,6 @@ fn spawn_worker() -> Worker {
     (requests, results)
 }
 
-fn read_file(probes: &Probes, slot: u32) -> Result<UnwindFile> {
-    probes.array_get(&UNWIND_FILES, slot).context("reading an unwind file slot")
+fn read_file(probes: &mut Probes, slot: u32) -> Result<UnwindFile> {
+    probes.unwind_tables().file(slot)
 }
