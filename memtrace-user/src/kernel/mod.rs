@@ -4,6 +4,7 @@
 //! kernel removes it when memtrace exits, however it exits. What to attach is decided above this
 //! room (following, and usdt for USDT sites), which calls in here and is never called back.
 
+mod embedded;
 pub mod features;
 mod kernel_btf;
 mod links;
@@ -16,14 +17,13 @@ mod stack;
 pub mod sys;
 pub mod tables;
 mod thread_slots;
-mod unwind_tables;
+pub mod unwind_tables;
 mod usdt_tables;
 pub mod verifier_report;
 mod windows;
 pub use map_ops::ArrayCell;
 pub use map_ops::Taken;
 pub use stack::Stack;
-pub use unwind_tables::InterpreterTable;
 
 use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
@@ -40,6 +40,7 @@ use memtrace_common::{
     MAX_COMMS, MAX_PROCESSES,
 };
 
+use embedded::BPF_OBJECT;
 pub use kernel_btf::kernel_layout;
 use links::{CallPrograms, Calls, Direction, Links};
 pub use links::{Scope, Site};
@@ -59,8 +60,6 @@ use crate::{
         probe_point::{ProbePoint, SingleStepped},
     },
 };
-
-static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.bpf.o"));
 
 /// The uprobe programs of memtrace-ebpf (each named once, in memtrace_common::programs, which the
 /// build checks against the object): every allocator entry point, every allocator return, and

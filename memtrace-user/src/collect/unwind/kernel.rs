@@ -24,7 +24,7 @@ use memtrace_common::{
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
-    kernel::{InterpreterTable, Probes},
+    kernel::{unwind_tables::InterpreterTable, Probes},
     model::Model,
     process::{interpreter::InterpreterProcess, perl::with_thread_keys, procfs::Mapping},
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
