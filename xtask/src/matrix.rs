@@ -387,8 +387,13 @@ fn qemu(vmlinuz: &Path, initrd: &Path, plan: &Path, log: &Path) -> Result<bool> 
         plan.display()
     );
     let console = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    // One host thread runs both vCPUs (`thread=single`): with a thread each (MTTCG), a vCPU went on
+    // running code the other had just rewritten. The kernel rewrites its own code whenever a static
+    // branch turns (a per-task perf event, a memory cgroup, a tracepoint): vCPUs took the int3 of a
+    // patch already finished ("Oops: int3" at __schedule+0x38a on 7.2 and +0x407 on 6.12, as the
+    // scheduler's perf branch turned; at kmem_cache_alloc_noprof on 6.12-rt, in the containers tests).
     let mut child = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-cpu", "max", "-m", MEMORY, "-smp", VCPUS])
+        .args(["-accel", "tcg,thread=single", "-cpu", "max", "-m", MEMORY, "-smp", VCPUS])
         .args(["-nographic", "-monitor", "none", "-no-reboot", "-kernel"])
         .arg(vmlinuz)
         .arg("-initrd")
