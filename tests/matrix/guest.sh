@@ -31,27 +31,6 @@ if [ "$(wc -l </tmp/probe.out)" -le 60 ]; then cat /tmp/probe.out; else head -n 
 echo "MATRIX-DOCTOR-RC $?"
 sed 's/^/MATRIX-DOCTOR /' /tmp/doctor.out | head -80
 
-# The scheduler's perf static branch (perf_sched_events) is switched on by the first per-task perf
-# event and off about a second after the last: every memtrace run with per-site perf links (the
-# tests of MEMTRACE_LINKS=perf) patched __schedule's code while the other vCPU ran it. On 6.12 under
-# QEMU's TCG a vCPU then hit the int3 of a patch already finished ("Oops: int3" at
-# __schedule+0x407, inside the branch's `jmp`, during accounting's perf-link test), most likely
-# TCG's view of code another vCPU rewrites (an earlier CI run's 6.12 Oops: int3, during the
-# containers tests, has no site on record). A task holding a perf event of its own (a dummy
-# software event, then `sleep`) keeps the branch on, so the tests no longer patch the scheduler.
-/usr/bin/python3 - <<'HOLDER' &
-import ctypes, os, struct, sys
-# perf_event_attr: type PERF_TYPE_SOFTWARE (1), size 128, config PERF_COUNT_SW_DUMMY (9).
-attr = ctypes.create_string_buffer(struct.pack("IIQ", 1, 128, 9) + bytes(112), 128)
-syscall = ctypes.CDLL(None, use_errno=True).syscall
-syscall.restype = ctypes.c_long
-# perf_event_open(attr, pid 0 (this task), cpu -1, group -1, flags 0): x86-64's syscall 298.
-fd = syscall(ctypes.c_long(298), attr, ctypes.c_int(0), ctypes.c_int(-1), ctypes.c_int(-1), ctypes.c_ulong(0))
-if fd < 0:
-    sys.exit(f"MATRIX-PERF-HOLDER perf_event_open failed: errno {ctypes.get_errno()}")
-os.execv("/bin/sleep", ["sleep", "infinity"])
-HOLDER
-
 if [ "$probe" != 0 ] && [ "$ALLOW_REFUSAL" = 1 ]; then
   echo "MATRIX-TESTS-SKIPPED memtrace refused this kernel"
 else
