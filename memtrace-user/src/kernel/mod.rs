@@ -686,8 +686,8 @@ impl Probes {
         self.exit_reader
     }
 
-    /// Raw tracepoints attach by name, with no tracefs needed.
-    /// Attaches raw tracepoint `program` to the tracepoint the table names for it.
+    /// Attaches raw tracepoint `program` to the tracepoint the table names for it: by name, with
+    /// no tracefs needed.
     fn attach_raw_tracepoint(&mut self, program: programs::Program) -> Result<()> {
         let programs::ProgramKind::RawTracepoint(event) = program.kind else {
             bail!("BPF program {} is no raw tracepoint: {:?}", program.name, program.kind);

@@ -4,7 +4,9 @@
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
-use memtrace_common::{ImageKey, PerlProcess, PythonProcess, UnwindFile, UnwindMappings, UnwindRow};
+use memtrace_common::{
+    interpreter, ImageKey, PerlProcess, PythonProcess, UnwindFile, UnwindMappings, UnwindRow,
+};
 
 use super::{
     tables::{
@@ -49,14 +51,18 @@ impl UnwindTables<'_> {
         .is_ok())
     }
 
-    /// Forgets the tables of processes that are gone: their mapping tables and interpreters.
-    pub fn forget<'p>(&mut self, pids: impl IntoIterator<Item = &'p u32> + Clone) -> Result<()> {
-        for pid in pids.clone() {
-            let _ = PYTHON_PROCESSES.writable(self.ebpf)?.remove(pid);
-            let _ = PERL_PROCESSES.writable(self.ebpf)?.remove(pid);
+    /// Forgets the tables of processes that are gone, each `(pid, interpreter)`: its mapping
+    /// table, and its interpreter's entry where it had one (`interpreter::PYTHON`, `PERL`).
+    pub fn forget(&mut self, gone: &[(u32, u32)]) -> Result<()> {
+        for &(pid, kind) in gone {
+            let _ = match kind {
+                interpreter::PYTHON => PYTHON_PROCESSES.writable(self.ebpf)?.remove(&pid),
+                interpreter::PERL => PERL_PROCESSES.writable(self.ebpf)?.remove(&pid),
+                _ => continue,
+            };
         }
         let mut mappings = UNWIND_MAPPINGS.writable(self.ebpf)?;
-        for pid in pids {
+        for (pid, _) in gone {
             let _ = mappings.remove(pid);
         }
         Ok(())

@@ -159,9 +159,14 @@ impl KernelTables {
             self.announce_if_ready(process.identity.pid);
         }
         if !gone.is_empty() {
-            for pid in &gone {
-                self.processes.remove(pid);
-            }
+            let gone: Vec<(u32, u32)> = gone
+                .into_iter()
+                .map(|pid| {
+                    let table = self.processes.remove(&pid);
+                    let interpreter = table.and_then(|table| table.interpreter);
+                    (pid, interpreter.map_or(interpreter::NONE, |process| process.kind()))
+                })
+                .collect();
             probes.unwind_tables().forget(&gone)?;
             self.changed = true;
         }
@@ -284,7 +289,7 @@ impl KernelTables {
     /// Copies a built table into the shared arrays and marks its slot loaded (or frame pointers,
     /// without a table). A table that does not fit leaves the slot pending.
     fn load_table(&mut self, probes: &mut Probes, slot: u32, table: Option<UnwindTable>) -> Result<()> {
-        let mut file = read_file(probes, slot)?;
+        let mut file = probes.unwind_tables().file(slot)?;
         let Some(mut table) = table.filter(|table| !table.rows.is_empty()) else {
             file.state = unwind_file_state::FRAME_POINTERS;
             self.states[slot as usize] = SlotState::FramePointers;
@@ -347,8 +352,4 @@ fn spawn_worker() -> Worker {
         }
     });
     (requests, results)
-}
-
-fn read_file(probes: &mut Probes, slot: u32) -> Result<UnwindFile> {
-    probes.unwind_tables().file(slot)
 }
