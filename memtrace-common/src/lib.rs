@@ -307,19 +307,30 @@ pub struct ImageKey {
 }
 
 /// A process that began running a new program (sched_process_exec), for userspace to probe the
-/// allocators it brings; or (`forked`) a process a followed one forked, as it returns from fork,
-/// for userspace to probe its parent's image for it alone (probes of a followed tree are per
-/// process). `hold` says whether the BPF side stopped it there ([`exec_hold`]).
+/// allocators it brings; a process a followed one forked, as it returns from fork, for userspace
+/// to probe its parent's image for it alone (probes of a followed tree are per process); or a
+/// traced process that loaded a library, for userspace to write the library's unwind table
+/// ([`announced`] says which). `hold` says whether the BPF side stopped it there ([`exec_hold`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecEvent {
     pub tgid: u32,
     pub hold: u32,
-    /// The program's file; zero for a fork.
+    /// The program's file; zero for a fork or a library.
     pub image: ImageKey,
-    /// 1 for a forked child (the image is its parent's), 0 for an exec.
-    pub forked: u32,
+    /// What happened ([`announced`]).
+    pub kind: u32,
     pub _pad: u32,
+}
+
+/// What an [`ExecEvent`] announces.
+pub mod announced {
+    /// A new program (exec).
+    pub const EXEC: u32 = 0;
+    /// A followed tree's new process, running its parent's image (fork).
+    pub const FORK: u32 = 1;
+    /// A library loaded (the C library's dlopen returned): the process's mappings changed.
+    pub const LIBRARY: u32 = 2;
 }
 
 /// What the exec tracepoint did with an exec ([`ExecEvent::hold`]).

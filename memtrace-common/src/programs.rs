@@ -83,6 +83,11 @@ pub const FORK_RETURN: Program = Program {
     kind: ProgramKind::Uretprobe,
     attached_at: "the C library's fork, in a followed tree",
 };
+pub const LIBRARY_LOADED: Program = Program {
+    name: "library_loaded",
+    kind: ProgramKind::Uretprobe,
+    attached_at: "the C library's dlopen and dlmopen, for traced processes whose stacks unwind from tables",
+};
 pub const PROCESS_FORK: Program = Program {
     name: "process_fork",
     kind: ProgramKind::RawTracepoint("sched_process_fork"),
@@ -110,7 +115,7 @@ pub const EXIT_BEGINS: Program = Program {
 };
 
 /// Every program of the object.
-pub const ALL: [Program; 14] = [
+pub const ALL: [Program; 15] = [
     ALLOC_ENTER,
     ALLOC_EXIT,
     EMPTY_ENTER,
@@ -120,6 +125,7 @@ pub const ALL: [Program; 14] = [
     SAMPLED_SITE,
     USDT_SITE,
     FORK_RETURN,
+    LIBRARY_LOADED,
     PROCESS_FORK,
     PROCESS_EXEC,
     PROCESS_EXIT,

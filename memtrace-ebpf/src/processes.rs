@@ -10,9 +10,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    exec_hold, reach, ExecEvent, ImageKey, ProbeCookie, ProcessStats, ThreadState, EXEC_EVENTS_BYTES,
-    GLOBAL_LOST_SLOT, MAX_CGROUPS, MAX_CGROUP_DEPTH, MAX_COMMS, MAX_EXCLUDED_PIDS, MAX_KNOWN_IMAGES,
-    MAX_PENDING_FORKS, MAX_PROCESSES,
+    announced, exec_hold, reach, ExecEvent, ImageKey, ProbeCookie, ProcessStats, ThreadState,
+    EXEC_EVENTS_BYTES, GLOBAL_LOST_SLOT, MAX_CGROUPS, MAX_CGROUP_DEPTH, MAX_COMMS, MAX_EXCLUDED_PIDS,
+    MAX_KNOWN_IMAGES, MAX_PENDING_FORKS, MAX_PROCESSES,
 };
 
 use crate::{
@@ -350,7 +350,30 @@ pub fn fork_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     let hold = if holding() { stop_current() } else { exec_hold::NONE };
-    entry.write(ExecEvent { tgid, hold, forked: 1, ..ExecEvent::default() });
+    entry.write(ExecEvent { tgid, hold, kind: announced::FORK, ..ExecEvent::default() });
+    entry.submit(0);
+    0
+}
+
+/// A traced process loaded a library: the C library's dlopen (or dlmopen) returned a handle. Where
+/// processes are held, it is stopped here and announced, so that userspace writes the library's
+/// unwind table before the caller runs the library's code: a Python extension's module init
+/// allocates right after the load, and its stacks would stop at the first frame without a table.
+/// Attached only where stacks are unwound from tables; a dlopen of a library loaded already is held
+/// too (the table is found unchanged).
+#[uretprobe]
+pub fn library_loaded(ctx: RetProbeContext) -> u32 {
+    let handle: u64 = ctx.ret();
+    let Caller { tgid, .. } = caller();
+    if handle == 0 || !holding() || !is_traced(tgid) {
+        return 0;
+    }
+    // Reserved before any stop: a process stopped unannounced would wait for nobody.
+    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
+        count_global_loss();
+        return 0;
+    };
+    entry.write(ExecEvent { tgid, hold: stop_current(), kind: announced::LIBRARY, ..ExecEvent::default() });
     entry.submit(0);
     0
 }
@@ -371,8 +394,8 @@ fn hold_exec(image: &ImageKey) -> u32 {
 
 /// Sends the current process SIGSTOP, taken on its way back to user mode; says whether it went.
 fn stop_current() -> u32 {
-    // SAFETY: the helper signals the current task; a tracepoint runs with interrupts enabled, so it
-    // is sent at once.
+    // SAFETY: the helper signals the current task; a tracepoint or a uprobe runs with interrupts
+    // enabled, so it is sent at once.
     match unsafe { generated::bpf_send_signal(SIGSTOP) } {
         0 => exec_hold::STOPPED,
         _ => exec_hold::REFUSED,

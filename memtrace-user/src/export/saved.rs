@@ -99,6 +99,7 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
         app_sampled: summary.app_sampled,
         windows: summary.windows,
         single_stepped: summary.single_stepped,
+        library_loads_held: summary.library_loads_held,
         ..Model::default()
     };
     // A pid that appears again later in the list was a retired process (one that ended before its

@@ -58,6 +58,9 @@ pub struct Summary {
     /// Probes the kernel single-steps, a second trap at every call: each function and its file.
     #[serde(default)]
     pub single_stepped: Vec<SingleStepped>,
+    /// Library loads (dlopen) of traced processes held until the library's unwind table was in.
+    #[serde(default)]
+    pub library_loads_held: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -250,6 +253,7 @@ impl Summary {
             frame_table: table.frames,
             folded: model.folded_by_count().into_iter().cloned().collect(),
             single_stepped: model.single_stepped.clone(),
+            library_loads_held: model.library_loads_held,
         }
     }
 }

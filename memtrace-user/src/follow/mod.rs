@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
-use memtrace_common::{exec_hold, ExecEvent, ImageKey, ProcessStats};
+use memtrace_common::{announced, exec_hold, ExecEvent, ImageKey, ProcessStats};
 use nix::{
     fcntl::OFlag,
     poll::{poll, PollFd, PollFlags, PollTimeout},
@@ -51,8 +51,8 @@ pub struct Following {
     attach: Attachments,
     /// The images of programs just exec'd, resolved by the watcher thread while the process
     /// existed, with their files open: a short-lived program is gone, and its /proc/PID/exe with
-    /// it, by the time the main loop scans them for USDT probes.
-    execs: Receiver<Exec>,
+    /// it, by the time the main loop scans them for USDT probes. And the library loads heard of.
+    execs: Receiver<Announcement>,
     /// Readable when the watcher has seen execs.
     wakeup: std::fs::File,
     /// Execs of followed processes stopped until their program is probed; None where no tree is
@@ -78,6 +78,8 @@ pub struct Following {
     /// Processes of the tree probed only when found at a sample: the kernel skipped the run that
     /// would have held them at their return from fork, and their first allocations are missed.
     late_forks: u64,
+    /// Library loads held (`library_loads_held`).
+    library_loads_held: u64,
 }
 
 impl Following {
@@ -122,6 +124,7 @@ impl Following {
             probed_for: HashSet::new(),
             unprobed_last: HashSet::new(),
             late_forks: 0,
+            library_loads_held: 0,
         };
         if let Reach::AllProcesses(filter) = &this.reach {
             for (flag, name) in filter.cgroups.unmatched() {
@@ -217,49 +220,70 @@ impl Following {
     /// Probes the allocators and USDT sites that newly exec'd programs bring along, and a followed
     /// tree's new processes for themselves; returns the object files the exec'd programs map
     /// (still open), for symbolization: none where only forks were heard of. `prepare` is given
-    /// each program's files before a process stopped at its exec goes on (their unwind tables, so
-    /// that its first stacks are whole).
+    /// what a held process needs before it goes on: an exec'd program's files (their unwind
+    /// tables, so that its first stacks are whole), or the process that loaded a library (its
+    /// mapping table, with the library's).
     pub fn handle_execs(
         &mut self,
         probes: &mut Probes,
-        mut prepare: impl FnMut(&mut Probes, &[ObjectFile]) -> Result<()>,
+        mut prepare: impl FnMut(&mut Probes, Ready<'_>) -> Result<()>,
     ) -> Result<Vec<ObjectFile>> {
         let mut drained = [0u8; 256];
         while matches!(self.wakeup.read(&mut drained), Ok(n) if n > 0) {}
         let mut objects = Vec::new();
-        while let Ok(Exec { image, stopped, cgroup, forked }) = self.execs.try_recv() {
-            let pid = image.pid.unwrap_or_default();
-            if forked {
-                // A new process: what was attached for an earlier one with its pid is not its own.
-                self.attach.forget_process(probes, pid);
-            } else {
-                self.execed.insert(pid);
-                self.note_cgroup_at_exec(pid, cgroup);
-            }
-            let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
-            self.probed_for.insert(pid);
-            // A process gone before its probes are in needs none (its links would name no task).
-            let probed = probed.or_else(|err| match is_running(pid) {
-                true => Err(err),
-                false => Ok(()),
-            });
-            if let (Some(key), Some(held)) = (stopped, &self.held) {
-                // Where probes serve every process, the program's later execs need no stop; this
-                // one goes on, probed (or not: the error says).
-                let knows = probed.is_ok() && !forked && self.probes_serve_every_process();
-                let known = knows.then(|| probes.know_image(key)).transpose();
-                let prepared = prepare(probes, &image.objects);
-                held.probed(pid);
-                known?;
-                prepared?;
-            }
-            probed?;
-            // A forked child's files are its parent's, indexed already.
-            if !forked {
-                objects.extend(image.objects);
+        while let Ok(announcement) = self.execs.try_recv() {
+            match announcement {
+                Announcement::Image(exec) => objects.extend(self.handle_image(probes, exec, &mut prepare)?),
+                Announcement::Library { pid, stopped } => {
+                    let prepared = prepare(probes, Ready::Mappings(pid));
+                    if let (true, Some(held)) = (stopped, &self.held) {
+                        self.library_loads_held += 1;
+                        held.probed(pid);
+                    }
+                    // A process gone meanwhile has no mappings to read.
+                    prepared.or_else(|err| if is_running(pid) { Err(err) } else { Ok(()) })?;
+                }
             }
         }
         Ok(objects)
+    }
+
+    /// Probes what a new program brings, or a followed tree's new process for itself; returns the
+    /// program's files (none for a fork: they are its parent's, indexed already).
+    fn handle_image(
+        &mut self,
+        probes: &mut Probes,
+        exec: Exec,
+        prepare: &mut impl FnMut(&mut Probes, Ready<'_>) -> Result<()>,
+    ) -> Result<Vec<ObjectFile>> {
+        let Exec { image, stopped, cgroup, forked } = exec;
+        let pid = image.pid.unwrap_or_default();
+        if forked {
+            // A new process: what was attached for an earlier one with its pid is not its own.
+            self.attach.forget_process(probes, pid);
+        } else {
+            self.execed.insert(pid);
+            self.note_cgroup_at_exec(pid, cgroup);
+        }
+        let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
+        self.probed_for.insert(pid);
+        // A process gone before its probes are in needs none (its links would name no task).
+        let probed = probed.or_else(|err| match is_running(pid) {
+            true => Err(err),
+            false => Ok(()),
+        });
+        if let (Some(key), Some(held)) = (stopped, &self.held) {
+            // Where probes serve every process, the program's later execs need no stop; this
+            // one goes on, probed (or not: the error says).
+            let knows = probed.is_ok() && !forked && self.probes_serve_every_process();
+            let known = knows.then(|| probes.know_image(key)).transpose();
+            let prepared = prepare(probes, Ready::Files(&image.objects));
+            held.probed(pid);
+            known?;
+            prepared?;
+        }
+        probed?;
+        Ok(if forked { Vec::new() } else { image.objects })
     }
 
     /// Lets the kernel trace the cgroups `--container` and `--cgroup` name that exist now (a new
@@ -364,6 +388,11 @@ impl Following {
         }
     }
 
+    /// Library loads of traced processes held until the library's unwind table was in.
+    pub fn library_loads_held(&self) -> u64 {
+        self.library_loads_held
+    }
+
     /// Execs let go before their program's allocator was probed (held past the bound).
     pub fn missed_execs(&self) -> u64 {
         self.held.as_ref().map_or(0, |held| held.stats().missed)
@@ -412,6 +441,23 @@ fn cannot_hold_execs(reach: &Reach) -> Option<HeldExecs> {
     None
 }
 
+/// What a held process needs before it goes on ([`Following::handle_execs`]).
+pub enum Ready<'a> {
+    /// A new program's files: their unwind tables.
+    Files(&'a [ObjectFile]),
+    /// A process that loaded a library: its mapping table, with the library's unwind table.
+    Mappings(u32),
+}
+
+/// What the watcher heard of a process.
+enum Announcement {
+    /// A new program, or a followed tree's new process.
+    Image(Exec),
+    /// A traced process loaded a library; `stopped` where the BPF side stopped it until the
+    /// library's unwind table is in.
+    Library { pid: u32, stopped: bool },
+}
+
 /// An exec the watcher read: the new image, the program's file where the BPF side stopped the
 /// process until it is probed, and the cgroup it runs in.
 struct Exec {
@@ -432,7 +478,7 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn run(self, mut events: RingBuf<MapData>, deliver: impl Fn(Exec) -> bool) {
+    fn run(self, mut events: RingBuf<MapData>, deliver: impl Fn(Announcement) -> bool) {
         crate::process::threads::set_urgency(crate::process::threads::Urgency::Racing);
         let mut next_bound = None;
         loop {
@@ -459,9 +505,10 @@ impl Watcher {
         }
     }
 
-    /// The exec's image, noting a stop; a process that is gone already has no image to resolve,
-    /// and one whose image cannot be resolved goes on at once.
-    fn read(&self, event: &ExecEvent) -> Option<Exec> {
+    /// What the event announces, noting a stop: an exec's or a fork's image (a process that is
+    /// gone already has no image to resolve, and one whose image cannot be resolved goes on at
+    /// once), or a library load.
+    fn read(&self, event: &ExecEvent) -> Option<Announcement> {
         let stopped = match (&self.held, event.hold) {
             (Some(held), exec_hold::STOPPED) => {
                 held.stopped(event.tgid);
@@ -473,15 +520,18 @@ impl Watcher {
             }
             _ => None,
         };
-        let forked = event.forked != 0;
-        let image = match forked {
-            true => ProcessImage::of_process(event.tgid, &self.cache),
-            false => ProcessImage::of_exec(event.tgid, &self.cache),
+        let image = match event.kind {
+            announced::LIBRARY => {
+                return Some(Announcement::Library { pid: event.tgid, stopped: stopped.is_some() })
+            }
+            announced::FORK => ProcessImage::of_process(event.tgid, &self.cache),
+            _ => ProcessImage::of_exec(event.tgid, &self.cache),
         };
         match image {
             Ok(image) => {
                 let cgroup = crate::process::cgroup::of_pid(event.tgid);
-                Some(Exec { image, stopped, cgroup, forked })
+                let forked = event.kind == announced::FORK;
+                Some(Announcement::Image(Exec { image, stopped, cgroup, forked }))
             }
             Err(_) => {
                 if let (Some(held), Some(_)) = (&self.held, stopped) {

@@ -75,8 +75,9 @@ const EMPTY_RETURN: &str = programs::EMPTY_EXIT.name;
 /// The C library's mapping calls, at entry and at return.
 const MAP_ENTRY: &str = programs::MAP_ENTER.name;
 const MAP_RETURN: &str = programs::MAP_EXIT.name;
-const UPROBE_PROGRAMS: [&str; 9] = [
+const UPROBE_PROGRAMS: [&str; 10] = [
     FORK_RETURN,
+    LIBRARY_LOADED,
     ALLOCATOR_ENTRY,
     ALLOCATOR_RETURN,
     USDT_SITE,
@@ -212,6 +213,10 @@ const EXIT_PROGRAM: &str = programs::PROCESS_EXIT.name;
 /// kernel skips loses no event by itself; the child it would have held is found at a later sample
 /// (`Following::probe_late_forks`) and counted there.
 const FORK_RETURN: &str = programs::FORK_RETURN.name;
+/// The return probe on the C library's dlopen that holds a traced process until the library's
+/// unwind table is in: a run the kernel skips loses no event; the table is written at the next
+/// refresh, and stacks cut short meanwhile are counted (`unwind_stops`).
+const LIBRARY_LOADED: &str = programs::LIBRARY_LOADED.name;
 /// The program that reads an exiting process's memory at do_exit's entry.
 const EXIT_READER: &str = programs::EXIT_BEGINS.name;
 
@@ -224,11 +229,14 @@ pub struct SkippedRuns {
 impl SkippedRuns {
     /// The programs whose skipped runs are events lost, and how many: all but process_exit, whose
     /// skipped runs leave undone what is done from /proc instead (collect/skipped_exits.rs), the
-    /// exit reader, and fork_return, whose misses are counted as processes probed late.
+    /// exit reader, fork_return, whose misses are counted as processes probed late, and
+    /// library_loaded, whose misses cut stacks short for a moment (counted as such).
     pub fn lossy(&self) -> impl Iterator<Item = (&str, u64)> {
         self.by_program
             .iter()
-            .filter(|(name, _)| ![EXIT_PROGRAM, EXIT_READER, FORK_RETURN].contains(&name.as_str()))
+            .filter(|(name, _)| {
+                ![EXIT_PROGRAM, EXIT_READER, FORK_RETURN, LIBRARY_LOADED].contains(&name.as_str())
+            })
             .map(|(name, runs)| (name.as_str(), *runs))
     }
 
@@ -255,6 +263,8 @@ pub struct Probes {
     allocator_programs: CallPrograms,
     /// Whether mapping calls are probed: not with the empty programs.
     follow_mappings: bool,
+    /// Whether library loads are watched: stacks are unwound from tables.
+    watch_libraries: bool,
     /// USDT probe sites attached (one probe per site, whatever it is used for).
     usdt_sites: usize,
     /// Sites of the allocator's sampled probes attached.
@@ -316,6 +326,7 @@ impl Probes {
                 CallPrograms { entry: ALLOCATOR_ENTRY, exit: ALLOCATOR_RETURN }
             },
             follow_mappings: !config.empty_probes,
+            watch_libraries: config.capture_stacks && !config.empty_probes,
             usdt_sites: 0,
             sampled_sites: 0,
             exit_reader: false,
@@ -547,6 +558,7 @@ impl Probes {
     /// Not with the empty programs: the floor is the allocator's probe points alone.
     pub fn attach_map_calls(&mut self, calls: &MapCalls, scope: Scope) -> Result<()> {
         self.watch_forks(calls)?;
+        self.watch_library_loads(calls, scope)?;
         if !self.follow_mappings {
             return Ok(());
         }
@@ -585,6 +597,26 @@ impl Probes {
         let path = &calls.object.host_path;
         self.attach_sites(FORK_RETURN, path, &[site], Scope::AllProcesses, Direction::Return)
             .with_context(|| format!("attaching to fork in {}", calls.object.path.display()))
+    }
+
+    /// A traced process that loads a library is held at the return of `calls`' file's dlopen
+    /// until the library's unwind table is in (where processes are held at all): code that runs
+    /// right after the load (a Python extension's module init) allocates with whole stacks.
+    fn watch_library_loads(&mut self, calls: &MapCalls, scope: Scope) -> Result<()> {
+        if !self.watch_libraries || calls.library_loads.is_empty() {
+            return Ok(());
+        }
+        let sites: Vec<Site> = calls
+            .library_loads
+            .iter()
+            .map(|site| Site { offset: site.probe_offset(), cookie: 0, semaphore: None })
+            .collect();
+        for site in calls.library_loads.iter().filter(|site| !site.probe.emulated) {
+            self.note_single_stepped((calls.object.id, &calls.object.path), site.function, &site.probe);
+        }
+        let path = &calls.object.host_path;
+        self.attach_sites(LIBRARY_LOADED, path, &sites, scope, Direction::Return)
+            .with_context(|| format!("attaching to dlopen in {}", calls.object.path.display()))
     }
 
     /// Remembers a probe the kernel single-steps, once per function (or USDT probe) and file,

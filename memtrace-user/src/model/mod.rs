@@ -167,6 +167,9 @@ pub struct Model {
     pub released_order: std::collections::VecDeque<u32>,
     /// Probes the kernel single-steps (a second trap per call), each function once.
     pub single_stepped: Vec<SingleStepped>,
+    /// Library loads (dlopen) of traced processes that were held until the library's unwind table
+    /// was in.
+    pub library_loads_held: u64,
 }
 
 /// Folded totals by command name and container (`ProcessIdentity::display_name`, see folding.rs).

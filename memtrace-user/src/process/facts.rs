@@ -15,7 +15,7 @@ use super::{
     entry_points::{resolve_entry_points, ResolvedEntryPoint},
     file::{FileId, ObjectFile},
     interpreter::Interpreter,
-    map_sites::{resolve_map_sites, MapSite},
+    map_sites::{resolve_library_loads, resolve_map_sites, LoadSite, MapSite},
     sparse::{self, SparseImage},
     thread_keys::thread_keys,
 };
@@ -54,6 +54,8 @@ struct Cached {
     thread_keys: HashMap<FileId, Result<Arc<Option<ThreadKeys>>, String>>,
     /// file -> the file offset of the fork it defines, if one.
     forks: HashMap<FileId, Result<Arc<Option<u64>>, String>>,
+    /// file -> the calls that load a library it defines (dlopen, dlmopen).
+    library_loads: HashMap<FileId, Result<Arc<Vec<LoadSite>>, String>>,
 }
 
 type MapSitesOrError = Result<Arc<Vec<MapSite>>, String>;
@@ -110,6 +112,12 @@ impl FileCache {
             })
         };
         *self.symbols_once(|cached| &mut cached.forks, object.id, read).ok()?
+    }
+
+    /// The calls that load a library (dlopen, dlmopen) `object` (a C library) defines.
+    pub fn library_loads(&self, object: &ObjectFile) -> Result<Arc<Vec<LoadSite>>> {
+        let read = || read_symbols(object, resolve_library_loads);
+        self.symbols_once(|cached| &mut cached.library_loads, object.id, read)
     }
 
     /// What `read` finds, or why it cannot, remembered in `table` under `key`.

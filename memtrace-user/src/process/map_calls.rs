@@ -6,7 +6,12 @@
 
 use memtrace_common::MapFunction;
 
-use super::{facts::FileCache, file::ObjectFile, image::ProcessImage, map_sites::MapSite};
+use super::{
+    facts::FileCache,
+    file::ObjectFile,
+    image::ProcessImage,
+    map_sites::{LoadSite, MapSite},
+};
 
 /// The object that defines a process's mapping calls, with their sites.
 #[derive(Debug, Clone)]
@@ -15,6 +20,9 @@ pub struct MapCalls {
     /// The file offset of the same file's `fork`, where a followed tree's new processes are
     /// caught as they return from it.
     pub fork: Option<u64>,
+    /// The same file's dlopen and dlmopen, where a traced process that loads a library is held
+    /// until the library's unwind table is in.
+    pub library_loads: Vec<LoadSite>,
     /// The file, kept open: the probes attach at its `host_path`.
     pub object: ObjectFile,
 }
@@ -31,6 +39,7 @@ impl MapCalls {
         (sites.len() == MapFunction::ALL.len()).then(|| Self {
             sites: sites.to_vec(),
             fork: cache.fork(object),
+            library_loads: cache.library_loads(object).map(|sites| sites.to_vec()).unwrap_or_default(),
             object: object.clone(),
         })
     }

@@ -21,11 +21,10 @@ use super::{outputs::Exporters, signals, targets::Watched, windows::WindowClock}
 use crate::{
     collect::unwind::KernelTables,
     collect::{oom::OomWatch, Collector},
-    follow::Following,
+    follow::{Following, Ready},
     kernel::Probes,
     model::Model,
     plan::{Retention, Tables, Timing},
-    process::ObjectFile,
 };
 
 /// Why tracing stopped.
@@ -166,7 +165,10 @@ impl Run {
         let signal = if signal_ready { signals::read(&self.signals)? } else { None };
         if execs_ready {
             let unwind = &mut self.unwind;
-            let prepare = |probes: &mut Probes, objects: &[ObjectFile]| unwind.preload(probes, objects);
+            let prepare = |probes: &mut Probes, ready: Ready<'_>| match ready {
+                Ready::Files(objects) => unwind.preload(probes, objects),
+                Ready::Mappings(pid) => unwind.load_process_now(probes, pid),
+            };
             let execed = self.following.handle_execs(&mut self.probes, prepare)?;
             // A new program's mappings are read soon; a forked child's are its parent's.
             self.refresh_after_exec |= self.refreshes && !execed.is_empty();

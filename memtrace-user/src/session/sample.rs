@@ -43,6 +43,7 @@ impl Run {
         if self.model.single_stepped.len() != self.probes.single_stepped().len() {
             self.model.single_stepped = self.probes.single_stepped().to_vec();
         }
+        self.model.library_loads_held = self.following.library_loads_held();
         self.samples += 1;
         let sample = Sample { ts_us, dump_id: self.samples };
         self.model.record_timeline(sample.ts_us);

@@ -154,7 +154,7 @@ impl KernelTables {
             let changed =
                 self.processes.get(&process.identity.pid).is_none_or(|table| table.mappings != executable);
             if changed {
-                self.write_mappings(probes, process.identity.pid, executable)?;
+                self.write_mappings(probes, process.identity.pid, executable, Build::Worker)?;
             }
             self.announce_if_ready(process.identity.pid);
         }
@@ -173,6 +173,22 @@ impl KernelTables {
         self.publish(probes)
     }
 
+    /// Writes the mapping table of `pid`, which has just loaded a library (and is held until this
+    /// returns), from its mappings as /proc shows them now: a file new to memtrace gets its table
+    /// here and now, not on the worker, so that the code that called dlopen unwinds through the
+    /// library at once. Nothing is written where the mappings did not change.
+    pub fn load_process_now(&mut self, probes: &mut Probes, pid: u32) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let executable: Vec<Mapping> =
+            crate::process::procfs::maps(pid)?.files.into_iter().filter(|m| m.executable).collect();
+        if self.processes.get(&pid).is_none_or(|table| table.mappings != executable) {
+            self.write_mappings(probes, pid, executable, Build::Now)?;
+        }
+        self.publish(probes)
+    }
+
     /// Bumps the epoch after tables changed: the kernel's memo of the last walk on each CPU
     /// (memtrace-ebpf/src/window.rs) holds only while nothing the walk read has changed.
     fn publish(&mut self, probes: &mut Probes) -> Result<()> {
@@ -184,7 +200,13 @@ impl KernelTables {
     }
 
     /// Writes a process's mapping table, giving each new file a slot (and a table).
-    fn write_mappings(&mut self, probes: &mut Probes, pid: u32, executable: Vec<Mapping>) -> Result<()> {
+    fn write_mappings(
+        &mut self,
+        probes: &mut Probes,
+        pid: u32,
+        executable: Vec<Mapping>,
+        when: Build,
+    ) -> Result<()> {
         let mut table = self.processes.remove(&pid).unwrap_or_default();
         let mut root = None;
         let mut value = UnwindMappings {
@@ -204,7 +226,7 @@ impl KernelTables {
                         table.thread_keys = table.thread_keys.or_else(|| self.facts.thread_keys(object));
                     }
                     let slot = match object {
-                        Some(object) => self.slot_of(probes, object, Build::Worker)?,
+                        Some(object) => self.slot_of(probes, object, when)?,
                         None => None,
                     };
                     table.slots.insert(mapping.path.clone(), slot);
