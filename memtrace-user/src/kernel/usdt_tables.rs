@@ -2,6 +2,8 @@
 //! attached, and the figures read back at every sample, one typed operation each, so that no code
 //! outside kernel/ reads or writes a map by its name.
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
 use aya::Ebpf;
 use memtrace_common::{
@@ -9,8 +11,9 @@ use memtrace_common::{
 };
 
 use super::{
+    links::{Direction, Scope, Site},
     tables::{DUMP_ROUNDS, SUBSYSTEMS, USDT_COUNTERS, USDT_LOST_EVENTS, USDT_SPECS},
-    Probes,
+    Probes, SAMPLED_SITE, USDT_SITE,
 };
 
 /// The USDT figures the kernel holds; empty while no site is attached (the maps are then never
@@ -23,6 +26,44 @@ pub struct UsdtFigures<'a> {
 impl Probes {
     pub fn usdt_figures(&self) -> UsdtFigures<'_> {
         UsdtFigures { ebpf: &self.ebpf, written: self.usdt_written() }
+    }
+
+    /// Attaches the USDT handler at `sites` of one file, each site's cookie indexing its uses in
+    /// `USDT_SPECS`.
+    pub fn attach_usdt_sites(&mut self, path: &Path, sites: &[Site], scope: Scope) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
+        self.attach_sites(USDT_SITE, path, sites, scope, Direction::Entry)?;
+        self.usdt_sites += sites.len();
+        Ok(())
+    }
+
+    /// Attaches the handler of the allocator's sampled probes at `sites` of one file (each
+    /// site's cookie indexes its spec in `USDT_SPECS`).
+    pub fn attach_sampled_sites(&mut self, path: &Path, sites: &[Site], scope: Scope) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
+        self.attach_sites(SAMPLED_SITE, path, sites, scope, Direction::Entry)?;
+        self.sampled_sites += sites.len();
+        Ok(())
+    }
+
+    /// How many of the allocator's sampled probe sites are attached (`--app-sampled`).
+    pub fn sampled_sites(&self) -> usize {
+        self.sampled_sites
+    }
+
+    /// How many USDT probe sites are attached (one probe per site, whatever it is used for).
+    pub fn usdt_sites(&self) -> usize {
+        self.usdt_sites
+    }
+
+    /// Whether the USDT maps may hold anything: only the programs on attached sites write them. An
+    /// empty map's read still walks its 16,384 buckets, at every refresh and sample.
+    pub(super) fn usdt_written(&self) -> bool {
+        self.usdt_sites > 0
     }
 
     /// Writes the spec of a use of a USDT site at `index` of `USDT_SPECS`.
