@@ -65,10 +65,13 @@ fn unprivileged_run_says_what_it_needs() {
     assert!(error.contains("root") && error.contains("CAP_BPF"), "{}", outcome.stderr);
 }
 
-/// The capabilities the README's "Privileges" table lists, as setpriv spells them (`+bpf,...`).
+/// The capabilities the guide's "Privileges" table (docs/src/usage.md) lists, as setpriv spells
+/// them (`+bpf,...`).
 fn documented_capabilities() -> String {
-    let readme = fs::read_to_string(workspace_root().join("README.md")).expect("reading README.md");
-    let section = readme.split("### Privileges").nth(1).expect("the README has a Privileges section");
+    let usage =
+        fs::read_to_string(workspace_root().join("docs/src/usage.md")).expect("reading docs/src/usage.md");
+    let section =
+        usage.split("\n## Privileges\n").nth(1).expect("docs/src/usage.md has a Privileges section");
     let names: Vec<String> = section
         .lines()
         .skip_while(|line| !line.starts_with("| capability"))
@@ -77,7 +80,7 @@ fn documented_capabilities() -> String {
         .filter_map(|line| line.split('`').nth(1))
         .map(|name| format!("+{}", name.trim_start_matches("CAP_").to_lowercase()))
         .collect();
-    assert!(!names.is_empty(), "no capability in the README's Privileges table");
+    assert!(!names.is_empty(), "no capability in the Privileges table of docs/src/usage.md");
     names.join(",")
 }
 

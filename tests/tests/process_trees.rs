@@ -232,10 +232,10 @@ fn a_static_program_execd_by_a_traced_shell_is_exact_from_its_first_instruction(
 }
 
 /// The exec hold is a real stop (SIGSTOP from the exec tracepoint, SIGCONT once probed): a parent
-/// that waits with WUNTRACED (a shell with job control) may see it, as the README says: it does
-/// when it is already waiting as the stop happens, not when memtrace continued the child first
-/// (which the test cannot order). The fixture continues its child itself when it sees the stop
-/// (exit 3; the child may then run before its probes are in place, as the README says of a
+/// that waits with WUNTRACED (a shell with job control) may see it, as the guide says
+/// (docs/src/usage.md, Process trees): it does when it is already waiting as the stop happens, not
+/// when memtrace continued the child first (which the test cannot order). The fixture continues its child itself when it sees the stop
+/// (exit 3; the child may then run before its probes are in place, as the guide says of a
 /// parent that does so), and exits 0 when its child's first change of state was its exit: then
 /// the child was held until probed, and is exact from its first instruction.
 #[test]

@@ -155,7 +155,7 @@ fn a_window_that_never_closes_is_refused() {
 /// them, which is said beside them. Measured here on a loaded machine: 0.878x to 1.049x in six
 /// runs (wall time: 0.54x to 0.78x). Not 10%: the kernel splits a process's CPU time into user
 /// and system by sampling at timer ticks, and /proc reads it in 10 ms ticks; with 0.6 s to 1 s of
-/// user time inside windows that is noise of some 10% (README, Windows). Not in the kernel
+/// user time inside windows that is noise of some 10% (docs/src/sampling.md, Windows). Not in the kernel
 /// matrix: under TCG the split was off by half (0.52x), or no window met the run at all.
 #[test]
 fn windowed_estimates_of_a_program_the_probes_slow_are_within_fifteen_percent() {

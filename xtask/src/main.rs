@@ -2,6 +2,7 @@
 
 mod bench;
 mod circles;
+mod docs;
 mod image;
 mod matrix;
 mod soak;
@@ -30,8 +31,8 @@ enum Task {
     Build,
     /// Build, then trace the bundled demo program and say where the trace is
     Demo,
-    /// Run every check: formatting, clippy, unit tests, the integration tests against this
-    /// machine's kernel, then the kernel matrix (see `matrix`)
+    /// Run every check: formatting, the guide and its links, clippy, unit tests, the integration
+    /// tests against this machine's kernel, then the kernel matrix (see `matrix`)
     Test {
         /// Leave out the kernel matrix (CI does not)
         #[arg(long)]
@@ -73,6 +74,9 @@ enum Task {
         #[arg(long)]
         servers: bool,
     },
+    /// Build the guide (docs/, mdBook, installed when missing) into target/guide/ and check every
+    /// internal link and anchor in it and in README.md
+    Docs,
     /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
     /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
     Image,
@@ -94,6 +98,7 @@ fn main() -> Result<()> {
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
+        Task::Docs => docs::build_and_check(),
         Task::Image => image::build(&build()?),
         Task::Bench { python, windowed, collector, servers } => {
             let part = match (python, windowed, collector, servers) {
@@ -217,6 +222,8 @@ fn test(with_matrix: bool) -> Result<()> {
     eprintln!("xtask: checking formatting");
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args(["fmt", "--manifest-path", "memtrace-ebpf/Cargo.toml", "--", "--check"]))?;
+    eprintln!("xtask: the guide and the links of the guide and README.md");
+    docs::build_and_check()?;
     eprintln!("xtask: clippy");
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     eprintln!("xtask: circles between modules");

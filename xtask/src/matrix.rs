@@ -176,7 +176,7 @@ const PLAN: &[(&str, &[&str])] = &[
     // --window: the windowed probes attached and detached while free and realloc stay, both link
     // kinds where the kernel has both, threads caught inside malloc as a window closes. (The
     // estimates' accuracy test stays on the host: under TCG the utime/stime split of a program
-    // whose mallocs trap is not what it is on a real CPU; see README, Windows.)
+    // whose mallocs trap is not what it is on a real CPU; see the guide, docs/src/sampling.md, Windows.)
     (
         "windows",
         &[

@@ -95,7 +95,9 @@ impl ProcessFamilies {
         {
             registry.register(
                 format!("memtrace_{name}"),
-                format!("The process's memory level {name} (see memtrace's README, Memory levels)"),
+                format!(
+                    "The process's memory level {name} (see memtrace's guide, docs/src/memory-levels.md)"
+                ),
                 family.clone(),
             );
         }

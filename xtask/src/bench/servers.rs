@@ -8,7 +8,7 @@
 //! and 40 levels deep, with glibc's malloc, then (shallow) with tcmalloc and with mimalloc
 //! preloaded. Variants run in turns, round after round, and the best round of each is kept.
 //! Every figure is printed beside the floor's, one table per workload, then all in one markdown
-//! table (the README's).
+//! table (the guide's, docs/src/bench.md, "Real servers").
 
 use std::{ffi::OsString, path::Path};
 
