@@ -165,7 +165,7 @@ mod tests {
     use super::*;
 
     /// The object's programs as the table describes them.
-    fn sections() -> [(&'static str, &'static str); 14] {
+    fn sections() -> [(&'static str, &'static str); 15] {
         ALL.map(|program| {
             let section = match program.kind {
                 ProgramKind::Uprobe => "uprobe",

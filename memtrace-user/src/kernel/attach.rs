@@ -1,7 +1,7 @@
 //! Probes on the allocators of traced processes: each allocator's entry points and returns, the C
 //! library's mapping calls, and the calls that follow a tree (fork) or hold a process while a
-//! library's unwind table loads (dlopen); the probes the kernel single-steps, noted as they are
-//! placed.
+//! library's unwind table loads (dlopen); `--window`'s probes, attached as each window opens and
+//! detached as it closes; the probes the kernel single-steps, noted as they are placed.
 
 use anyhow::{bail, Context, Result};
 use memtrace_common::{AllocatorCode, AllocatorFunction, ProbeCookie, MAX_ALLOCATOR_CODES};
@@ -207,5 +207,53 @@ impl Probes {
             return Ok(());
         }
         tables::ALLOCATOR_CODES.set(&mut self.ebpf, index, &AllocatorCode { before, after })
+    }
+
+    /// Keeps one file's windowed calls for every window, attached now if a window is open.
+    fn attach_windowed(&mut self, calls: windows::WindowedCalls) -> Result<()> {
+        if self.windows.as_ref().is_some_and(|windows| windows.is_open()) {
+            self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window)?;
+        }
+        if let Some(windows) = &mut self.windows {
+            windows.calls.push(calls);
+        }
+        Ok(())
+    }
+
+    /// `--window`: opens a window, attaching every allocator's windowed probes. A file that cannot
+    /// be probed any more (its one process gone, the file deleted) is left out of later windows.
+    pub fn open_window(&mut self) -> Result<()> {
+        let Some(windows) = self.windows.as_mut().filter(|windows| !windows.is_open()) else {
+            return Ok(());
+        };
+        windows.advance()?;
+        let calls = std::mem::take(&mut windows.calls);
+        let mut kept = Vec::with_capacity(calls.len());
+        for calls in calls {
+            match self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window) {
+                Ok(()) => kept.push(calls),
+                Err(err) if calls.process_gone() => drop(err),
+                Err(err) => eprintln!(
+                    "memtrace: warning: {} is no longer probed in windows: {err:#}",
+                    calls.path.display()
+                ),
+            }
+        }
+        if let Some(windows) = &mut self.windows {
+            windows.calls = kept;
+        }
+        Ok(())
+    }
+
+    /// `--window`: closes the window: the generation moves on, so that its probes count no more
+    /// while they are detached and a call entered in it that never returns through its probe is
+    /// known to be abandoned; then its probes are detached.
+    pub fn close_window(&mut self) -> Result<()> {
+        let Some(windows) = self.windows.as_mut().filter(|windows| windows.is_open()) else {
+            return Ok(());
+        };
+        windows.advance()?;
+        windows.links.detach();
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ use memtrace_common::WINDOW_SLOT;
 use super::{
     links::{CallPrograms, Calls, Links, Scope, Site},
     map_ops::ArrayCell,
-    tables, LinkSet, Probes,
+    tables,
 };
 
 /// One allocator file's windowed sites, kept to be attached again at every window.
@@ -83,56 +83,6 @@ impl Windows {
     pub fn advance(&mut self) -> Result<()> {
         self.count = self.count.wrapping_add(1);
         self.generation.set(self.count)?;
-        Ok(())
-    }
-}
-
-impl Probes {
-    /// Keeps one file's windowed calls for every window, attached now if a window is open.
-    pub(super) fn attach_windowed(&mut self, calls: WindowedCalls) -> Result<()> {
-        if self.windows.as_ref().is_some_and(|windows| windows.is_open()) {
-            self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window)?;
-        }
-        if let Some(windows) = &mut self.windows {
-            windows.calls.push(calls);
-        }
-        Ok(())
-    }
-
-    /// `--window`: opens a window, attaching every allocator's windowed probes. A file that cannot
-    /// be probed any more (its one process gone, the file deleted) is left out of later windows.
-    pub fn open_window(&mut self) -> Result<()> {
-        let Some(windows) = self.windows.as_mut().filter(|windows| !windows.is_open()) else {
-            return Ok(());
-        };
-        windows.advance()?;
-        let calls = std::mem::take(&mut windows.calls);
-        let mut kept = Vec::with_capacity(calls.len());
-        for calls in calls {
-            match self.attach_calls(calls.borrowed(), calls.sites.scope, LinkSet::Window) {
-                Ok(()) => kept.push(calls),
-                Err(err) if calls.process_gone() => drop(err),
-                Err(err) => eprintln!(
-                    "memtrace: warning: {} is no longer probed in windows: {err:#}",
-                    calls.path.display()
-                ),
-            }
-        }
-        if let Some(windows) = &mut self.windows {
-            windows.calls = kept;
-        }
-        Ok(())
-    }
-
-    /// `--window`: closes the window: the generation moves on, so that its probes count no more
-    /// while they are detached and a call entered in it that never returns through its probe is
-    /// known to be abandoned; then its probes are detached.
-    pub fn close_window(&mut self) -> Result<()> {
-        let Some(windows) = self.windows.as_mut().filter(|windows| windows.is_open()) else {
-            return Ok(());
-        };
-        windows.advance()?;
-        windows.links.detach();
         Ok(())
     }
 }
