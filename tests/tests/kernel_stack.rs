@@ -9,12 +9,13 @@ use memtrace_tests::{assert_root, memtrace_bin};
 use serde_json::Value;
 
 /// Every program memtrace loads.
-const PROGRAMS: [&str; 13] = [
+const PROGRAMS: [&str; 14] = [
     "alloc_enter",
     "alloc_exit",
     "empty_enter",
     "empty_exit",
     "fork_return",
+    "library_loaded",
     "map_enter",
     "map_exit",
     "oom_victim",

@@ -164,10 +164,15 @@ impl Run {
         drop(fds);
         let signal = if signal_ready { signals::read(&self.signals)? } else { None };
         if execs_ready {
-            let unwind = &mut self.unwind;
+            let (unwind, collector) = (&mut self.unwind, &mut self.collector);
             let prepare = |probes: &mut Probes, ready: Ready<'_>| match ready {
                 Ready::Files(objects) => unwind.preload(probes, objects),
-                Ready::Mappings(pid) => unwind.load_process_now(probes, pid),
+                Ready::Mappings(pid) => {
+                    for object in unwind.load_process_now(probes, pid)? {
+                        collector.index_object(&object);
+                    }
+                    Ok(())
+                }
             };
             let execed = self.following.handle_execs(&mut self.probes, prepare)?;
             // A new program's mappings are read soon; a forked child's are its parent's.

@@ -154,6 +154,7 @@ impl KernelTables {
             let changed =
                 self.processes.get(&process.identity.pid).is_none_or(|table| table.mappings != executable);
             if changed {
+                // The collector indexes the files it reads in the process's mappings itself.
                 self.write_mappings(probes, process.identity.pid, executable, Build::Worker)?;
             }
             self.announce_if_ready(process.identity.pid);
@@ -176,17 +177,21 @@ impl KernelTables {
     /// Writes the mapping table of `pid`, which has just loaded a library (and is held until this
     /// returns), from its mappings as /proc shows them now: a file new to memtrace gets its table
     /// here and now, not on the worker, so that the code that called dlopen unwinds through the
-    /// library at once. Nothing is written where the mappings did not change.
-    pub fn load_process_now(&mut self, probes: &mut Probes, pid: u32) -> Result<()> {
+    /// library at once. Nothing is written where the mappings did not change. Returns the files
+    /// the process maps that its table did not have (open), for symbolization: it may exit before
+    /// its mappings are read again.
+    pub fn load_process_now(&mut self, probes: &mut Probes, pid: u32) -> Result<Vec<ObjectFile>> {
         if !self.enabled {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let executable: Vec<Mapping> =
             crate::process::procfs::maps(pid)?.files.into_iter().filter(|m| m.executable).collect();
+        let mut opened = Vec::new();
         if self.processes.get(&pid).is_none_or(|table| table.mappings != executable) {
-            self.write_mappings(probes, pid, executable, Build::Now)?;
+            opened = self.write_mappings(probes, pid, executable, Build::Now)?;
         }
-        self.publish(probes)
+        self.publish(probes)?;
+        Ok(opened)
     }
 
     /// Bumps the epoch after tables changed: the kernel's memo of the last walk on each CPU
@@ -199,14 +204,16 @@ impl KernelTables {
         probes.unwind_tables().set_epoch(self.epoch)
     }
 
-    /// Writes a process's mapping table, giving each new file a slot (and a table).
+    /// Writes a process's mapping table, giving each new file a slot (and a table); returns the
+    /// files it opened (those its table did not have).
     fn write_mappings(
         &mut self,
         probes: &mut Probes,
         pid: u32,
         executable: Vec<Mapping>,
         when: Build,
-    ) -> Result<()> {
+    ) -> Result<Vec<ObjectFile>> {
+        let mut opened = Vec::new();
         let mut table = self.processes.remove(&pid).unwrap_or_default();
         let mut root = None;
         let mut value = UnwindMappings {
@@ -226,7 +233,10 @@ impl KernelTables {
                         table.thread_keys = table.thread_keys.or_else(|| self.facts.thread_keys(object));
                     }
                     let slot = match object {
-                        Some(object) => self.slot_of(probes, object, when)?,
+                        Some(object) => {
+                            opened.push(object.clone());
+                            self.slot_of(probes, object, when)?
+                        }
                         None => None,
                     };
                     table.slots.insert(mapping.path.clone(), slot);
@@ -263,7 +273,7 @@ impl KernelTables {
         table.mappings = executable;
         table.announced = false;
         self.processes.insert(pid, table);
-        Ok(())
+        Ok(opened)
     }
 
     /// Where the kernel reads a process's interpreter frames, if `object`, mapped by `mapping`, is
