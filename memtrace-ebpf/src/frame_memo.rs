@@ -3,7 +3,7 @@
 //! frame, after checking that the words each of those frames read still hold what they held. A
 //! deep stack whose inner frames changed costs the changed frames, then one read (mostly from the
 //! window) and a copy a shared frame: not a mapping search, a row search and the steps of every
-//! frame. window.rs's memo skips a walk that repeats the last one from its first frame; this one
+//! frame. stack_read.rs's memo skips a walk that repeats the last one from its first frame; this one
 //! takes over anywhere, and in processes whose interpreter frames make every stack new.
 //!
 //! Why it is the same walk: a frame's step is a function of its registers, of the tables (the same
@@ -24,7 +24,7 @@ use memtrace_common::{unwind_stop, STACK_DEPTH};
 
 use crate::{
     scratch::{FrameLocation, Slot, UnwindState, SLOTS_PER_CPU, SPARE_SLOTS},
-    window::{FrameWords, Registers, StackWindow, WalkStart, FRAME_WORDS},
+    stack_read::{FrameWords, Registers, StackWindow, WalkStart, FRAME_WORDS},
 };
 
 /// One frame of a kept walk: where it was, what its step read.

@@ -26,19 +26,19 @@ mod python;
 mod sampled;
 mod sampling;
 mod scratch;
+mod stack_read;
 mod stacks;
 mod threads;
+mod unwinder;
 mod usdt;
 mod user_memory;
 mod vma;
-mod window;
 mod windowed;
 
 use aya_ebpf::{
     helpers::bpf_probe_read_user,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
-    EbpfContext,
 };
 use memtrace_common::{
     Allocation, AllocationKey, AllocatorFunction, PendingCall, ProbeCookie, ProcessStats, ThreadState,

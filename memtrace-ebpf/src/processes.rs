@@ -207,7 +207,7 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     // A child that never returned through fork (forked otherwise): its pid may be a stranger's next.
     let _ = PENDING_FORKS.remove(&tgid);
     // It takes no more stacks.
-    let _ = crate::stacks::UNWIND_MAPPINGS.remove(&tgid);
+    let _ = crate::unwinder::UNWIND_MAPPINGS.remove(&tgid);
     if let Some(stats) = STATS.get_ptr_mut(tgid) {
         // Where the task still has its memory here (6.18 and later); else exit_begins read it.
         keep_exit_memory(stats);
@@ -274,10 +274,10 @@ pub fn process_fork(ctx: RawTracePointContext) -> u32 {
     }
     // The child runs its parent's image: its stacks unwind through the parent's mapping table
     // until userspace writes its own (or it execs).
-    if let Some(table) = crate::stacks::UNWIND_MAPPINGS.get_ptr(&tgid) {
+    if let Some(table) = crate::unwinder::UNWIND_MAPPINGS.get_ptr(&tgid) {
         // SAFETY: a map value, valid while the program runs; the kernel copies it.
         let _ =
-            crate::stacks::UNWIND_MAPPINGS.insert(&child_tgid, unsafe { &*table }, u64::from(BPF_NOEXIST));
+            crate::unwinder::UNWIND_MAPPINGS.insert(&child_tgid, unsafe { &*table }, u64::from(BPF_NOEXIST));
     }
     0
 }
@@ -301,7 +301,7 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // exec instead.
     let _ = PENDING_FORKS.remove(&tgid);
     // The old image's mappings are gone; userspace writes the new image's table.
-    let _ = crate::stacks::UNWIND_MAPPINGS.remove(tgid);
+    let _ = crate::unwinder::UNWIND_MAPPINGS.remove(tgid);
     if !is_traced_process(tgid) {
         return 0;
     }

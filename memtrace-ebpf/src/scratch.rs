@@ -23,8 +23,8 @@ use crate::{
     interpreter::InterpreterFrames,
     perl::PerlCursor,
     python::PythonCursor,
+    stack_read::{Registers, StackWindow, WalkStart},
     vma::FoundMappings,
-    window::{Registers, StackWindow, WalkStart},
 };
 
 /// A stack's return addresses, innermost first.

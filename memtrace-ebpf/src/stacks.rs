@@ -1,10 +1,7 @@
 //! The user stack of each allocation, and what each (process, stack) allocated and still holds.
 //!
-//! Stacks are unwound here, at allocation time, with the tables userspace builds from each file's
-//! .eh_frame (the rules are on `memtrace_common::UnwindRow` and `UnwindTableInfo`): per frame, the
-//! process's mapping table gives the file and the file offset, the file's table gives the row, the
-//! row gives the caller's registers. Frame pointers are followed only through files with no unwind
-//! information, or where a table has no row. A frame is kept only inside an executable file mapping
+//! Stacks are unwound at allocation time (unwinder.rs, with the tables userspace builds from each
+//! file's .eh_frame). A frame is kept only inside an executable file mapping
 //! the unwinder knows; where it cannot go on, the stack ends there (never a guessed frame) and the
 //! reason is counted in `ProcessStats::unwind_stops`.
 //!
@@ -31,12 +28,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memtrace_common::{
-    interpreter, interpreter_stop, unwind_file_state, unwind_kind, unwind_stop, AllocatorCode,
-    DeepStackFrames, ProcessStats, StackFrame, StackFrames, StackKey, StackTotals, UnwindFile, UnwindMapping,
-    UnwindMappings, UnwindRow, UnwindTableInfo, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES,
-    MAX_RAW_STACKS, MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH,
-    UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES,
-    UNWIND_MAX_ROWS, UNWIND_NO_FILE, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
+    interpreter, interpreter_stop, unwind_stop, AllocatorCode, DeepStackFrames, ProcessStats, StackFrame,
+    StackFrames, StackKey, StackTotals, FRAME_BUILD_ID, FRAME_IP, MAX_ALLOCATOR_CODES, MAX_RAW_STACKS,
+    MAX_STACKS, MAX_STACK_TOTALS, NO_STACK, SHALLOW_STACK_DEPTH, STACK_DEPTH,
 };
 
 use crate::{
@@ -46,8 +40,9 @@ use crate::{
     interpreter::InterpreterFrames,
     perl::read_perl_frames,
     python::read_python_frames,
-    scratch::{FrameLocation, Locations, RawStack, Scratch, UnwindState},
-    window::{tables_epoch, Registers, StackWindow, WalkStart},
+    scratch::{Locations, RawStack, Scratch, UnwindState},
+    stack_read::{tables_epoch, Registers, WalkStart},
+    unwinder::{find_mapping, unwind, NO_MAPPINGS, UNWIND_FILES, UNWIND_MAPPINGS},
 };
 
 /// Call stacks of at most `SHALLOW_STACK_DEPTH` frames by a 64-bit hash of their frames; allocated
@@ -89,28 +84,6 @@ fn known_raw_stack(raw_key: u64) -> Option<u64> {
     (owner == raw_key).then_some(key)
 }
 
-/// Each traced process's executable file mappings, by tgid (written by userspace, removed at exec).
-#[map]
-pub(crate) static UNWIND_MAPPINGS: HashMap<u32, UnwindMappings> =
-    HashMap::with_max_entries(UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
-
-/// An empty mapping table, never written: the table of a process userspace has not written one
-/// for yet.
-#[map]
-static NO_MAPPINGS: Array<UnwindMappings> = Array::with_max_entries(1, 0);
-
-/// The object files the unwinder knows, by slot: state, table placement, build ID.
-#[map]
-static UNWIND_FILES: Array<UnwindFile> = Array::with_max_entries(UNWIND_MAX_FILES, 0);
-
-/// The rows of every loaded table, one file's after another.
-#[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(UNWIND_MAX_ROWS, 0);
-
-/// The page indices of every loaded table, one file's after another.
-#[map]
-static UNWIND_PAGES: Array<u32> = Array::with_max_entries(UNWIND_MAX_PAGES, 0);
-
 /// Set by the loader: 0 when run with --no-stacks.
 #[no_mangle]
 pub(crate) static CAPTURE_STACKS: u8 = 1;
@@ -135,7 +108,7 @@ pub(crate) fn capture_stack(ctx: &RetProbeContext, tgid: u32, stats: &ProcessSta
 }
 
 /// `capture_stack` in a claimed slot. A walk that repeats the slot's last one is not done again
-/// (window.rs); otherwise the raw return addresses are cheap to take and name the stack within one
+/// (stack_read.rs); otherwise the raw return addresses are cheap to take and name the stack within one
 /// program image, and its build-ID form, which outlives the process, is written once per distinct
 /// raw stack and cached in RAW_STACKS.
 fn capture_in(
@@ -259,183 +232,6 @@ fn count_interpreter_stop(stats: &ProcessStats, frames: &mut InterpreterFrames, 
     }
 }
 
-/// Unwinds from the slot's start (the allocator's caller first) with the process's mapping table
-/// and the files' tables, into the slot's `raw` and `locations`; leaves the depth and why the walk
-/// ended (`unwind_stop`) in its `state`.
-#[inline(never)]
-fn unwind(mappings: &UnwindMappings, scratch: &mut Scratch, memos: &mut FrameMemos) {
-    memos.begin(&scratch.start);
-    let regs = scratch.start.regs;
-    // SAFETY: the claimed slot's state.
-    unsafe {
-        write_volatile(
-            &raw mut scratch.state,
-            UnwindState { regs, depth: 0, stop: unwind_stop::DEPTH_LIMIT as u64 },
-        )
-    };
-    scratch.found.clear();
-    let mut walk = Walk { mappings, scratch, memos };
-    // SAFETY: the callback is a function of this program, and its context is `walk`, on this
-    // program's stack for the whole call, as bpf_loop requires.
-    unsafe { bpf_loop(STACK_DEPTH as u32, unwind_step as *mut c_void, (&raw mut walk).cast(), 0) };
-}
-
-/// What each step of the walk works on: the caller's map values, passed to the bpf_loop callback
-/// on the caller's stack.
-#[repr(C)]
-struct Walk {
-    mappings: *const UnwindMappings,
-    scratch: *mut Scratch,
-    memos: *mut FrameMemos,
-}
-
-/// bpf_loop's callback: one frame; 1 ends the loop.
-extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop hands back the `Walk` that `unwind` passed, whose pointers are map values
-    // that live as long as the program runs.
-    let walk = unsafe { &*(walk as *const Walk) };
-    // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
-    // take their chain of frames, and the two together would not fit in the BPF stack.
-    let went_on = match memtrace_take_over(walk.scratch, walk.memos) {
-        MUST_WALK => {
-            memtrace_locate_frame(walk.mappings, walk.scratch);
-            memtrace_unwind_frame(walk.scratch, walk.memos)
-        }
-        went_on => went_on,
-    };
-    // A global function's result is any scalar to the verifier, and a callback must return 0 or
-    // 1: read back through memory, the result is compared, not bit-flipped by a compiler that
-    // knows it is 0 or 1.
-    // SAFETY: a local.
-    match unsafe { read_volatile(&went_on) } {
-        0 => 1,
-        _ => 0,
-    }
-}
-
-/// The address the walk's next frame is looked up by: past the innermost frame, rip is a return
-/// address, and the call lies before it.
-fn frame_pc(rip: u64, depth: u64) -> u64 {
-    if depth == 0 {
-        rip
-    } else {
-        rip.wrapping_sub(1)
-    }
-}
-
-/// Finds the mapping of the walk's next frame, by the process's mapping table or else the
-/// kernel's, into the slot's `FoundMappings::current`.
-///
-/// The frame's two steps are global functions (exported, `extern "C"`): the verifier checks each
-/// once, on its own, with its arguments as the types say (memory of the type's size, or null),
-/// rather than once for every state in which a walk calls it. That keeps the unwinder's share of
-/// a program's verification small (`memtrace verifier-report` shows each program's). They take
-/// map values only as their own arguments: a pointer read from memory is no pointer to them.
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn memtrace_locate_frame(mappings: *const UnwindMappings, scratch: *mut Scratch) -> i64 {
-    // SAFETY: null, or the map values `unwind` passed: the mapping table, which the walk only
-    // reads, and the run's claimed slot.
-    let (Some(mappings), Some(scratch)) = (unsafe { mappings.as_ref() }, unsafe { scratch.as_mut() }) else {
-        return 0;
-    };
-    // SAFETY: the claimed slot's state.
-    let (rip, depth) =
-        unsafe { (read_volatile(&scratch.state.regs.rip), read_volatile(&scratch.state.depth)) };
-    let pc = frame_pc(rip, depth);
-    match find_mapping(mappings, pc) {
-        Some(mapping) => scratch.found.set_current(mapping),
-        None => scratch.found.locate(pc),
-    }
-    0
-}
-
-/// What `memtrace_take_over` returns where the frame cannot be taken over.
-const MUST_WALK: i64 = -1;
-
-/// The walk's next frame as the slot's last walk took it, if it can be taken over
-/// (frame_memo.rs): 1 if the walk goes on, 0 if it ends there, else `MUST_WALK`. Global, as
-/// `memtrace_locate_frame` says.
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn memtrace_take_over(scratch: *mut Scratch, memos: *mut FrameMemos) -> i64 {
-    // SAFETY: null, or the run's claimed slot and its memos, which `unwind` passed.
-    let (Some(scratch), Some(memos)) = (unsafe { scratch.as_mut() }, unsafe { memos.as_mut() }) else {
-        return MUST_WALK;
-    };
-    let Scratch { raw, locations, state, window, .. } = scratch;
-    let index = state.depth as usize & (STACK_DEPTH - 1);
-    let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
-        return MUST_WALK;
-    };
-    memos.take_over(state, window, slot, location).map_or(MUST_WALK, i64::from)
-}
-
-/// Takes one frame (in the mapping `memtrace_locate_frame` found) and steps to its caller; 0 when
-/// the walk ends (the reason in the slot's state). Keeps the frame in the walk's memo
-/// (frame_memo.rs). Global, as `memtrace_locate_frame` says.
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn memtrace_unwind_frame(scratch: *mut Scratch, memos: *mut FrameMemos) -> i64 {
-    // SAFETY: null, or the run's claimed slot and its memos, which `unwind` passed.
-    let (Some(scratch), Some(memos)) = (unsafe { scratch.as_mut() }, unsafe { memos.as_mut() }) else {
-        return 0;
-    };
-    let went_on = unwind_frame(scratch, memos);
-    // SAFETY: the claimed slot's state.
-    let depth = unsafe { read_volatile(&scratch.state.depth) };
-    memos.record_words(depth.wrapping_sub(1), &scratch.window.frame);
-    i64::from(went_on)
-}
-
-/// `memtrace_unwind_frame` in the claimed slot.
-fn unwind_frame(scratch: &mut Scratch, memos: &mut FrameMemos) -> bool {
-    let Scratch { raw, locations, state, window, found, .. } = scratch;
-    let state: *mut UnwindState = state;
-    // SAFETY: the claimed slot's state; read and written field by field, never as one value on
-    // this frame's stack, which lies on the probe's deepest chain of calls.
-    let (regs, depth) = unsafe { (read_volatile(&(*state).regs), read_volatile(&(*state).depth)) };
-    let index = depth as usize & (STACK_DEPTH - 1);
-    let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
-        return false;
-    };
-    let end = |depth: u64, stop: usize| {
-        // SAFETY: as above.
-        unsafe {
-            write_volatile(&mut (*state).depth, depth);
-            write_volatile(&mut (*state).stop, stop as u64);
-        }
-        false
-    };
-    let pc = frame_pc(regs.rip, depth);
-    let mapping = &found.current;
-    if mapping.end == 0 {
-        if depth == 0 {
-            // The allocator's caller is real whatever maps it (JIT code): keep its address.
-            *slot = regs.rip;
-            *location = FrameLocation { file: UNWIND_NO_FILE, _pad: 0, offset: regs.rip };
-            return end(1, unwind_stop::NO_MAPPING);
-        }
-        return end(depth, unwind_stop::NO_MAPPING);
-    }
-    *slot = regs.rip;
-    let base = mapping.file_offset.wrapping_sub(mapping.start);
-    *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
-    window.begin_frame();
-    memos.record(depth, &regs, location);
-    match step(&regs, mapping.file, pc.wrapping_add(base), window) {
-        Ok(caller) => {
-            // SAFETY: as above.
-            unsafe {
-                write_volatile(&mut (*state).regs, caller);
-                write_volatile(&mut (*state).depth, depth + 1);
-            }
-            true
-        }
-        Err(stop) => end(depth + 1, stop),
-    }
-}
-
 /// Each probed allocator's code around its free probe (`AllocatorCode`), written by the loader.
 #[map]
 pub(crate) static ALLOCATOR_CODES: Array<AllocatorCode> = Array::with_max_entries(MAX_ALLOCATOR_CODES, 0);
@@ -467,123 +263,6 @@ pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32, allocator: u64) 
         (Some(callee), Some(caller)) => callee.file == caller.file,
         _ => false,
     }
-}
-
-/// The mapping holding `pc`: the last one starting at or before it, if it ends after it.
-fn find_mapping(mappings: &UnwindMappings, pc: u64) -> Option<&UnwindMapping> {
-    let count = mappings.count as usize;
-    if count == 0 || count > UNWIND_MAX_MAPPINGS {
-        return None;
-    }
-    let (mut lo, mut hi) = (0usize, count);
-    for _ in 0..UNWIND_MAPPING_STEPS {
-        if hi - lo <= 1 {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if mappings.mappings.get(mid & (UNWIND_MAX_MAPPINGS - 1))?.start <= pc {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let mapping = mappings.mappings.get(lo & (UNWIND_MAX_MAPPINGS - 1))?;
-    (mapping.start <= pc && pc < mapping.end).then_some(mapping)
-}
-
-/// The caller's registers, or why there is none: by the file's row at `offset`, else by frame
-/// pointers where the file has no unwind information or no row covers the address.
-fn step(regs: &Registers, file: u32, offset: u64, window: &mut StackWindow) -> Result<Registers, usize> {
-    let Some(file) = UNWIND_FILES.get(file) else {
-        return Err(unwind_stop::NO_TABLE);
-    };
-    match file.state {
-        unwind_file_state::LOADED => match find_row(&file.table, offset) {
-            Some(row) => step_by_row(row, regs, window),
-            None => step_by_frame_pointer(regs, window),
-        },
-        unwind_file_state::FRAME_POINTERS => step_by_frame_pointer(regs, window),
-        _ => Err(unwind_stop::NO_TABLE),
-    }
-}
-
-/// The lookup specified on `UnwindTableInfo`, over the shared arrays.
-fn find_row(table: &UnwindTableInfo, pc: u64) -> Option<UnwindRow> {
-    let page = pc >> (table.page_shift & 31);
-    let index = page.checked_sub(u64::from(table.first_page))?;
-    if index >= u64::from(table.page_count) {
-        return None;
-    }
-    let page_slot = u64::from(table.pages_start) + index;
-    if page_slot + 1 >= u64::from(UNWIND_MAX_PAGES) {
-        return None;
-    }
-    let mut lo = *UNWIND_PAGES.get(page_slot as u32)?;
-    let mut hi = UNWIND_PAGES.get(page_slot as u32 + 1)?.wrapping_add(1);
-    if hi <= lo {
-        return None;
-    }
-    for _ in 0..UNWIND_SEARCH_STEPS {
-        if hi - lo <= 1 {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if u64::from(UNWIND_ROWS.get(table.rows_start.wrapping_add(mid))?.pc) <= pc {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let row = *UNWIND_ROWS.get(table.rows_start.wrapping_add(lo))?;
-    (row.kind != unwind_kind::NONE).then_some(row)
-}
-
-/// One 8-byte read of the traced stack.
-fn read_stack(window: &mut StackWindow, address: u64) -> Result<u64, usize> {
-    window.read::<1>(address).map(|[word]| word)
-}
-
-/// The steps on `UnwindRow`.
-fn step_by_row(row: UnwindRow, regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
-    let offset = u64::from(row.cfa_offset);
-    let cfa = match row.kind {
-        unwind_kind::CFA_RSP => regs.rsp.wrapping_add(offset),
-        unwind_kind::CFA_RBP if regs.rbp_known != 0 => regs.rbp.wrapping_add(offset),
-        unwind_kind::CFA_PLT => regs.rsp.wrapping_add(offset + if regs.rip & 15 >= 11 { 8 } else { 0 }),
-        unwind_kind::END => return Err(unwind_stop::WHOLE),
-        _ => return Err(unwind_stop::UNSUPPORTED),
-    };
-    let (return_address, rbp, rbp_known) = match row.rbp {
-        // rbp pushed right below the return address (every `push %rbp` prologue): one read.
-        -2 => {
-            let [rbp, return_address] = window.read::<2>(cfa.wrapping_sub(16))?;
-            (return_address, rbp, 1)
-        }
-        0 => (read_stack(window, cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
-        UNWIND_RBP_LOST => (read_stack(window, cfa.wrapping_sub(8))?, 0, 0),
-        units => (
-            read_stack(window, cfa.wrapping_sub(8))?,
-            read_stack(window, cfa.wrapping_add((i64::from(units) * 8) as u64))?,
-            1,
-        ),
-    };
-    if return_address == 0 {
-        return Err(unwind_stop::WHOLE);
-    }
-    Ok(Registers { rip: return_address, rsp: cfa, rbp, rbp_known })
-}
-
-/// CFA = rbp + 16, where rbp must point into the stack above this frame.
-fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
-    if regs.rbp_known == 0 || regs.rbp == 0 || regs.rbp < regs.rsp {
-        return Err(unwind_stop::NO_ROW);
-    }
-    // [rbp] is the caller's rbp, [rbp + 8] the return address into the caller.
-    let [caller_rbp, return_address] = window.read::<2>(regs.rbp)?;
-    if return_address == 0 {
-        return Err(unwind_stop::WHOLE);
-    }
-    Ok(Registers { rip: return_address, rsp: regs.rbp + 16, rbp: caller_rbp, rbp_known: 1 })
 }
 
 /// Writes the unwound stack to STACKS in build-ID form (each frame's build ID from its file's

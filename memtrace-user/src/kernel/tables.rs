@@ -103,7 +103,7 @@ pub const UNWIND_FILES: ArrayTable<UnwindFile> = ArrayTable::new("UNWIND_FILES",
 pub const UNWIND_ROWS: ArrayTable<UnwindRow> = ArrayTable::new("UNWIND_ROWS", "the unwind rows");
 /// The page indices of every loaded unwind table.
 pub const UNWIND_PAGES: ArrayTable<u32> = ArrayTable::new("UNWIND_PAGES", "the unwind pages");
-/// The unwind tables' epoch (memtrace-ebpf/src/window.rs), at index 0.
+/// The unwind tables' epoch (memtrace-ebpf/src/stack_read.rs), at index 0.
 pub const UNWIND_EPOCH: ArrayTable<u64> = ArrayTable::new("UNWIND_EPOCH", "the unwind tables' epoch");
 
 /// Whether the exec tracepoint stops programs not known yet, at index 0 (1: it does).

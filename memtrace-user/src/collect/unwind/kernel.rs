@@ -195,7 +195,7 @@ impl KernelTables {
     }
 
     /// Bumps the epoch after tables changed: the kernel's memo of the last walk on each CPU
-    /// (memtrace-ebpf/src/window.rs) holds only while nothing the walk read has changed.
+    /// (memtrace-ebpf/src/stack_read.rs) holds only while nothing the walk read has changed.
     fn publish(&mut self, probes: &mut Probes) -> Result<()> {
         if !std::mem::take(&mut self.changed) {
             return Ok(());
