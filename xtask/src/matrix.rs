@@ -52,7 +52,8 @@ const PLAN: &[(&str, &[&str])] = &[
     // stacks without frame pointers: the .eh_frame unwinder; 128 frames; deep stacks taken over
     // from the slot's last walk (frame_memo.rs) told apart far out; whole from a launched
     // program's first instruction and in short-lived programs a shell runs, held at their exec
-    // (the kernel's own mappings, bpf_find_vma, before memtrace has read the process's)
+    // (the kernel's own mappings, bpf_find_vma, before memtrace has read the process's); a
+    // library called right after its dlopen, the process held at dlopen's return
     (
         "unwind",
         &[
@@ -61,6 +62,7 @@ const PLAN: &[(&str, &[&str])] = &[
             "deep_stacks_that_differ_far_out_stay_apart",
             "a_stack_past_the_depth_limit_keeps_128_frames_and_says_so",
             "short_lived_programs_a_shell_runs_have_whole_stacks",
+            "a_library_called_right_after_dlopen_has_whole_stacks",
         ],
     ),
     // Python's own frames: Debian's python3 (3.11) launched, attached, with threads (the GIL

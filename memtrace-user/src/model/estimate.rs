@@ -3,6 +3,40 @@
 //! over its user CPU time inside windows (the run's time over the windows' where that is too
 //! little to measure).
 
+/// The heap's figures as the summary names them, in groups by what makes them, so that each mode's
+/// list of estimated figures is put together from them rather than written out again.
+pub mod figures {
+    /// What allocations make: counted at every call, whatever is recorded of it.
+    pub const ALLOCATION: [&str; 2] = ["allocations", "allocated_bytes"];
+    /// What the recorded blocks make: their frees, what stays live, its peak.
+    pub const FREE_AND_LIVE: [&str; 5] = ["frees", "freed_bytes", "live_allocations", "live_bytes", "peak_live_bytes"];
+    /// The byte figures of both groups.
+    pub const BYTES: [&str; 4] = ["allocated_bytes", "freed_bytes", "live_bytes", "peak_live_bytes"];
+    /// The count figures of both groups.
+    pub const COUNTS: [&str; 3] = ["allocations", "frees", "live_allocations"];
+    /// What is made of the recorded blocks by stack: estimated wherever they are.
+    pub const BY_STACK: [&str; 4] = ["leaks", "functions", "pprof", "flamegraph"];
+
+    /// `a` then `b`, as one list (`N` = A + B, checked when the constant is built).
+    pub const fn joined<const A: usize, const B: usize, const N: usize>(
+        a: [&'static str; A],
+        b: [&'static str; B],
+    ) -> [&'static str; N] {
+        assert!(A + B == N, "the joined list's length is the sum of its parts");
+        let mut out = [""; N];
+        let mut i = 0;
+        while i < A {
+            out[i] = a[i];
+            i += 1;
+        }
+        while i < N {
+            out[i] = b[i - A];
+            i += 1;
+        }
+        out
+    }
+}
+
 /// `--sample BYTES`: allocations are sampled by a Poisson process on allocated bytes with this
 /// mean, so an allocation of S bytes is recorded with probability 1 - exp(-S/R). Each recorded
 /// allocation stands for 1 / (1 - exp(-S/R)) allocations and S / (1 - exp(-S/R)) bytes (as pprof
@@ -18,17 +52,7 @@ pub struct Sampling {
 impl Sampling {
     /// The estimated figures; allocations, allocated bytes and failed allocations stay exact,
     /// since every allocation is counted, sampled or not.
-    pub const ESTIMATED: &'static [&'static str] = &[
-        "frees",
-        "freed_bytes",
-        "live_allocations",
-        "live_bytes",
-        "peak_live_bytes",
-        "leaks",
-        "functions",
-        "pprof",
-        "flamegraph",
-    ];
+    pub const ESTIMATED: &'static [&'static str] = &figures::joined::<5, 4, 9>(figures::FREE_AND_LIVE, figures::BY_STACK);
 
     pub fn new(mean_bytes: u64) -> Self {
         Self { mean_bytes, estimated: Self::ESTIMATED }
@@ -78,19 +102,10 @@ pub struct Windows {
 
 impl Windows {
     /// Everything the heap figures are made of: out of a window no allocation is seen.
-    pub const ESTIMATED: &'static [&'static str] = &[
-        "allocations",
-        "allocated_bytes",
-        "frees",
-        "freed_bytes",
-        "live_allocations",
-        "live_bytes",
-        "peak_live_bytes",
-        "leaks",
-        "functions",
-        "pprof",
-        "flamegraph",
-    ];
+    pub const ESTIMATED: &'static [&'static str] = &figures::joined::<7, 4, 11>(
+        figures::joined::<2, 5, 7>(figures::ALLOCATION, figures::FREE_AND_LIVE),
+        figures::BY_STACK,
+    );
 
     pub fn new(on_s: f64, every_s: f64) -> Self {
         Self {
@@ -242,5 +257,20 @@ mod tests {
         // Too few ticks inside windows to count, or none read: the run's wall-time weight.
         assert_eq!(windows.weight_of(Some(UserCpu { inside_s: 0.05, total_s: 3.0 })), 10.0);
         assert_eq!(windows.weight_of(None), 10.0);
+    }
+}
+
+#[cfg(test)]
+mod figure_lists {
+    use super::*;
+
+    /// The summary's lists of estimated figures, as the output contract has them.
+    #[test]
+    fn each_mode_names_its_estimated_figures_in_the_summarys_order() {
+        let by_stack = ["leaks", "functions", "pprof", "flamegraph"];
+        let free_and_live = ["frees", "freed_bytes", "live_allocations", "live_bytes", "peak_live_bytes"];
+        assert_eq!(Sampling::ESTIMATED, [&free_and_live[..], &by_stack].concat());
+        let windows = [&["allocations", "allocated_bytes"][..], &free_and_live, &by_stack].concat();
+        assert_eq!(Windows::ESTIMATED, windows);
     }
 }

@@ -18,6 +18,7 @@ use memtrace_common::{ProcessStats, StackTotals};
 pub use crate::process::probe_point::SingleStepped;
 use crate::process::procfs::Mapping;
 use frame::Frame;
+use estimate::figures;
 use identity::ProcessIdentity;
 use levels::{FreePool, MemoryLevels};
 
@@ -223,20 +224,12 @@ impl AppSampled {
     }
 
     fn estimated() -> &'static [&'static str] {
-        &[
-            "allocated_bytes",
-            "freed_bytes",
-            "live_bytes",
-            "peak_live_bytes",
-            "leaks",
-            "functions",
-            "pprof",
-            "flamegraph",
-        ]
+        const ESTIMATED: [&str; 8] = figures::joined(figures::BYTES, figures::BY_STACK);
+        &ESTIMATED
     }
 
     fn samples() -> &'static [&'static str] {
-        &["allocations", "frees", "live_allocations"]
+        &figures::COUNTS
     }
 }
 
