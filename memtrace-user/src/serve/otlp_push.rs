@@ -10,8 +10,8 @@ use hyper::body::Bytes;
 use prost::Message;
 
 use super::{
-    post::{self, failed, Post},
-    shared::Shared,
+    post::{self, Post, Span},
+    shared::{Shared, Snapshot},
 };
 use crate::{
     export::{
@@ -29,31 +29,20 @@ pub const PROFILES_PATH: &str = "/v1development/profiles";
 pub const DEVELOPMENT_VERSION_HEADER: &str = "otlp-profiles-development-version";
 pub const DEVELOPMENT_VERSION: &str = "1";
 
-/// Pushes at every interval until the server thread stops.
+/// Pushes at every interval until the server thread stops: the heap at each OOM kill since the
+/// last push, a request of its own, once; then the largest processes' heap profiles.
 pub async fn run(shared: Arc<Shared>, target: PushTarget) {
-    let host = shared.host_name.clone();
-    let mut ticks = tokio::time::interval(target.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        ticks.tick().await;
-        // The heap at each OOM kill since the last push, a request of its own, once.
-        for request in shared.take_oom_requests() {
-            if let Err(err) = post::with_retries(&target.base, &profiles_post(request)).await {
-                failed(&shared, &target.base, 1, format!("{err:#}"));
-            }
-        }
-        let Some(snapshot) = shared.fresh_snapshot().await else {
-            failed(&shared, &target.base, 1, "no sample came to read the stacks".to_owned());
-            continue;
-        };
-        let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
-        let window = Window::ending_now(snapshot.traced_for);
-        let request = build_request(Recording::of(&snapshot.profile), &processes, window, &host);
-        if let Err(err) = post::with_retries(&target.base, &profiles_post(request.encode_to_vec())).await {
-            failed(&shared, &target.base, 1, format!("{err:#}"));
-        }
-    }
+    post::every_interval(shared, target, round).await
+}
+
+fn round(shared: &Shared, snapshot: &Snapshot, _span: Span) -> Vec<Result<Post, String>> {
+    let mut posts: Vec<Result<Post, String>> =
+        shared.take_oom_requests().into_iter().map(|request| Ok(profiles_post(request))).collect();
+    let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
+    let window = Window::ending_now(snapshot.traced_for);
+    let request = build_request(Recording::of(&snapshot.profile), &processes, window, &shared.host_name);
+    posts.push(Ok(profiles_post(request.encode_to_vec())));
+    posts
 }
 
 /// The POST of one encoded ExportProfilesServiceRequest.

@@ -8,12 +8,11 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
-use hyper::{body::Bytes, Uri};
+use hyper::body::Bytes;
 
 use super::{
-    post::{self, failed, unix_seconds, Post},
-    shared::Shared,
+    post::{self, Post, Span},
+    shared::{Shared, Snapshot},
 };
 use crate::{
     export::{
@@ -28,49 +27,30 @@ const BOUNDARY: &str = "memtrace-profile-boundary-7d1f0c";
 
 /// Pushes at every interval until the server thread stops.
 pub async fn run(shared: Arc<Shared>, target: PushTarget) {
-    let host = shared.host_name.clone();
-    let mut ticks = tokio::time::interval(target.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        ticks.tick().await;
-        let until = unix_seconds();
-        let from = until.saturating_sub(target.interval.as_secs().max(1));
-        let Some(snapshot) = shared.fresh_snapshot().await else {
-            failed(&shared, &target.base, 1, "no sample came to read the stacks".to_owned());
-            continue;
-        };
-        let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
-        let (mut failures, mut last_error) = (0, String::new());
-        for process in &processes {
-            let name = series_name(&host, process);
-            let profile =
-                build_profile(&snapshot.profile, snapshot.traced_for, Processes::One(process.identity.pid));
-            let mut gzipped = Vec::new();
-            if let Err(err) = write_gzipped(&profile, &mut gzipped) {
-                (failures, last_error) = (failures + 1, err.to_string());
-                continue;
-            }
-            if let Err(err) = push_with_retries(&target.base, &name, from, until, gzipped).await {
-                (failures, last_error) = (failures + 1, format!("{err:#}"));
-            }
-        }
-        // The heap at each OOM kill since the last push, once.
-        for kill in shared.take_oom_profiles() {
-            let name = format!(
-                "memtrace.oom_heap{{host={},pid={},comm={}}}",
-                clean(&host),
-                kill.pid,
-                clean(&kill.comm)
-            );
-            if let Err(err) = push_with_retries(&target.base, &name, from, until, kill.gzipped).await {
-                (failures, last_error) = (failures + 1, format!("{err:#}"));
-            }
-        }
-        if failures > 0 {
-            failed(&shared, &target.base, failures, last_error);
-        }
+    post::every_interval(shared, target, round).await
+}
+
+/// A round's posts: each of the largest processes' heap profile, then the heap at each OOM kill
+/// since the last round, once.
+fn round(shared: &Shared, snapshot: &Snapshot, span: Span) -> Vec<Result<Post, String>> {
+    let host = &shared.host_name;
+    let processes = heap_profile::largest(&snapshot.profile, shared.max_series_processes);
+    let mut posts = Vec::new();
+    for process in &processes {
+        let profile =
+            build_profile(&snapshot.profile, snapshot.traced_for, Processes::One(process.identity.pid));
+        let mut gzipped = Vec::new();
+        posts.push(match write_gzipped(&profile, &mut gzipped) {
+            Ok(()) => Ok(ingest_post(&series_name(host, process), span, gzipped)),
+            Err(err) => Err(err.to_string()),
+        });
     }
+    for kill in shared.take_oom_profiles() {
+        let name =
+            format!("memtrace.oom_heap{{host={},pid={},comm={}}}", clean(host), kill.pid, clean(&kill.comm));
+        posts.push(Ok(ingest_post(&name, span, kill.gzipped)));
+    }
+    posts
 }
 
 /// `memtrace.heap{host=..,pid=..,comm=..}`, label values cut to what Pyroscope accepts.
@@ -86,13 +66,18 @@ fn clean(text: &str) -> String {
     text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
-async fn push_with_retries(base: &Uri, name: &str, from: u64, until: u64, profile: Vec<u8>) -> Result<()> {
-    let post = Post {
-        path: format!("/ingest?name={}&from={from}&until={until}&format=pprof", percent_encode(name)),
+/// The ingest POST of one gzipped profile under series `name`.
+fn ingest_post(name: &str, span: Span, profile: Vec<u8>) -> Post {
+    Post {
+        path: format!(
+            "/ingest?name={}&from={}&until={}&format=pprof",
+            percent_encode(name),
+            span.from,
+            span.until
+        ),
         headers: vec![("content-type", format!("multipart/form-data; boundary={BOUNDARY}"))],
         body: Bytes::from(multipart(&profile)),
-    };
-    post::with_retries(base, &post).await
+    }
 }
 
 /// A multipart/form-data body with the one field `profile`.
