@@ -1,29 +1,21 @@
 //! `--flamegraph PATH`: an SVG flamegraph of live bytes by call stack, one tower per process.
 
-use std::{io::Write, path::Path};
+use std::{fs::File, io::Write};
 
 use anyhow::{Context, Result};
 use inferno::flamegraph;
 
-use super::{exporter::Exporter, output_file::OutputFile};
+use super::exporter::WholeFile;
 use crate::model::{Model, RunEnd};
 
-pub struct FlamegraphFile {
-    file: OutputFile,
-}
+/// `--flamegraph`'s file.
+pub struct Flamegraph;
 
-impl FlamegraphFile {
-    pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self { file: OutputFile::create(path, "flamegraph", "--flamegraph")? })
-    }
-}
+impl WholeFile for Flamegraph {
+    const WHAT: &'static str = "flamegraph";
+    const OPTION: &'static str = "--flamegraph";
 
-impl Exporter for FlamegraphFile {
-    fn written(&self) -> Option<String> {
-        Some(format!("flamegraph written to {}", self.file.path().display()))
-    }
-
-    fn finish(&mut self, model: &Model, _end: RunEnd) -> Result<()> {
+    fn write(model: &Model, _end: RunEnd, file: &mut File) -> Result<()> {
         let lines = folded_stacks(model);
         let mut options = flamegraph::Options::default();
         options.title = "memtrace: live bytes by call stack".to_owned();
@@ -37,7 +29,7 @@ impl Exporter for FlamegraphFile {
                 .context("drawing the flamegraph")?;
             svg
         };
-        self.file.commit(|file| file.write_all(&svg))
+        Ok(file.write_all(&svg)?)
     }
 }
 

@@ -19,26 +19,26 @@ pub mod trace;
 
 use anyhow::Result;
 
-use exporter::Exporter;
+use exporter::{Exporter, WholeFileExporter};
 
 /// The exporters of the reports `outputs` names (pprof, flamegraph, Perfetto, HTML, OTLP), each with its
 /// file opened now, so that an unwritable path is said before anything is traced or read.
 pub fn reports(outputs: &crate::plan::ReportFiles, top: usize) -> Result<Vec<Box<dyn Exporter>>> {
     let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
     if let Some(path) = &outputs.pprof {
-        exporters.push(Box::new(pprof::PprofFile::create(path)?));
+        exporters.push(Box::new(WholeFileExporter::<pprof::Pprof>::create(path)?));
     }
     if let Some(path) = &outputs.flamegraph {
-        exporters.push(Box::new(flamegraph::FlamegraphFile::create(path)?));
+        exporters.push(Box::new(WholeFileExporter::<flamegraph::Flamegraph>::create(path)?));
     }
     if let Some(path) = &outputs.perfetto {
-        exporters.push(Box::new(perfetto::PerfettoFile::create(path)?));
+        exporters.push(Box::new(WholeFileExporter::<perfetto::Perfetto>::create(path)?));
     }
     if let Some(path) = &outputs.html {
         exporters.push(Box::new(html::HtmlFile::create(path, top)?));
     }
     if let Some(path) = &outputs.otlp {
-        exporters.push(Box::new(otlp::OtlpFile::create(path)?));
+        exporters.push(Box::new(WholeFileExporter::<otlp::Otlp>::create(path)?));
     }
     Ok(exporters)
 }

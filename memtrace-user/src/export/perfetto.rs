@@ -6,6 +6,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    fs::File,
     io::{BufWriter, Write},
     path::Path,
 };
@@ -13,8 +14,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    exporter::Exporter,
-    output_file::OutputFile,
+    exporter::WholeFile,
     perfetto_proto::{self as proto, SEQ_INCREMENTAL_STATE_CLEARED, TYPE_COUNTER, UNIT_SIZE_BYTES},
 };
 use crate::model::{frame::Frame, levels::MemoryLevels, Model, Process, RunEnd, StackProfile};
@@ -26,27 +26,21 @@ const SEQUENCE: u32 = 1;
 /// The heap name the profile is filed under, as heapprofd names the libc allocator's.
 const HEAP_NAME: &str = "malloc";
 
-pub struct PerfettoFile {
-    file: OutputFile,
-}
+/// `--perfetto`'s file.
+pub struct Perfetto;
 
-impl PerfettoFile {
-    pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self { file: OutputFile::create(path, "Perfetto trace", "--perfetto")? })
-    }
-}
+impl WholeFile for Perfetto {
+    const WHAT: &'static str = "Perfetto trace";
+    const OPTION: &'static str = "--perfetto";
 
-impl Exporter for PerfettoFile {
-    fn written(&self) -> Option<String> {
-        Some(format!("Perfetto trace written to {} (open it in Perfetto UI)", self.file.path().display()))
+    fn written(path: &Path) -> String {
+        format!("Perfetto trace written to {} (open it in Perfetto UI)", path.display())
     }
 
-    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        self.file.commit(|file| {
-            let mut out = BufWriter::new(file);
-            write_trace(model, end, &mut out)?;
-            out.flush()
-        })
+    fn write(model: &Model, end: RunEnd, file: &mut File) -> Result<()> {
+        let mut out = BufWriter::new(file);
+        write_trace(model, end, &mut out)?;
+        Ok(out.flush()?)
     }
 }
 

@@ -2,37 +2,27 @@
 //! with the sample types alloc_objects, alloc_space, inuse_objects and inuse_space, one sample per
 //! (process, call stack), labelled with the pid and command name.
 
-use std::{collections::HashMap, io::Write, path::Path, time::Duration};
+use std::{collections::HashMap, fs::File, io::Write, time::Duration};
 
 use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use super::{
-    exporter::Exporter,
+    exporter::WholeFile,
     heap_profile::{self, Processes, DEFAULT_SAMPLE_TYPE, SAMPLE_TYPES},
-    output_file::OutputFile,
 };
 use crate::model::{frame::Frame, identity::ProcessIdentity, Model, RunEnd};
 
-pub struct PprofFile {
-    file: OutputFile,
-}
+/// `--pprof`'s file.
+pub struct Pprof;
 
-impl PprofFile {
-    pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self { file: OutputFile::create(path, "pprof profile", "--pprof")? })
-    }
-}
+impl WholeFile for Pprof {
+    const WHAT: &'static str = "pprof profile";
+    const OPTION: &'static str = "--pprof";
 
-impl Exporter for PprofFile {
-    fn written(&self) -> Option<String> {
-        Some(format!("pprof profile written to {}", self.file.path().display()))
-    }
-
-    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
-        let profile = build_profile(model, end.duration, Processes::All);
-        self.file.commit(|file| write_gzipped(&profile, file))
+    fn write(model: &Model, end: RunEnd, file: &mut File) -> Result<()> {
+        Ok(write_gzipped(&build_profile(model, end.duration, Processes::All), file)?)
     }
 }
 

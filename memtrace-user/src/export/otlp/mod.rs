@@ -11,6 +11,7 @@ mod dictionary;
 pub mod resource;
 
 use std::{
+    fs::File,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -25,28 +26,23 @@ use prost::Message;
 
 use self::dictionary::Dictionary;
 use super::{
-    exporter::Exporter,
+    exporter::WholeFile,
     heap_profile::{self, Processes, SAMPLE_TYPES},
-    output_file::OutputFile,
 };
 use crate::model::{Model, Process, RunEnd};
 
-pub struct OtlpFile {
-    file: OutputFile,
-}
+/// `--otlp`'s file.
+pub struct Otlp;
 
-impl OtlpFile {
-    pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self { file: OutputFile::create(path, "OTLP profiles request", "--otlp")? })
-    }
-}
+impl WholeFile for Otlp {
+    const WHAT: &'static str = "OTLP profiles request";
+    const OPTION: &'static str = "--otlp";
 
-impl Exporter for OtlpFile {
-    fn written(&self) -> Option<String> {
-        Some(format!("OTLP profiles written to {}", self.file.path().display()))
+    fn written(path: &Path) -> String {
+        format!("OTLP profiles written to {}", path.display())
     }
 
-    fn finish(&mut self, model: &Model, end: RunEnd) -> Result<()> {
+    fn write(model: &Model, end: RunEnd, file: &mut File) -> Result<()> {
         let processes: Vec<&Process> = heap_profile::chosen(model, Processes::All).collect();
         let request = build_request(
             Recording::of(model),
@@ -54,8 +50,7 @@ impl Exporter for OtlpFile {
             Window::ending_now(end.duration),
             &crate::process::procfs::host_name(),
         );
-        let body = request.encode_to_vec();
-        self.file.commit(|file| std::io::Write::write_all(file, &body))
+        Ok(std::io::Write::write_all(file, &request.encode_to_vec())?)
     }
 }
 
