@@ -9,7 +9,8 @@ pub mod figures {
     /// What allocations make: counted at every call, whatever is recorded of it.
     pub const ALLOCATION: [&str; 2] = ["allocations", "allocated_bytes"];
     /// What the recorded blocks make: their frees, what stays live, its peak.
-    pub const FREE_AND_LIVE: [&str; 5] = ["frees", "freed_bytes", "live_allocations", "live_bytes", "peak_live_bytes"];
+    pub const FREE_AND_LIVE: [&str; 5] =
+        ["frees", "freed_bytes", "live_allocations", "live_bytes", "peak_live_bytes"];
     /// The byte figures of both groups.
     pub const BYTES: [&str; 4] = ["allocated_bytes", "freed_bytes", "live_bytes", "peak_live_bytes"];
     /// The count figures of both groups.
@@ -52,7 +53,8 @@ pub struct Sampling {
 impl Sampling {
     /// The estimated figures; allocations, allocated bytes and failed allocations stay exact,
     /// since every allocation is counted, sampled or not.
-    pub const ESTIMATED: &'static [&'static str] = &figures::joined::<5, 4, 9>(figures::FREE_AND_LIVE, figures::BY_STACK);
+    pub const ESTIMATED: &'static [&'static str] =
+        &figures::joined::<5, 4, 9>(figures::FREE_AND_LIVE, figures::BY_STACK);
 
     pub fn new(mean_bytes: u64) -> Self {
         Self { mean_bytes, estimated: Self::ESTIMATED }

@@ -17,8 +17,8 @@ use memtrace_common::{ProcessStats, StackTotals};
 
 pub use crate::process::probe_point::SingleStepped;
 use crate::process::procfs::Mapping;
-use frame::Frame;
 use estimate::figures;
+use frame::Frame;
 use identity::ProcessIdentity;
 use levels::{FreePool, MemoryLevels};
 
