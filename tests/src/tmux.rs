@@ -1,5 +1,6 @@
 //! A terminal for tests of `memtrace top`: a tmux server of the test's own running one command
-//! in a window of a fixed size, read as text and sent keys.
+//! in a window of a fixed size, read as text and sent keys; and memtrace run in it
+//! ([`InTerminal`]), its streams in files and its exit status written when it ends.
 
 use std::{
     ffi::CString,
@@ -129,5 +130,61 @@ impl Fifo {
 
     pub fn close(&mut self) {
         self.writer = None;
+    }
+}
+
+/// A path as an argument of [`InTerminal::start`] (the tests' paths are UTF-8).
+pub fn path(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// Where memtrace's streams go, run in a terminal: stdin from a FIFO where given, stdout and
+/// stderr into `stdout` and `stderr` of its directory where asked (else on the terminal).
+#[derive(Default)]
+pub struct Streams<'a> {
+    pub stdin: Option<&'a Fifo>,
+    pub stdout_to_file: bool,
+    pub stderr_to_file: bool,
+}
+
+/// memtrace run in a terminal with `args`, by a shell that writes its exit status to `status` in
+/// `dir` once it ends.
+pub struct InTerminal {
+    pub tmux: Tmux,
+    dir: PathBuf,
+}
+
+impl InTerminal {
+    pub fn start(dir: &Path, args: &[&str], streams: Streams<'_>) -> Self {
+        let mut command = quoted(&crate::memtrace_bin());
+        for arg in args {
+            command += &format!(" {}", quoted(Path::new(arg)));
+        }
+        if let Some(stdin) = streams.stdin {
+            command += &format!(" < {}", quoted(&stdin.path));
+        }
+        if streams.stdout_to_file {
+            command += &format!(" > {}", quoted(&dir.join("stdout")));
+        }
+        if streams.stderr_to_file {
+            command += &format!(" 2> {}", quoted(&dir.join("stderr")));
+        }
+        command += &format!("; echo $? > {}", quoted(&dir.join("status")));
+        Self { tmux: Tmux::start(&command), dir: dir.to_owned() }
+    }
+
+    /// Its exit status, once it has exited.
+    pub fn status(&self) -> i32 {
+        exit_status(&self.dir.join("status"), &self.tmux)
+    }
+
+    /// What it wrote to stderr (where that went to a file), so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+    }
+
+    /// What it wrote to stdout (where that went to a file), so far.
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(self.dir.join("stdout")).unwrap_or_default()
     }
 }

@@ -23,10 +23,9 @@ use memtrace_tests::{
     assert_figures_of,
     chromium::Chromium,
     containers::{cgroup_hierarchies, root_filesystem, Pod},
-    memtrace_bin,
     pprof::go_pprof,
     scrape_metrics,
-    tmux::{exit_status, quoted, Tmux},
+    tmux::{path, InTerminal, Streams},
     Memtrace, Outcome, DEADLINE, LEAKS,
 };
 use serde_json::Value;
@@ -336,16 +335,12 @@ fn top_names_a_containerd_containers_pod() {
     let pod = Pod::new(0x15);
     let scratch = tempfile::tempdir().unwrap();
     let _container = run_container(&containerd, &pod, scratch.path());
-    let status = scratch.path().join("status");
-    let command = format!(
-        "{} top -i 100ms --container {} --containerd-socket {} 2> {}; echo $? > {}",
-        quoted(&memtrace_bin()),
-        &pod.container_id[..12],
-        quoted(&containerd.socket()),
-        quoted(&scratch.path().join("stderr")),
-        quoted(&status),
-    );
-    let tmux = Tmux::start(&command);
+    let socket = containerd.socket();
+    let args =
+        ["top", "-i", "100ms", "--container", &pod.container_id[..12], "--containerd-socket", path(&socket)];
+    let run =
+        InTerminal::start(scratch.path(), &args, Streams { stderr_to_file: true, ..Streams::default() });
+    let tmux = &run.tmux;
     tmux.wait_for("every probe attached");
     exec_fixture(&containerd, &pod, "leaks-5");
     let name = named("leaks");
@@ -353,8 +348,7 @@ fn top_names_a_containerd_containers_pod() {
         screen.lines().any(|line| line.contains(&name) && line.contains(&format!("{} B", LEAKS.live_bytes)))
     });
     tmux.send("q");
-    let stderr = || fs::read_to_string(scratch.path().join("stderr")).unwrap_or_default();
-    assert_eq!(exit_status(&status, &tmux), 0, "{screen}\nstderr:\n{}", stderr());
+    assert_eq!(run.status(), 0, "{screen}\nstderr:\n{}", run.stderr());
 }
 
 /// `go tool pprof -raw` of a profile: its samples, each with its labels, as text.

@@ -13,10 +13,10 @@ use std::{fs, path::Path, process::Command};
 
 use memtrace_tests::{
     chromium::Chromium,
-    memtrace_bin, otlp,
+    otlp,
     perfetto::{decode, heap_samples},
     pprof::go_pprof,
-    tmux::{exit_status, quoted, Fifo, Tmux},
+    tmux::{Fifo, InTerminal, Streams},
     Memtrace, Spawned, INTERVAL,
 };
 use serde_json::Value;
@@ -121,16 +121,10 @@ fn top_shows_a_perl_scripts_subs() {
     let dir = memtrace.dir().to_owned();
     let path = script(&dir, "cache.pl", PERL_CACHE);
     let mut stdin = Fifo::create(dir.join("stdin"));
-    let command = format!(
-        "{} top -i {INTERVAL} -- /usr/bin/perl {} < {} > {} 2> {}; echo $? > {}",
-        quoted(&memtrace_bin()),
-        quoted(Path::new(&path)),
-        quoted(&stdin.path),
-        quoted(&dir.join("stdout")),
-        quoted(&dir.join("stderr")),
-        quoted(&dir.join("status")),
-    );
-    let tmux = Tmux::start(&command);
+    let args = ["top", "-i", INTERVAL, "--", "/usr/bin/perl", &path];
+    let streams = Streams { stdin: Some(&stdin), stdout_to_file: true, stderr_to_file: true };
+    let run = InTerminal::start(&dir, &args, streams);
+    let tmux = &run.tmux;
     tmux.wait_for("every probe attached");
     stdin.send(b"\n");
     tmux.wait_for(" perl ");
@@ -146,8 +140,7 @@ fn top_shows_a_perl_scripts_subs() {
     stdin.close();
     tmux.wait_for("tracing ended");
     tmux.send("q");
-    let status = exit_status(&dir.join("status"), &tmux);
-    let stderr = fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let (status, stderr) = (run.status(), run.stderr());
     assert_eq!(status, 0, "stderr:\n{stderr}");
 }
 

@@ -10,8 +10,8 @@
 use std::{fs, path::Path, process::Command};
 
 use memtrace_tests::{
-    fixture, memtrace_bin,
-    tmux::{exit_status, quoted, Fifo, Tmux},
+    fixture,
+    tmux::{path, Fifo, InTerminal, Streams},
     Memtrace, Spawned, INTERVAL,
 };
 use serde_json::Value;
@@ -48,17 +48,11 @@ fn top_shows_a_command_live_and_its_stacks_on_enter() {
     let memtrace = Memtrace::new();
     let dir = memtrace.dir().to_owned();
     let mut fifo = Fifo::create(dir.join("stdin"));
-    let command = format!(
-        "{} top -i {INTERVAL} --summary {} -- {} linger < {} > {} 2> {}; echo $? > {}",
-        quoted(&memtrace_bin()),
-        quoted(&dir.join("summary.json")),
-        quoted(&fixture("leaks")),
-        quoted(&fifo.path),
-        quoted(&dir.join("stdout")),
-        quoted(&dir.join("stderr")),
-        quoted(&dir.join("status")),
-    );
-    let tmux = Tmux::start(&command);
+    let (summary, leaks) = (dir.join("summary.json"), fixture("leaks"));
+    let args = ["top", "-i", INTERVAL, "--summary", path(&summary), "--", path(&leaks), "linger"];
+    let streams = Streams { stdin: Some(&fifo), stdout_to_file: true, stderr_to_file: true };
+    let run = InTerminal::start(&dir, &args, streams);
+    let tmux = &run.tmux;
     tmux.wait_for("every probe attached");
     fifo.send(b"g");
     let screen = tmux.wait_until("the live heap of leaks", |screen| shows_live_heap(screen, "", "5768 B"));
@@ -77,13 +71,11 @@ fn top_shows_a_command_live_and_its_stacks_on_enter() {
     fifo.close();
     tmux.wait_for("tracing ended");
     tmux.send("q");
-    let status = exit_status(&dir.join("status"), &tmux);
-    let stderr = fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let (status, stderr) = (run.status(), run.stderr());
     assert_eq!(status, 0, "stderr:\n{stderr}");
     // What memtrace and the command wrote while the view ran is written out once it has gone.
     assert!(stderr.contains("memtrace: tracing pid") && stderr.contains("summary written"), "{stderr}");
-    let stdout = fs::read_to_string(dir.join("stdout")).unwrap_or_default();
-    assert_eq!(stdout, "ready\nleaked\n", "the command's output");
+    assert_eq!(run.stdout(), "ready\nleaked\n", "the command's output");
     assert_leaks_figures(&summary_process(&dir));
 }
 
@@ -99,21 +91,16 @@ fn q_ends_the_run_with_the_outputs_written() {
     });
     leaks.wait_for_stdout("ready");
     let pid = leaks.pid().to_string();
-    let command = format!(
-        "{} top -i {INTERVAL} --summary {} --pid {pid} 2> {}; echo $? > {}",
-        quoted(&memtrace_bin()),
-        quoted(&dir.join("summary.json")),
-        quoted(&dir.join("stderr")),
-        quoted(&dir.join("status")),
-    );
-    let tmux = Tmux::start(&command);
+    let summary = dir.join("summary.json");
+    let args = ["top", "-i", INTERVAL, "--summary", path(&summary), "--pid", &pid];
+    let run = InTerminal::start(&dir, &args, Streams { stderr_to_file: true, ..Streams::default() });
+    let tmux = &run.tmux;
     tmux.wait_for("every probe attached");
     leaks.send(b"g");
     leaks.wait_for_stdout("leaked");
     tmux.wait_until("the live heap of leaks", |screen| shows_live_heap(screen, &pid, "5768 B"));
     tmux.send("q");
-    let status = exit_status(&dir.join("status"), &tmux);
-    let stderr = fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let (status, stderr) = (run.status(), run.stderr());
     assert_eq!(status, 0, "stderr:\n{stderr}");
     assert!(leaks.try_wait().is_none(), "q ended the traced process, not only the run");
     let process = summary_process(&dir);
@@ -128,15 +115,10 @@ fn a_long_run_on_a_terminal_shows_its_progress() {
     let memtrace = Memtrace::new();
     let dir = memtrace.dir().to_owned();
     let mut fifo = Fifo::create(dir.join("stdin"));
-    let command = format!(
-        "{} -i {INTERVAL} -o {} -- {} linger < {}; echo $? > {}",
-        quoted(&memtrace_bin()),
-        quoted(&dir.join("trace.json")),
-        quoted(&fixture("leaks")),
-        quoted(&fifo.path),
-        quoted(&dir.join("status")),
-    );
-    let tmux = Tmux::start(&command);
+    let (trace, leaks) = (dir.join("trace.json"), fixture("leaks"));
+    let args = ["-i", INTERVAL, "-o", path(&trace), "--", path(&leaks), "linger"];
+    let run = InTerminal::start(&dir, &args, Streams { stdin: Some(&fifo), ..Streams::default() });
+    let tmux = &run.tmux;
     tmux.wait_for("memtrace: tracing");
     fifo.send(b"g");
     let progress =
@@ -150,7 +132,7 @@ fn a_long_run_on_a_terminal_shows_its_progress() {
         "{screen}"
     );
     fifo.close();
-    assert_eq!(exit_status(&dir.join("status"), &tmux), 0);
+    assert_eq!(run.status(), 0);
     let screen = tmux.screen().expect("the pane stays once its command has ended");
     assert!(screen.contains("memtrace: traced 1 process"), "{screen}");
     assert!(!progress(&screen), "the progress line was not cleared:\n{screen}");
