@@ -128,7 +128,7 @@ impl Collector {
             }
             // The kernel names the process as it first allocated after its last exec, and at exit.
             if let Some(comm) = crate::model::kernel_comm(&process.stats) {
-                process.identity.comm = comm;
+                process.identity.rename(comm);
             }
             self.read_levels(process, !estimators.any(), &mut seen, probes);
         }
@@ -174,7 +174,7 @@ impl Collector {
             process.free_pool = self.owners.free_pool(process.identity.pid).filter(|_| whole).cloned();
         }
         if let Some(comm) = procfs::comm(process.identity.pid) {
-            process.identity.comm = comm;
+            process.identity.rename(comm);
         }
     }
 

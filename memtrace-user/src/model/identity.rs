@@ -34,6 +34,18 @@ impl ProcessIdentity {
         Self { pid, comm, ..Self::default() }
     }
 
+    /// The same process under the program file `executable`, where /proc cannot name it yet (a
+    /// launched command held before its exec: /proc names memtrace's own file).
+    pub fn with_executable(self, executable: PathBuf) -> Self {
+        Self { executable: Some(executable), ..self }
+    }
+
+    /// The process's command name is now `comm` (the kernel's, after an exec or a rename): the
+    /// one field of an identity that changes while the process lives.
+    pub fn rename(&mut self, comm: String) {
+        self.comm = comm;
+    }
+
     /// The constructor for a process entering the model: what the kernel recorded at its first
     /// event (`stats`: its start and cgroup id) where it has figures, and what /proc says while
     /// it runs. The kernel's cgroup id names the cgroup of a process already gone; /proc names it

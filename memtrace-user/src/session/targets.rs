@@ -110,9 +110,9 @@ impl Targets {
         let allocator = following.add_target(probes, held.pid, &image)?;
         collector.index_object(&allocator.object);
         let watched = vec![Watched::new(held.pid, true)?];
-        let mut identity = following.identify(held.pid, command_name(&program), None);
         // Held before its exec: /proc names memtrace's own file yet.
-        identity.executable = Some(program.clone());
+        let identity =
+            following.identify(held.pid, command_name(&program), None).with_executable(program.clone());
         add_traced(model, identity, &allocator);
         // Held before its first instruction: every block it makes goes through the probes.
         if let Some(process) = model.processes.get_mut(&held.pid) {
