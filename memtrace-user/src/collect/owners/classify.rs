@@ -255,15 +255,18 @@ impl Classified {
         for (start, end, owner) in parts {
             let bytes = match (whole, pagemap) {
                 (true, _) => left,
+                // Each part's own pages, as pagemap shows them now: not held to smaps' total, read
+                // a moment before, so that pages made resident in between (khugepaged collapsing a
+                // thread stack's stretch into a huge page, on 6.1's TCG matrix VM) stay with their
+                // part and are not taken from the parts after it.
                 (false, Some(pagemap)) => {
                     let pages = pagemap.count(start, end);
                     (pages.present + pages.swapped) * pagemap.page_size()
                 }
                 // Without pagemap, a part's share of the mapping's pages is its share of its length.
-                (false, None) => vma.anonymous_and_swap() * (end - start) / vma.len().max(1),
+                (false, None) => (vma.anonymous_and_swap() * (end - start) / vma.len().max(1)).min(left),
             };
-            let bytes = bytes.min(left);
-            left -= bytes;
+            left = left.saturating_sub(bytes);
             *self.owner_mut(owner) += bytes;
         }
     }
@@ -410,5 +413,43 @@ mod tests {
         assert_eq!(classified.owners.stacks, resident / 3);
         assert_eq!(classified.arenas, 1);
         assert_eq!(classified.allocator_ranges, [(heap, heap + 16 * MIB)]);
+    }
+
+    /// A mapping the kernel merged from two (a thread stack below, the program's mapping above)
+    /// whose pages grew between smaps and pagemap (khugepaged made the stack's stretch a huge
+    /// page): each part keeps the pages pagemap shows it, and the part after the one that grew
+    /// loses none of its own. Pages of this test's own mapping, 2 touched below and 3 above.
+    #[test]
+    fn a_part_keeps_its_pages_when_an_earlier_part_grew_after_smaps_was_read() {
+        let page = crate::process::procfs::page_size();
+        let len = 8 * page as usize;
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        for touched in [0, 1, 4, 5, 6] {
+            // SAFETY: each page lies inside the mapping made above.
+            unsafe { *(base as *mut u8).add(touched * page as usize) = 1 };
+        }
+        let Some(pagemap) = Pagemap::open(std::process::id(), page) else { return };
+        let (start, middle, end) = (base as u64, base as u64 + 4 * page, base as u64 + len as u64);
+        // smaps, read before the stack's second page came in, said 4 pages.
+        let vmas = vec![anonymous(start, end, 4 * page, "rw-p")];
+        let seen = [
+            SeenMapping { start, end: middle, owner: Owner::Stack },
+            SeenMapping { start: middle, end, owner: Owner::Program },
+        ];
+        let classified = classify(&vmas, &seen, &Words(HashMap::new()), Some(&pagemap));
+        assert_eq!((classified.owners.stacks, classified.owners.program), (2 * page, 3 * page));
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(base, len) };
     }
 }
