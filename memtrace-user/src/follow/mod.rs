@@ -241,7 +241,7 @@ impl Following {
                         held.probed(pid);
                     }
                     // A process gone meanwhile has no mappings to read.
-                    prepared.or_else(|err| if is_running(pid) { Err(err) } else { Ok(()) })?;
+                    unless_gone(pid, prepared)?;
                 }
             }
         }
@@ -268,10 +268,7 @@ impl Following {
         let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
         self.probed_for.insert(pid);
         // A process gone before its probes are in needs none (its links would name no task).
-        let probed = probed.or_else(|err| match is_running(pid) {
-            true => Err(err),
-            false => Ok(()),
-        });
+        let probed = unless_gone(pid, probed);
         if let (Some(key), Some(held)) = (stopped, &self.held) {
             // Where probes serve every process, the program's later execs need no stop; this
             // one goes on, probed (or not: the error says).
@@ -397,6 +394,12 @@ impl Following {
     pub fn missed_execs(&self) -> u64 {
         self.held.as_ref().map_or(0, |held| held.stats().missed)
     }
+}
+
+/// `result`, unless it failed because process `pid` is gone: what was being done for it is then
+/// not needed.
+fn unless_gone(pid: u32, result: Result<()>) -> Result<()> {
+    result.or_else(|err| if is_running(pid) { Err(err) } else { Ok(()) })
 }
 
 /// Starts holding the execs of followed processes (a tree, or every process); says so when it
