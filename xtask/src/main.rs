@@ -215,6 +215,7 @@ fn matrix(packages: &[String], selection: &matrix::Selection) -> Result<()> {
 /// The host's checks and tests, then (with `with_matrix`) the kernel matrix, which runs even when
 /// the host's tests fail: both verdicts are worth having from one CI run.
 fn test(with_matrix: bool) -> Result<()> {
+    let started = std::time::Instant::now();
     let memtrace = build()?;
     if !is_root() {
         bail!("the integration tests load BPF programs into the kernel: run `sudo cargo xtask test`");
@@ -237,16 +238,31 @@ fn test(with_matrix: bool) -> Result<()> {
     } else {
         Ok(())
     };
+    // CI gives the whole run a time limit: what each part took is on its record.
+    eprintln!("xtask: the host's part took {}", minutes(started.elapsed()));
     if !with_matrix {
         return host;
     }
     eprintln!("xtask: the kernel matrix");
-    match (host, matrix::run(&memtrace, &[], &matrix::Selection::default())) {
+    let matrix_started = std::time::Instant::now();
+    let matrix = matrix::run(&memtrace, &[], &matrix::Selection::default());
+    eprintln!(
+        "xtask: the matrix took {}; the whole test {}",
+        minutes(matrix_started.elapsed()),
+        minutes(started.elapsed())
+    );
+    match (host, matrix) {
         (Ok(()), Ok(())) => Ok(()),
         (Err(host), Ok(())) => Err(host),
         (Ok(()), Err(matrix)) => Err(matrix),
         (Err(host), Err(matrix)) => bail!("{host:#}; and {matrix:#}"),
     }
+}
+
+/// A duration as `12m05s`.
+pub(crate) fn minutes(duration: std::time::Duration) -> String {
+    let seconds = duration.as_secs();
+    format!("{}m{:02}s", seconds / 60, seconds % 60)
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -1,9 +1,10 @@
 //! `cargo xtask matrix [KERNEL_PACKAGE...]`: boots Debian's own kernel packages in QEMU (TCG: nested
 //! KVM does not boot on this machine kind) with this machine's root filesystem shared read-only over
 //! 9p under a tmpfs overlay, and runs inside each, as root, a set of memtrace's integration test
-//! binaries that exercises every BPF program and attach path, plus `memtrace doctor`. One line a
-//! kernel: release, preemption model, tests run/passed/failed, doctor's exit status, time, and
-//! whether the kernel log is clean. Fails when any kernel fails.
+//! binaries that exercises every BPF program and attach path, plus `memtrace doctor`. A VM runs
+//! on one host CPU, so as many boot at once as the host has CPUs. One line a kernel, as it ends:
+//! release, preemption model, tests run/passed/failed, doctor's exit status, time, and whether the
+//! kernel log is clean. Fails when any kernel fails.
 //!
 //! The guest side lives in tests/matrix/ (init.sh: the initramfs's /init; guest.sh: what runs on
 //! the shared root); kernel packages and apt states of our own (Debian unstable, Debian 11) are
@@ -18,6 +19,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -249,15 +251,11 @@ pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Resul
     }
     let out = workspace_root().join("target/matrix");
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let reports = boot_all(&kernels, |kernel| prepare(kernel, memtrace, &tests, &out));
     let mut failed = Vec::new();
-    let mut lines = Vec::new();
-    for kernel in &kernels {
-        let report = run_kernel(kernel, memtrace, &tests, &out);
-        let line = report.line();
-        println!("{line}");
-        lines.push(line);
+    let lines: Vec<String> = reports.iter().map(Report::line).collect();
+    for (kernel, report) in kernels.iter().zip(&reports) {
         if !report.passed(DOCTOR_REQUIRED) {
-            report.failure_output.iter().for_each(|output| println!("    {output}"));
             failed.push(kernel.package.clone());
         }
     }
@@ -270,14 +268,76 @@ pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Resul
     Ok(())
 }
 
-/// Boots one kernel and reads its console into a report; a kernel that cannot be fetched or booted
-/// is a failed report saying why.
-fn run_kernel(kernel: &Kernel, memtrace: &Path, tests: &[Planned], out: &Path) -> Report {
-    let started = Instant::now();
+/// A kernel ready to boot: its kernel image, initramfs, plan and console log.
+struct Prepared {
+    vmlinuz: PathBuf,
+    initrd: PathBuf,
+    plan: PathBuf,
+    log: PathBuf,
+}
+
+/// Fetches the kernel and writes its plan and initramfs.
+fn prepare(kernel: &Kernel, memtrace: &Path, tests: &[Planned], out: &Path) -> Result<Prepared> {
+    let unpacked = kernels::fetch(kernel)?;
+    let dir = out.join(&kernel.package);
+    fs::create_dir_all(&dir)?;
+    let plan = dir.join("plan.sh");
+    fs::write(&plan, plan_text(memtrace, tests, kernel.may_refuse))?;
+    let initrd = kernels::initramfs(&unpacked, &dir)?;
     let log = out.join(format!("{}.log", kernel.package));
-    let mut report = match boot(kernel, memtrace, tests, out, &log) {
-        Ok((text, in_time)) => {
-            let mut report = Report::read(&kernel.package, &text, kernel.may_refuse);
+    Ok(Prepared { vmlinuz: unpacked.vmlinuz, initrd, plan, log })
+}
+
+/// VMs booted at once: one a host CPU. Each runs its vCPUs on one host thread (see [`qemu`]), so
+/// a second VM uses the CPU that would otherwise idle and the matrix takes half the time on this
+/// 2-CPU machine kind.
+fn vms_at_once(kernels: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+    cpus.clamp(1, kernels.max(1))
+}
+
+/// Boots the kernels, [`vms_at_once`] at a time, each kernel's line printed as it ends; the
+/// reports in the kernels' order. Kernels are prepared one at a time (apt's state and the package
+/// cache are shared), each while the VMs before it run.
+fn boot_all(kernels: &[Kernel], prepare: impl Fn(&Kernel) -> Result<Prepared> + Sync) -> Vec<Report> {
+    let queue = Mutex::new(kernels.iter().enumerate());
+    let preparing = Mutex::new(());
+    let reports = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        for _ in 0..vms_at_once(kernels.len()) {
+            scope.spawn(|| loop {
+                let Some((index, kernel)) = queue.lock().expect("the matrix's queue").next() else {
+                    break;
+                };
+                let prepared = {
+                    let _alone = preparing.lock().expect("the matrix's preparation");
+                    prepare(kernel)
+                };
+                let report = run_kernel(kernel, prepared);
+                println!("{}", report.line());
+                if !report.passed(DOCTOR_REQUIRED) {
+                    report.failure_output.iter().for_each(|output| println!("    {output}"));
+                }
+                reports.lock().expect("the matrix's reports").insert(index, report);
+            });
+        }
+    });
+    reports.into_inner().expect("the matrix's reports").into_values().collect()
+}
+
+/// Boots one prepared kernel and reads its console into a report; a kernel that could not be
+/// fetched, prepared or booted is a failed report saying why.
+fn run_kernel(kernel: &Kernel, prepared: Result<Prepared>) -> Report {
+    let started = Instant::now();
+    let booted = prepared.and_then(|prepared| {
+        eprintln!("xtask: matrix: booting {} (console: {})", kernel.package, prepared.log.display());
+        let in_time = qemu(&prepared.vmlinuz, &prepared.initrd, &prepared.plan, &prepared.log)?;
+        let bytes = fs::read(&prepared.log).with_context(|| format!("reading {}", prepared.log.display()))?;
+        Ok((String::from_utf8_lossy(&bytes).into_owned(), in_time, prepared.log))
+    });
+    let mut report = match &booted {
+        Ok((text, in_time, _)) => {
+            let mut report = Report::read(&kernel.package, text, kernel.may_refuse);
             if !in_time {
                 report.problem = Some(format!("killed after {} min", DEADLINE.as_secs() / 60));
             }
@@ -286,33 +346,10 @@ fn run_kernel(kernel: &Kernel, memtrace: &Path, tests: &[Planned], out: &Path) -
         Err(err) => Report::broken(&kernel.package, format!("{err:#}")),
     };
     report.seconds = started.elapsed().as_secs();
-    let raw = fs::read(&log).unwrap_or_default();
-    let _ = fs::write(
-        &log,
-        format!("{}\n\n{}", report.line(), console::readable(&String::from_utf8_lossy(&raw))),
-    );
+    if let Ok((text, _, log)) = &booted {
+        let _ = fs::write(log, format!("{}\n\n{}", report.line(), console::readable(text)));
+    }
     report
-}
-
-/// Fetches the kernel, writes its plan and initramfs, boots it and returns the console output and
-/// whether the VM powered off in time.
-fn boot(
-    kernel: &Kernel,
-    memtrace: &Path,
-    tests: &[Planned],
-    out: &Path,
-    log: &Path,
-) -> Result<(String, bool)> {
-    let unpacked = kernels::fetch(kernel)?;
-    let dir = out.join(&kernel.package);
-    fs::create_dir_all(&dir)?;
-    let plan = dir.join("plan.sh");
-    fs::write(&plan, plan_text(memtrace, tests, kernel.may_refuse))?;
-    let initrd = kernels::initramfs(&unpacked, &dir)?;
-    eprintln!("xtask: matrix: booting {} (console: {})", kernel.package, log.display());
-    let in_time = qemu(&unpacked.vmlinuz, &initrd, &plan, log)?;
-    let bytes = fs::read(log).with_context(|| format!("reading {}", log.display()))?;
-    Ok((String::from_utf8_lossy(&bytes).into_owned(), in_time))
 }
 
 /// One run of a test binary in the guest: its executable and name filters.

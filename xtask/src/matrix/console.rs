@@ -155,7 +155,7 @@ impl Report {
             "{verdict} {} | {release} | {} | {tests} | {doctor} | {} | {log}",
             self.package,
             if self.preemption.is_empty() { "preemption unknown" } else { &self.preemption },
-            minutes(self.seconds)
+            crate::minutes(std::time::Duration::from_secs(self.seconds))
         );
         line += &self.failure_notes();
         line
@@ -351,10 +351,6 @@ fn short(text: &str) -> String {
         Some((at, _)) => format!("{}...", &text[..at]),
         None => text.to_owned(),
     }
-}
-
-fn minutes(seconds: u64) -> String {
-    format!("{}m{:02}s", seconds / 60, seconds % 60)
 }
 
 #[cfg(test)]
