@@ -1,135 +1,71 @@
-//! The poll loop of a run: it sleeps until a signal, a target's exit, an exec to probe, the next
-//! refresh of a launched command's unwind tables or the next sample, and decides when tracing
-//! ends. What a sample does is in `sample`.
+//! A run in its parts, and its loop: the kernel side (`KernelSide`), the processes it follows
+//! (`Traced`), the model they fill, the outputs it hands the model to (`Exporters`) and its clock
+//! (`Clock`). It sleeps until a signal, a target's exit, an exec to probe, the next refresh of a
+//! launched command's unwind tables or the next sample; samples; and decides when tracing ends.
+//! At each sample and at its end the kernel's figures are read into the model, the call stacks
+//! read for whoever wants them, the model handed to every output, and exited processes released
+//! from the kernel's tables and folded, so that a long run stays bounded.
 
-use std::{
-    os::fd::AsFd,
-    time::{Duration, Instant},
-};
+use std::{collections::HashSet, os::fd::AsFd, process::ExitCode, time::Duration, time::Instant};
 
 use anyhow::{Context, Result};
 use nix::{
     poll::{poll, PollFd, PollFlags, PollTimeout},
-    sys::{
-        signal::{kill, Signal},
-        signalfd::SignalFd,
-    },
-    unistd::Pid,
+    sys::{signal::Signal, signalfd::SignalFd},
 };
 
-use super::{outputs::Exporters, signals, targets::Watched, windows::WindowClock};
+use super::{
+    clock::Clock,
+    command::{Ending, RunningCommand},
+    kernel_side::KernelSide,
+    outputs::Exporters,
+    signals,
+    targets::Traced,
+};
 use crate::{
-    collect::unwind::KernelTables,
-    collect::{oom::OomWatch, Collector},
-    follow::{Following, Ready},
-    kernel::Probes,
-    model::Model,
-    plan::{Retention, Tables, Timing},
+    export::exporter::StacksWanted,
+    model::{KernelMaps, Model, RunEnd},
+    plan::Retention,
 };
 
-/// Why tracing stopped.
-pub enum Ending {
-    TargetsExited,
-    DurationReached,
-    Signal(Signal),
-    /// An output could not be written (said when it happened).
-    OutputFailed,
-}
-
+/// A run, made in one place (`session::run`) from its parts, each of which keeps its own fields.
 pub struct Run {
-    pub probes: Probes,
-    pub collector: Collector,
-    pub model: Model,
-    pub unwind: KernelTables,
-    pub exporters: Exporters,
-    pub targets: Vec<Watched>,
-    /// Execs, new processes and exits, of the targets or of every process.
-    pub following: Following,
-    /// The OOM killer's victims, as the kernel announces them.
-    pub oom: OomWatch,
-    pub signals: SignalFd,
-    pub started: Instant,
-    pub samples: u64,
-    /// Lost events already said on stderr.
-    pub lost_reported: u64,
-    /// The first SIGINT/SIGTERM went to the command.
-    pub forwarded_signal: bool,
-    /// Outputs that could not be written (each said when it failed).
-    pub failed_outputs: usize,
-    /// A launched command's mapping tables are refreshed after this delay, doubling up to
-    /// REFRESH_CEILING, so that its stacks are unwound long before its first sample and a library
-    /// it dlopens is unwound soon after (reading /proc/PID/maps takes about 0.1 ms).
-    pub early_refresh: Option<Duration>,
-    /// The run refreshes mapping tables between samples (a launched command's): an exec starts
-    /// the refreshes again (`refresh_after_exec`) once they have come to rest.
-    pub refreshes: bool,
-    pub refresh_after_exec: bool,
-    pub timing: Timing,
-    pub retention: Retention,
-    /// What the loss warning names.
-    pub tables: Tables,
-    /// Call stacks are recorded (not with --no-stacks).
-    pub stacks: bool,
-    /// `--older`: only live blocks at least this old at the end count as leaked.
-    pub older: Duration,
-    /// `--window`: when the allocation probes are attached.
-    pub windows: Option<WindowClock>,
+    pub(super) kernel: KernelSide,
+    pub(super) traced: Traced,
+    pub(super) model: Model,
+    pub(super) outputs: Exporters,
+    pub(super) clock: Clock,
+    pub(super) retention: Retention,
+    pub(super) signals: SignalFd,
 }
-
-/// The first refresh of a launched command's mapping tables, and how far apart they get.
-pub const FIRST_REFRESH: Duration = Duration::from_millis(1);
-const REFRESH_CEILING: Duration = Duration::from_millis(10);
 
 impl Run {
     pub fn trace(&mut self) -> Result<Ending> {
-        let deadline = self.timing.duration.map(|duration| self.started + duration);
-        let mut next_sample = self.started + self.timing.interval;
-        let mut next_refresh = self.early_refresh.map(|delay| self.started + delay);
         loop {
-            let wake = deadline.map_or(next_sample, |deadline| deadline.min(next_sample));
-            let wake = next_refresh.map_or(wake, |refresh| refresh.min(wake));
-            let wake = self.windows.as_ref().map_or(wake, |clock| clock.next_change().min(wake));
-            let (signal, sample_now) = self.wait_until(wake)?;
+            let (signal, sample_now) = self.wait_until(self.clock.wake())?;
             if signal == Some(Signal::SIGTSTP) {
-                self.stop_until_continued();
+                self.traced.stop_until_continued();
             } else if let Some(signal) = signal {
-                match self.running_child() {
-                    // The command decides how to end; its exit ends the trace.
-                    Some(child) if !self.forwarded_signal => {
-                        let _ = kill(Pid::from_raw(child as i32), signal);
-                        self.forwarded_signal = true;
-                        eprintln!(
-                            "memtrace: passed {signal} on to the command (pid {child}); tracing goes on \
-                             until it exits (interrupt again to stop tracing now)"
-                        );
-                    }
-                    _ => return Ok(Ending::Signal(signal)),
+                if !self.traced.forward(signal) {
+                    return Ok(Ending::Signal(signal));
                 }
             }
             let now = Instant::now();
-            if let Some(clock) = &mut self.windows {
-                clock.tick(&mut self.probes, &self.model, now)?;
+            self.clock.tick_window(self.kernel.probes_mut(), &self.model, now)?;
+            if self.clock.refresh_due(now) {
+                self.refresh_unwind_tables(now)?;
             }
-            if std::mem::take(&mut self.refresh_after_exec) && self.early_refresh.is_none() {
-                self.early_refresh = Some(FIRST_REFRESH);
-                next_refresh = Some(now + FIRST_REFRESH);
-            }
-            if next_refresh.is_some_and(|refresh| now >= refresh) {
-                next_refresh = self.refresh_unwind_tables()?.map(|delay| now + delay);
-            }
-            if sample_now || now >= next_sample {
+            if sample_now || self.clock.sample_due(now) {
                 self.sample()?;
-                if self.failed_outputs > 0 {
+                if self.outputs.failed() {
                     return Ok(Ending::OutputFailed);
                 }
-                while next_sample <= now {
-                    next_sample += self.timing.interval;
-                }
+                self.clock.sampled(now);
             }
-            if self.timing.ends_with_targets && self.targets.iter().all(|target| target.exited) {
+            if self.clock.ends_with_targets() && self.traced.all_exited() {
                 return Ok(Ending::TargetsExited);
             }
-            if deadline.is_some_and(|deadline| now >= deadline) {
+            if self.clock.past_deadline(now) {
                 return Ok(Ending::DurationReached);
             }
         }
@@ -140,17 +76,17 @@ impl Run {
     fn wait_until(&mut self, wake: Instant) -> Result<(Option<Signal>, bool)> {
         let timeout = wake.saturating_duration_since(Instant::now());
         let timeout_ms = i32::try_from(timeout.as_millis() + 1).unwrap_or(i32::MAX);
-        let live: Vec<usize> = (0..self.targets.len()).filter(|&i| !self.targets[i].exited).collect();
+        let running = self.traced.running();
         let mut fds = vec![
             PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.following.fd(), PollFlags::POLLIN),
+            PollFd::new(self.traced.execs_fd(), PollFlags::POLLIN),
         ];
         let oom_at = fds.len();
-        if let Some(fd) = self.oom.fd() {
+        if let Some(fd) = self.kernel.oom_fd() {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         let first_target = fds.len();
-        fds.extend(live.iter().map(|&i| PollFd::new(self.targets[i].fd(), PollFlags::POLLIN)));
+        fds.extend(running.iter().map(|&(_, fd)| PollFd::new(fd, PollFlags::POLLIN)));
         match poll(&mut fds, PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(err) => return Err(err).context("waiting for the traced processes"),
@@ -159,68 +95,153 @@ impl Run {
         let signal_ready = ready(&fds[0]);
         let execs_ready = ready(&fds[1]);
         let oom_ready = fds[oom_at..first_target].iter().any(ready);
-        let exited: Vec<usize> =
-            live.iter().zip(&fds[first_target..]).filter(|(_, fd)| ready(fd)).map(|(&i, _)| i).collect();
+        let exited: Vec<usize> = running
+            .iter()
+            .zip(&fds[first_target..])
+            .filter(|(_, fd)| ready(fd))
+            .map(|(&(i, _), _)| i)
+            .collect();
         drop(fds);
+        drop(running);
         let signal = if signal_ready { signals::read(&self.signals)? } else { None };
-        if execs_ready {
-            let (unwind, collector) = (&mut self.unwind, &mut self.collector);
-            let prepare = |probes: &mut Probes, ready: Ready<'_>| match ready {
-                Ready::Files(objects) => unwind.preload(probes, objects),
-                Ready::Mappings(pid) => {
-                    for object in unwind.load_process_now(probes, pid)? {
-                        collector.index_object(&object);
-                    }
-                    Ok(())
-                }
-            };
-            let execed = self.following.handle_execs(&mut self.probes, prepare)?;
-            // A new program's mappings are read soon; a forked child's are its parent's.
-            self.refresh_after_exec |= self.refreshes && !execed.is_empty();
-            for object in execed {
-                self.collector.index_object(&object);
-            }
+        if execs_ready && self.traced.handle_execs(&mut self.kernel)? {
+            self.clock.exec_seen();
         }
         for &i in &exited {
-            self.targets[i].exited = true;
-            if let Some(process) = self.model.processes.get_mut(&self.targets[i].pid) {
-                process.exited = true;
-            }
+            self.traced.exited(i, &mut self.model);
         }
         Ok((signal, !exited.is_empty() || oom_ready))
     }
 
-    pub fn running_child(&self) -> Option<u32> {
-        self.targets.iter().find(|t| t.is_child && !t.exited).map(|t| t.pid)
-    }
-
     /// Refreshes the mapping tables of the targets between samples (a library the command
-    /// dlopens gets its table within REFRESH_CEILING); returns the next delay, or None where
-    /// samples come as often.
-    fn refresh_unwind_tables(&mut self) -> Result<Option<Duration>> {
+    /// dlopens gets its table within REFRESH_CEILING).
+    fn refresh_unwind_tables(&mut self, now: Instant) -> Result<()> {
         // A process the command just started gets its table too.
-        self.following.adopt_new_processes(&self.probes, &mut self.model)?;
-        let young = self.collector.read_mappings(&mut self.model);
-        self.unwind.update(&mut self.probes, &self.model)?;
-        // Nothing is starting up: the refreshes rest until an exec brings a new program.
-        if !young {
-            self.early_refresh = None;
-            return Ok(None);
-        }
-        let next = self
-            .early_refresh
-            .map(|delay| (delay * 2).min(REFRESH_CEILING))
-            .filter(|delay| *delay < self.timing.interval);
-        self.early_refresh = next;
-        Ok(next)
+        self.traced.adopt_new_processes(self.kernel.probes(), &mut self.model)?;
+        let young = self.kernel.refresh_mappings(&mut self.model)?;
+        self.clock.refreshed(now, young);
+        Ok(())
     }
 
-    /// Ctrl-Z: memtrace stops, after letting go of the execs it holds (stopped, it could not
-    /// answer them, and every exec on the machine would wait); it holds them again when continued.
-    fn stop_until_continued(&mut self) {
-        self.following.release_held_execs();
-        eprintln!("memtrace: stopped (execs are not held while stopped; continue with fg or SIGCONT)");
-        let _ = kill(Pid::this(), Signal::SIGSTOP);
-        self.following.resume_held_execs();
+    fn sample(&mut self) -> Result<()> {
+        if self.retention.forget_released {
+            // Their final figures went to the exporters at the sample that released them.
+            self.model.processes.retain(|_, process| !process.released);
+            self.model.retired.clear();
+        }
+        self.traced.catch_up(self.kernel.probes_mut(), &mut self.model)?;
+        // Before the figures are read: a victim's heap at the kill is read with them.
+        let victims = self.kernel.take_oom_victims(&mut self.model, self.clock.started());
+        let ts_us = self.clock.elapsed_us();
+        self.clock.measure_windows(&mut self.model);
+        self.kernel.read_figures(self.traced.usdt(), &mut self.model, ts_us)?;
+        for pid in victims {
+            if let Some(process) = self.model.processes.get(&pid) {
+                super::oom::announce(process);
+            }
+        }
+        self.kernel.update_unwind_tables(&self.model)?;
+        self.kernel.note_single_stepped(&mut self.model);
+        self.model.library_loads_held = self.traced.library_loads_held();
+        let sample = self.clock.next_sample(ts_us);
+        self.model.record_timeline(sample.ts_us);
+        self.kernel.report_new_losses(&self.model);
+        let (stacks, occupancy) = self.outputs.wanted();
+        if stacks != StacksWanted::None {
+            let wanted =
+                self.model.processes.values().filter(|p| !p.released && stacks.includes(p.identity.pid));
+            let wanted = wanted.map(|p| p.identity.pid).collect();
+            self.kernel.read_stacks(&mut self.model, &wanted)?;
+        }
+        if occupancy {
+            self.kernel.record_occupancy(&mut self.model)?;
+        }
+        self.outputs.sample(&self.model, sample);
+        self.release_exited()
+    }
+
+    /// Processes that exited have had their final sample; keep what the report needs and free
+    /// their kernel state, so the tables stay bounded over a long run.
+    fn release_exited(&mut self) -> Result<()> {
+        let maps = self.model.kernel_maps.get_or_insert_with(KernelMaps::default);
+        let tracked = self.model.processes.values().filter(|p| !p.released).count();
+        maps.peak_processes = maps.peak_processes.max(tracked);
+        let exited: HashSet<u32> = self
+            .model
+            .processes
+            .values()
+            .filter(|p| p.exited && !p.released)
+            .map(|p| p.identity.pid)
+            .collect();
+        if exited.is_empty() {
+            return Ok(());
+        }
+        // Kept for the reports at the end; the agent has none.
+        if !self.retention.forget_released {
+            self.kernel.read_stacks(&mut self.model, &exited)?;
+        }
+        self.kernel.release(&exited)?;
+        let mut exited: Vec<u32> = exited.into_iter().collect();
+        // In pid order: those released at one sample fold in an order that does not vary.
+        exited.sort_unstable();
+        for pid in &exited {
+            self.model.note_released(*pid);
+            if let Some(process) = self.model.processes.get_mut(pid) {
+                process.released = true;
+                // Over a long system-wide run, thousands of processes come and go: each keeps
+                // what its report shows, so memtrace's memory stays bounded.
+                if let Some(top) = self.retention.trim_released {
+                    process.keep_only_reported(top);
+                }
+            }
+        }
+        if let Some(maps) = &mut self.model.kernel_maps {
+            maps.released_processes += exited.len();
+        }
+        self.model.fold_exited(self.retention.keep_exited);
+        Ok(())
+    }
+
+    /// Writes the outputs, detaches, waits for a command that outlives the trace, and works out
+    /// the exit code.
+    pub fn conclude(mut self, ending: &Ending) -> Result<ExitCode> {
+        let command = self.traced.running_child().map(|pid| RunningCommand::of(pid, &self.model));
+        let duration = self.clock.started().elapsed();
+        self.finish(duration)?;
+        let Run { kernel, traced, outputs, signals, .. } = self;
+        // Detach before waiting on a command that outlives the trace.
+        drop(kernel);
+        let forwarded = traced.forwarded_signal();
+        let status = match (command, traced.child()) {
+            (Some(command), Some(child)) => {
+                command.announce_wait(ending, forwarded);
+                Some(command.wait(child, &signals, forwarded)?)
+            }
+            (None, Some(child)) => Some(child.reap()?),
+            (_, None) => None,
+        };
+        if outputs.failed() {
+            // Every failure was said when it happened, naming its file.
+            return Ok(ExitCode::from(1));
+        }
+        Ok(status.map_or(ExitCode::SUCCESS, |status| ExitCode::from(u8::try_from(status).unwrap_or(1))))
+    }
+
+    fn finish(&mut self, duration: Duration) -> Result<()> {
+        // Probes stop firing first: the final figures hold still, and the machine is let go at
+        // once, before the reports are worked out.
+        self.traced.release_held_execs();
+        self.kernel.detach();
+        self.sample()?;
+        // The agent has nothing left to show them to.
+        if !self.retention.forget_released {
+            let unreleased =
+                self.model.processes.values().filter(|p| !p.released).map(|p| p.identity.pid).collect();
+            self.kernel.read_stacks(&mut self.model, &unreleased)?;
+            self.kernel.record_occupancy(&mut self.model)?;
+        }
+        self.outputs.finish(&self.model, RunEnd { duration });
+        self.traced.warn_missed_execs();
+        Ok(())
     }
 }
