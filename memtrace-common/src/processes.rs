@@ -11,9 +11,12 @@ pub const MAX_PROCESSES: u32 = 16_384;
 /// Index of the one slot of the `LOST_EVENTS` array: losses that cannot be charged to a process.
 pub const GLOBAL_LOST_SLOT: u32 = 0;
 
-/// Per-process totals, updated atomically in the kernel on every allocator call.
+/// Per-process totals, updated atomically in the kernel on every allocator call. Under `user`, the
+/// totals a summary reports are serialised as its per-process figures; the kernel's bookkeeping is
+/// not (a summary read back has it zero).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct ProcessStats {
     pub allocations: u64,
     pub frees: u64,
@@ -29,18 +32,24 @@ pub struct ProcessStats {
     /// Events of this process that could not be recorded, e.g. because the allocation map was full.
     pub lost_events: u64,
     /// Non-zero once the process has exited: the figures are final (system-wide tracing).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub exited: u64,
     /// CLOCK_MONOTONIC nanoseconds when these figures began: the program image they belong to.
     /// Live allocations and stack totals from before (an earlier image of the same pid, replaced
     /// by exec) are stale.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub started_ns: u64,
     /// Which allocator probes saw the process first: `ProbeCookie::allocator`, 0 unknown.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub allocator: u64,
     /// The process's command name when it first allocated, and when it exited.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub comm: [u8; 16],
     /// Stacks taken, by why the unwinder ended them (`unwind_stop`).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub unwind_stops: [u64; unwind_stop::COUNT],
     /// Stacks whose interpreter frames ended short, by why (`interpreter_stop`).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub interpreter_stops: [u64; interpreter_stop::COUNT],
     /// Allocations freed before the thread that made them allocated anything else (heaptrack's
     /// temporary allocations).
@@ -51,14 +60,18 @@ pub struct ProcessStats {
     /// its internal recycling, kept out of `untracked_frees`.
     pub allocator_internal_frees: u64,
     /// Private anonymous memory mapped (mmap, mremap) inside allocator calls, still mapped.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub allocator_mapped_bytes: i64,
     /// Private anonymous memory the program mapped outside allocator calls, still mapped (thread
     /// stacks, MAP_STACK, are left to dark memory).
+    #[cfg_attr(feature = "user", serde(skip))]
     pub program_mapped_bytes: i64,
     /// What the kernel's own counters said as the process exited; zero before.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub exit_memory: ExitMemory,
     /// The cgroup (v2) the process was in at its first event: the cgroup directory's inode number,
     /// as `bpf_get_current_cgroup_id` gives it, so that a process that lived 30 ms is still named.
+    #[cfg_attr(feature = "user", serde(skip))]
     pub cgroup_id: u64,
 }
 

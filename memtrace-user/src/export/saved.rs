@@ -111,7 +111,7 @@ fn into_model(summary: Summary) -> Result<(Model, RunEnd)> {
     }
     let mut attributed = 0u64;
     for (process, retired) in summary.processes.into_iter().zip(retired) {
-        attributed += process.lost_events;
+        attributed += process.stats.lost_events;
         let process = process_of(process, &frames)?;
         if retired {
             model.retired.push(process);
@@ -142,24 +142,11 @@ fn process_of(saved: ProcessSummary, frames: &[Arc<Frame>]) -> Result<Process> {
     let kept = saved.comm.len().min(comm.len() - 1);
     comm[..kept].copy_from_slice(&saved.comm.as_bytes()[..kept]);
     let stats = ProcessStats {
-        allocations: saved.allocations,
-        frees: saved.frees,
-        allocated_bytes: saved.allocated_bytes,
-        freed_bytes: saved.freed_bytes,
-        live_allocations: saved.live_allocations,
-        live_bytes: saved.live_bytes,
-        peak_live_bytes: saved.peak_live_bytes,
-        untracked_frees: saved.untracked_frees,
-        allocator_internal_frees: saved.allocator_internal_frees,
-        failed_allocations: saved.failed_allocations,
-        lost_events: saved.lost_events,
         exited: u64::from(saved.exited),
         comm,
         unwind_stops,
         interpreter_stops,
-        temporary_allocations: saved.temporary_allocations,
-        temporary_bytes: saved.temporary_bytes,
-        ..ProcessStats::default()
+        ..saved.stats
     };
     let usdt = UsdtFigures { subsystems: saved.subsystems, probes: saved.usdt };
     let pid = saved.pid;

@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::Result;
-use memtrace_common::{interpreter_stop, unwind_stop, StackTotals};
+use memtrace_common::{interpreter_stop, unwind_stop, ProcessStats, StackTotals};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::{exporter::Exporter, output_file::OutputFile};
@@ -81,26 +81,15 @@ pub struct ProcessSummary {
     pub allocator_kind: String,
     /// Whether the process ended during the run (its figures are final).
     pub exited: bool,
-    pub allocations: u64,
-    pub frees: u64,
-    pub allocated_bytes: u64,
-    pub freed_bytes: u64,
-    pub live_allocations: i64,
-    pub live_bytes: i64,
-    pub peak_live_bytes: i64,
-    pub untracked_frees: u64,
-    /// Frees the allocator's library made itself of blocks it did not hand out through a probed
-    /// call (glibc's tcache flush at thread exit): not the program's, so not untracked frees.
-    #[serde(default)]
-    pub allocator_internal_frees: u64,
-    pub failed_allocations: u64,
-    pub lost_events: u64,
+    /// The kernel's totals: allocations, frees, allocated, freed, live and peak bytes, untracked
+    /// and failed calls, lost events, temporary allocations and bytes, and the frees the
+    /// allocator's library made itself of blocks it did not hand out through a probed call
+    /// (`allocator_internal_frees`: glibc's tcache flush at thread exit, not untracked frees).
+    #[serde(flatten)]
+    pub stats: ProcessStats,
     pub rss_bytes: u64,
     /// The process's memory level by level, as last read (`levels.rs` says what each means).
     pub memory: MemorySummary,
-    /// Allocations freed before their thread allocated anything else, and their bytes.
-    pub temporary_allocations: u64,
-    pub temporary_bytes: u64,
     /// Stacks taken, by why the unwinder ended them (`whole`: at the outermost frame), and stacks
     /// whose interpreter frames ended short, by why (`interpreter_unreadable`,
     /// `interpreter_depth_limit`).
@@ -270,21 +259,9 @@ impl ProcessSummary {
             allocator: process.allocator.clone(),
             allocator_kind: process.allocator_kind.clone(),
             exited: process.exited,
-            allocations: stats.allocations,
-            frees: stats.frees,
-            allocated_bytes: stats.allocated_bytes,
-            freed_bytes: stats.freed_bytes,
-            live_allocations: stats.live_allocations,
-            live_bytes: stats.live_bytes,
-            peak_live_bytes: stats.peak_live_bytes,
-            untracked_frees: stats.untracked_frees,
-            allocator_internal_frees: stats.allocator_internal_frees,
-            failed_allocations: stats.failed_allocations,
-            lost_events: stats.lost_events,
+            stats: *stats,
             rss_bytes: process.memory.rss_bytes(),
             memory: MemorySummary::of(process),
-            temporary_allocations: stats.temporary_allocations,
-            temporary_bytes: stats.temporary_bytes,
             unwind_stops: unwind_stop::NAMES
                 .iter()
                 .zip(stats.unwind_stops)

@@ -1,4 +1,5 @@
-//! A launched command that outlives the trace: memtrace says why tracing stopped, writes the
+//! Why tracing stopped (`Ending`, as the run's loop finds it), and a launched command that
+//! outlives the trace: memtrace says why tracing stopped, writes the
 //! outputs, detaches, and then waits for the command, never leaving it orphaned: the next signal
 //! is passed on to it, and the one after that kills it.
 
@@ -14,8 +15,17 @@ use nix::{
     unistd::Pid,
 };
 
-use super::{poll::Ending, signals, targets::Watched};
+use super::{signals, targets::Watched};
 use crate::{model::Model, process::procfs};
+
+/// Why tracing stopped.
+pub enum Ending {
+    TargetsExited,
+    DurationReached,
+    Signal(Signal),
+    /// An output could not be written (said when it happened).
+    OutputFailed,
+}
 
 /// A launched command still running when tracing stops: memtrace waits for it, never leaving it
 /// orphaned, and says so.

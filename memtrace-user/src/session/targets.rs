@@ -1,6 +1,7 @@
-//! The targets of a run, attached: the processes `--pid` names (each once, by its process), or
-//! the launched command, held before its exec; and each one watched through a pidfd, which turns
-//! readable when it exits.
+//! The processes a run follows: the targets, attached (the processes `--pid` names, each once, by
+//! its process, or the launched command, held before its exec), each one watched through a pidfd,
+//! which turns readable when it exits; and what `Following` hears of execs, new processes and
+//! exits. Signals for a launched command are passed on to it here.
 
 use std::{
     ffi::OsString,
@@ -10,12 +11,16 @@ use std::{
 
 use anyhow::{bail, Result};
 use nix::{
-    sys::wait::{waitpid, WaitStatus},
+    sys::{
+        signal::{kill, Signal},
+        wait::{waitpid, WaitStatus},
+    },
     unistd::Pid,
 };
 
+use super::kernel_side::KernelSide;
 use crate::{
-    collect::Collector,
+    attach::usdt::UsdtProbes,
     follow::{
         hold::command::{resolve_program, HeldCommand},
         Following,
@@ -28,98 +33,221 @@ use crate::{
     process::{ObjectFile, ProcessImage},
 };
 
-/// What a run traces, with every probe attached (none: every process, `--all`).
-#[derive(Default)]
-pub struct Targets {
+/// The processes a run follows: its targets, each watched for its exit, and the execs, new
+/// processes and exits that `Following` hears of, of the targets or of every process.
+pub struct Traced {
+    following: Following,
     /// Processes whose exit ends the run.
-    pub watched: Vec<Watched>,
-    /// A command waiting to exec until tracing is announced.
+    watched: Vec<Watched>,
+    /// The first SIGINT/SIGTERM went to the command.
+    forwarded_signal: bool,
+}
+
+/// What is left to do before the targets run: a command waiting to exec until tracing is
+/// announced, and the files whose unwind tables are worth loading first (the command's image).
+#[derive(Default)]
+pub struct Launch {
     pub held: Option<HeldCommand>,
-    /// Files whose unwind tables are worth loading before the targets run (a command's image).
     pub preload: Vec<ObjectFile>,
 }
 
-impl Targets {
-    /// Attaches to what the plan names; `pids` are its --pid processes, as `processes_to_attach`
-    /// found them.
+impl Traced {
+    /// Attaches to what the plan names (none: every process, `--all`); `pids` are its --pid
+    /// processes, as `processes_to_attach` found them.
     pub fn attach(
         wanted: &plan::Targets,
         pids: &[u32],
-        following: &mut Following,
-        probes: &mut Probes,
-        collector: &mut Collector,
+        mut following: Following,
+        kernel: &mut KernelSide,
         model: &mut Model,
-    ) -> Result<Self> {
-        match wanted {
-            plan::Targets::System(_) => Ok(Self::default()),
+    ) -> Result<(Self, Launch)> {
+        let (watched, launch) = match wanted {
+            plan::Targets::System(_) => (Vec::new(), Launch::default()),
             plan::Targets::Pids { children, .. } => {
-                Self::pids(pids, *children, following, probes, collector, model)
+                (attach_pids(pids, *children, &mut following, kernel, model)?, Launch::default())
             }
-            plan::Targets::Command { argv, .. } => Self::command(argv, following, probes, collector, model),
+            plan::Targets::Command { argv, .. } => launch_command(argv, &mut following, kernel, model)?,
+        };
+        Ok((Self { following, watched, forwarded_signal: false }, launch))
+    }
+
+    pub fn usdt(&self) -> &UsdtProbes {
+        self.following.usdt()
+    }
+
+    /// Files whose allocators are probed (system-wide).
+    pub fn probed_files(&self) -> usize {
+        self.following.probed_files()
+    }
+
+    /// Readable when an exec, a new process or an exit is heard of.
+    pub fn execs_fd(&self) -> BorrowedFd<'_> {
+        self.following.fd()
+    }
+
+    /// Probes what the execs heard of bring along; true where a new program was exec'd.
+    pub fn handle_execs(&mut self, kernel: &mut KernelSide) -> Result<bool> {
+        kernel.handle_execs(&mut self.following)
+    }
+
+    /// Catches up before a sample: cgroups to allow, new processes to adopt into `model`, gone
+    /// ones to forget, and forks too late for their parent's probes.
+    pub fn catch_up(&mut self, probes: &mut Probes, model: &mut Model) -> Result<()> {
+        self.following.allow_cgroups(probes)?;
+        self.following.adopt_new_processes(probes, model)?;
+        self.following.forget_gone_processes(probes);
+        self.following.probe_late_forks(probes)
+    }
+
+    /// Puts the processes started since the last look in `model`.
+    pub fn adopt_new_processes(&mut self, probes: &Probes, model: &mut Model) -> Result<()> {
+        self.following.adopt_new_processes(probes, model)
+    }
+
+    /// The targets still running: each one's index and the descriptor that turns readable at its exit.
+    pub fn running(&self) -> Vec<(usize, BorrowedFd<'_>)> {
+        self.watched
+            .iter()
+            .enumerate()
+            .filter(|(_, target)| !target.exited)
+            .map(|(i, t)| (i, t.fd()))
+            .collect()
+    }
+
+    /// Marks the target at `index` exited, in `model` too.
+    pub fn exited(&mut self, index: usize, model: &mut Model) {
+        let target = &mut self.watched[index];
+        target.exited = true;
+        if let Some(process) = model.processes.get_mut(&target.pid) {
+            process.exited = true;
         }
     }
 
-    fn pids(
-        pids: &[u32],
-        children: bool,
-        following: &mut Following,
-        probes: &mut Probes,
-        collector: &mut Collector,
-        model: &mut Model,
-    ) -> Result<Self> {
-        let mut watched = Vec::new();
-        for &pid in pids {
-            let image = ProcessImage::of_process(pid, following.cache())?;
-            let allocator = following.add_target(probes, pid, &image)?;
-            watched.push(Watched::new(pid, false)?);
-            let identity = following.identify(pid, procfs::comm(pid).unwrap_or_default(), None);
-            add_traced(model, identity, &allocator);
-        }
-        // The targets are in the kernel's tree already, so what they fork from now on is followed;
-        // what they forked before is found here.
-        for pid in procfs::descendants(pids).into_iter().filter(|_| children) {
-            let comm = procfs::comm(pid).unwrap_or_default();
-            let added = ProcessImage::of_process(pid, following.cache())
-                .and_then(|image| following.add_target(probes, pid, &image));
-            match added {
-                Ok(allocator) => add_traced(model, following.identify(pid, comm, None), &allocator),
-                // It may have exited meanwhile, or use no allocator memtrace knows.
-                Err(err) => eprintln!("memtrace: warning: pid {pid} ({comm}) is not traced: {err:#}"),
-            }
-        }
-        // Read every target's mappings now: a process may exit before the first interval, and its
-        // stacks are symbolized through the files it mapped.
-        collector.sample(probes, following.usdt(), model, 0)?;
-        Ok(Self { watched, held: None, preload: Vec::new() })
+    pub fn all_exited(&self) -> bool {
+        self.watched.iter().all(|target| target.exited)
     }
 
-    fn command(
-        command: &[OsString],
-        following: &mut Following,
-        probes: &mut Probes,
-        collector: &mut Collector,
-        model: &mut Model,
-    ) -> Result<Self> {
-        let program = resolve_program(&command[0])?;
-        let image = ProcessImage::of_command(&program, following.cache())?;
-        // The command may exit before the first sample: know its files for symbols already.
-        for object in &image.objects {
-            collector.index_object(object);
+    /// The launched command, while it runs.
+    pub fn running_child(&self) -> Option<u32> {
+        self.watched.iter().find(|t| t.is_child && !t.exited).map(|t| t.pid)
+    }
+
+    /// The launched command, running or not.
+    pub fn child(&self) -> Option<&Watched> {
+        self.watched.iter().find(|t| t.is_child)
+    }
+
+    /// Passes the first `signal` on to a running command, which decides how to end (its exit
+    /// ends the trace); false where it is not passed on, and the trace ends.
+    pub fn forward(&mut self, signal: Signal) -> bool {
+        match self.running_child() {
+            Some(child) if !self.forwarded_signal => {
+                let _ = kill(Pid::from_raw(child as i32), signal);
+                self.forwarded_signal = true;
+                eprintln!(
+                    "memtrace: passed {signal} on to the command (pid {child}); tracing goes on \
+                     until it exits (interrupt again to stop tracing now)"
+                );
+                true
+            }
+            _ => false,
         }
-        let held = HeldCommand::spawn(&program, command)?;
-        let allocator = following.add_target(probes, held.pid, &image)?;
-        collector.index_object(&allocator.object);
-        let watched = vec![Watched::new(held.pid, true)?];
-        // Held before its exec: /proc names memtrace's own file yet.
-        let identity =
-            following.identify(held.pid, command_name(&program), None).with_executable(program.clone());
+    }
+
+    pub fn forwarded_signal(&self) -> bool {
+        self.forwarded_signal
+    }
+
+    /// Ctrl-Z: memtrace stops, after letting go of the execs it holds (stopped, it could not
+    /// answer them, and every exec on the machine would wait); it holds them again when continued.
+    pub fn stop_until_continued(&mut self) {
+        self.following.release_held_execs();
+        eprintln!("memtrace: stopped (execs are not held while stopped; continue with fg or SIGCONT)");
+        let _ = kill(Pid::this(), Signal::SIGSTOP);
+        self.following.resume_held_execs();
+    }
+
+    /// Lets every held exec go on: the run is ending.
+    pub fn release_held_execs(&mut self) {
+        self.following.release_held_execs();
+    }
+
+    /// Library loads held until the library's unwind table was in.
+    pub fn library_loads_held(&self) -> u64 {
+        self.following.library_loads_held()
+    }
+
+    /// Says, at the end, how many execs were let go before their allocator was probed.
+    pub fn warn_missed_execs(&self) {
+        let missed = self.following.missed_execs();
+        if missed > 0 {
+            let execs = if missed == 1 { "exec was" } else { "execs were" };
+            eprintln!(
+                "memtrace: warning: {missed} {execs} let go before their program's allocator was probed \
+                 (stopped past 5 s): those programs' first allocations may be missing"
+            );
+        }
+    }
+}
+
+fn attach_pids(
+    pids: &[u32],
+    children: bool,
+    following: &mut Following,
+    kernel: &mut KernelSide,
+    model: &mut Model,
+) -> Result<Vec<Watched>> {
+    let mut watched = Vec::new();
+    for &pid in pids {
+        let image = ProcessImage::of_process(pid, following.cache())?;
+        let allocator = following.add_target(kernel.probes_mut(), pid, &image)?;
+        watched.push(Watched::new(pid, false)?);
+        let identity = following.identify(pid, procfs::comm(pid).unwrap_or_default(), None);
         add_traced(model, identity, &allocator);
-        // Held before its first instruction: every block it makes goes through the probes.
-        if let Some(process) = model.processes.get_mut(&held.pid) {
-            process.seen_from_start = true;
-        }
-        Ok(Self { watched, held: Some(held), preload: image.objects })
     }
+    // The targets are in the kernel's tree already, so what they fork from now on is followed;
+    // what they forked before is found here.
+    for pid in procfs::descendants(pids).into_iter().filter(|_| children) {
+        let comm = procfs::comm(pid).unwrap_or_default();
+        let added = ProcessImage::of_process(pid, following.cache())
+            .and_then(|image| following.add_target(kernel.probes_mut(), pid, &image));
+        match added {
+            Ok(allocator) => add_traced(model, following.identify(pid, comm, None), &allocator),
+            // It may have exited meanwhile, or use no allocator memtrace knows.
+            Err(err) => eprintln!("memtrace: warning: pid {pid} ({comm}) is not traced: {err:#}"),
+        }
+    }
+    // Read every target's mappings now: a process may exit before the first interval, and its
+    // stacks are symbolized through the files it mapped.
+    kernel.read_figures(following.usdt(), model, 0)?;
+    Ok(watched)
+}
+
+fn launch_command(
+    command: &[OsString],
+    following: &mut Following,
+    kernel: &mut KernelSide,
+    model: &mut Model,
+) -> Result<(Vec<Watched>, Launch)> {
+    let program = resolve_program(&command[0])?;
+    let image = ProcessImage::of_command(&program, following.cache())?;
+    // The command may exit before the first sample: know its files for symbols already.
+    for object in &image.objects {
+        kernel.index_object(object);
+    }
+    let held = HeldCommand::spawn(&program, command)?;
+    let allocator = following.add_target(kernel.probes_mut(), held.pid, &image)?;
+    kernel.index_object(&allocator.object);
+    let watched = vec![Watched::new(held.pid, true)?];
+    // Held before its exec: /proc names memtrace's own file yet.
+    let identity =
+        following.identify(held.pid, command_name(&program), None).with_executable(program.clone());
+    add_traced(model, identity, &allocator);
+    // Held before its first instruction: every block it makes goes through the probes.
+    if let Some(process) = model.processes.get_mut(&held.pid) {
+        process.seen_from_start = true;
+    }
+    Ok((watched, Launch { held: Some(held), preload: image.objects }))
 }
 
 /// The processes behind the --pid arguments: each once, by its process id even when given a thread id.
@@ -155,15 +283,15 @@ fn add_traced(model: &mut Model, identity: ProcessIdentity, allocator: &Allocato
 
 /// A traced process that memtrace waits for: a pidfd turns readable when the process has exited.
 pub struct Watched {
-    pub pid: u32,
+    pid: u32,
     pidfd: OwnedFd,
     /// Ours to reap, with an exit status to hand on.
-    pub is_child: bool,
-    pub exited: bool,
+    is_child: bool,
+    exited: bool,
 }
 
 impl Watched {
-    pub fn new(pid: u32, is_child: bool) -> Result<Self> {
+    fn new(pid: u32, is_child: bool) -> Result<Self> {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
