@@ -114,9 +114,15 @@ impl Chromium {
 
     /// Writes a PNG of the whole page (up to 6000 pixels tall).
     pub fn screenshot(&mut self, path: &Path) {
+        self.screenshot_top(path, 6000.0);
+    }
+
+    /// Writes a PNG of the page's top, at most `max_height` CSS pixels of it.
+    pub fn screenshot_top(&mut self, path: &Path, max_height: f64) {
         let metrics = self.call("Page.getLayoutMetrics", json!({}));
         let size = &metrics["cssContentSize"];
-        let clip = json!({"x": 0, "y": 0, "width": size["width"], "height": size["height"].as_f64().unwrap_or(1000.0).min(6000.0), "scale": 1});
+        let height = size["height"].as_f64().unwrap_or(1000.0).min(max_height);
+        let clip = json!({"x": 0, "y": 0, "width": size["width"], "height": height, "scale": 1});
         let shot = self.call(
             "Page.captureScreenshot",
             json!({"format": "png", "captureBeyondViewport": true, "clip": clip}),

@@ -29,7 +29,8 @@ enum Task {
     Setup,
     /// Build target/release/memtrace with its BPF programs embedded
     Build,
-    /// Build, then trace the bundled demo program and say where the trace is
+    /// Build, then trace the bundled demo service (examples/demo.c and demo.py) and say where the
+    /// trace and reports are ($MEMTRACE_BIN: trace with that build instead)
     Demo,
     /// Run every check: formatting, the guide and its links, clippy, unit tests, the integration
     /// tests against this machine's kernel, then the kernel matrix (see `matrix`)
@@ -177,14 +178,22 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// `cargo xtask demo`: the memtrace built here (or $MEMTRACE_BIN, a build made already) traces
+/// examples/demo.c, a small service that starts examples/demo.py as its child; both are traced.
+/// tests/tests/demo.rs runs it the same way and checks what each section of the report shows.
 fn demo() -> Result<()> {
-    let memtrace = build()?;
-    let demo = compile_c("examples/demo.c", "demo", &[])?;
+    let memtrace = match std::env::var_os("MEMTRACE_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build()?,
+    };
+    let include = format!("-I{}", workspace_root().join("include").display());
+    let demo = compile_c("examples/demo.c", "demo", &[&include, "-pthread"])?;
+    let script = workspace_root().join("examples/demo.py");
     let out = workspace_root().join("target/demo");
     let trace = out.join("demo-trace.json");
     let summary = out.join("demo-summary.json");
     let html = out.join("demo-report.html");
-    eprintln!("xtask: tracing the demo program with memtrace");
+    eprintln!("xtask: tracing the demo service (and its python3 child) with memtrace");
     run(as_root(&memtrace)
         .args(["--interval", "250ms", "--output"])
         .arg(&trace)
@@ -193,7 +202,8 @@ fn demo() -> Result<()> {
         .arg("--html")
         .arg(&html)
         .arg("--")
-        .arg(&demo))?;
+        .arg(&demo)
+        .arg(&script))?;
     println!("trace:   {}  (open it in Perfetto UI or chrome://tracing)", trace.display());
     println!("summary: {}", summary.display());
     println!("report:  {}  (open it in a browser: it works offline)", html.display());
