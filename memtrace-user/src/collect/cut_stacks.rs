@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::stack_table::add;
 use crate::model::{frame::Frame, PeakConsumer, StackProfile};
 
 /// Folds each stack that is the beginning of exactly one longer stack of the same process into it.
@@ -29,11 +30,9 @@ pub(super) fn merge_cut_stacks(stacks: &mut Vec<StackProfile>) {
     for (cut, whole) in whole_of.iter().enumerate().filter_map(|(cut, whole)| Some((cut, (*whole)?))) {
         let cut = stacks[cut].clone();
         let whole = &mut stacks[whole];
-        whole.totals.allocations += cut.totals.allocations;
-        whole.totals.allocated_bytes += cut.totals.allocated_bytes;
-        whole.totals.live_allocations += cut.totals.live_allocations;
-        whole.totals.live_bytes += cut.totals.live_bytes;
-        whole.totals.started_ns = whole.totals.started_ns.min(cut.totals.started_ns);
+        // Every figure, temporaries too (they were left behind until the demo's test showed
+        // a worker's first batches, cut short, missing from its hot spot's temporaries).
+        add(&mut whole.totals, &cut.totals);
         whole.leaked_bytes += cut.leaked_bytes;
         whole.leaked_allocations += cut.leaked_allocations;
         whole.oldest_age = whole.oldest_age.max(cut.oldest_age);
@@ -104,7 +103,15 @@ mod tests {
         };
         StackProfile {
             frames: names.iter().map(frame).collect(),
-            totals: StackTotals { live_bytes: live, ..StackTotals::default() },
+            totals: StackTotals {
+                allocations: 2,
+                allocated_bytes: 30,
+                live_allocations: 1,
+                live_bytes: live,
+                temporary_allocations: 1,
+                temporary_bytes: 20,
+                started_ns: live as u64,
+            },
             leaked_bytes: live as u64,
             leaked_allocations: 1,
             oldest_age: None,
@@ -124,6 +131,17 @@ mod tests {
         assert_eq!(stacks.len(), 3);
         let leak = stacks.iter().find(|s| s.frames[0].function.as_deref() == Some("leak")).unwrap();
         assert_eq!((leak.frames.len(), leak.totals.live_bytes, leak.leaked_bytes), (4, 110, 110));
+        // Every figure of the cut stack joins the whole one's; it began with the earlier.
+        let expected = StackTotals {
+            allocations: 4,
+            allocated_bytes: 60,
+            live_allocations: 2,
+            live_bytes: 110,
+            temporary_allocations: 2,
+            temporary_bytes: 40,
+            started_ns: 10,
+        };
+        assert_eq!(leak.totals, expected);
         assert!(stacks.iter().any(|s| s.frames.len() == 1));
     }
 }

@@ -98,8 +98,9 @@ impl StackTable {
     }
 }
 
-/// Adds the figures of `more` to `sum`, which starts with the earlier of the two.
-fn add(sum: &mut StackTotals, more: &StackTotals) {
+/// Adds the figures of `more` to `sum`, which starts with the earlier of the two: every figure, so
+/// that totals taken apart (out of the kernel, or cut short) and put together again add up.
+pub(super) fn add(sum: &mut StackTotals, more: &StackTotals) {
     sum.started_ns = sum.started_ns.min(more.started_ns);
     sum.allocations += more.allocations;
     sum.allocated_bytes += more.allocated_bytes;
