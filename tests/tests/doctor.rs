@@ -4,7 +4,7 @@
 
 use std::{fs, process::ExitStatus};
 
-use memtrace_tests::{assert_root, exit_counts_are_whole, Memtrace};
+use memtrace_tests::{assert_root, exit_counts_are_whole, guide::guide_example, Memtrace};
 
 /// The features `memtrace doctor` lists, one a line, by the name it gives them.
 const FEATURES: [&str; 13] = [
@@ -110,6 +110,8 @@ fn doctor_says_tracing_can_work_here() {
     assert!(doctor.line("programs ").contains("loaded: the kernel's verifier accepted"), "{}", doctor.stdout);
     assert_eq!(doctor.verdict(), CAN_WORK, "{}", doctor.stdout);
     assert_eq!(doctor.status.code(), Some(0));
+    // The guide's kernels.md shows this output.
+    guide_example("doctor", &doctor.stdout);
 }
 
 #[test]
