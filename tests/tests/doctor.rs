@@ -191,4 +191,7 @@ fn doctor_lists_where_each_allocators_probes_sit() {
         let named: Vec<&str> = if stepped == "none" { Vec::new() } else { stepped.split(", ").collect() };
         assert_eq!(starred, named, "{name}: {line}");
     }
+    // The guide's counted.md shows the probe points, one line per allocator library installed.
+    let libraries = doctor.stdout.lines().filter(|line| line.trim_start().starts_with("/usr/lib/"));
+    guide_example("doctor-probe-points", &libraries.map(str::trim).collect::<Vec<_>>().join("\n"));
 }
