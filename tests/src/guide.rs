@@ -8,8 +8,9 @@
 //! running the tests; a test run that prints something else changes them, and `git diff` shows it.
 //!
 //! One normalisation only, so that a reader is not misled by this machine's passing details:
-//! the paths of a test's temporary directories (`/tmp/.tmpXXXXXX`, the tempfile crate's names,
-//! different on every run) become `/tmp/memtrace-example`. Nothing else is changed.
+//! the paths of a test's temporary directories, different on every run (`/tmp/.tmpXXXXXX`, the
+//! tempfile crate's names, and a run's own directory, `<workspace>/target/memtrace-tests/run-XXXXXX`),
+//! become `/tmp/memtrace-example`. Nothing else is changed: pids, times and figures are the run's.
 
 use std::{fs, path::PathBuf};
 
@@ -27,7 +28,9 @@ pub fn guide_example(name: &str, text: &str) {
     );
     let dir = examples_dir();
     fs::create_dir_all(&dir).unwrap_or_else(|error| panic!("creating {}: {error}", dir.display()));
-    let mut text = stable_temp_paths(text);
+    let runs = crate::workspace_root().join("target").join("memtrace-tests").join("run-");
+    let mut text = stable_temp_paths(text, "/tmp/.tmp");
+    text = stable_temp_paths(&text, runs.to_str().expect("a UTF-8 workspace path"));
     if !text.ends_with('\n') {
         text.push('\n');
     }
@@ -35,17 +38,17 @@ pub fn guide_example(name: &str, text: &str) {
     fs::write(&path, text).unwrap_or_else(|error| panic!("writing {}: {error}", path.display()));
 }
 
-/// `text` with every `/tmp/.tmpXXXXXX` (a tempfile directory) replaced by `/tmp/memtrace-example`.
-pub fn stable_temp_paths(text: &str) -> String {
-    const PREFIX: &str = "/tmp/.tmp";
+/// `text` with every `PREFIX` + letters and digits (a temporary directory: `/tmp/.tmpXXXXXX`)
+/// replaced by `/tmp/memtrace-example`; `PREFIX` alone is left as it is.
+pub fn stable_temp_paths(text: &str, prefix: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(at) = rest.find(PREFIX) {
+    while let Some(at) = rest.find(prefix) {
         out.push_str(&rest[..at]);
-        let after = &rest[at + PREFIX.len()..];
+        let after = &rest[at + prefix.len()..];
         let name_len = after.find(|c: char| !c.is_ascii_alphanumeric()).unwrap_or(after.len());
         if name_len == 0 {
-            out.push_str(PREFIX);
+            out.push_str(prefix);
         } else {
             out.push_str("/tmp/memtrace-example");
         }
@@ -63,8 +66,13 @@ mod tests {
     fn temporary_directories_become_one_stable_path() {
         let text = "trace /tmp/.tmpAb12Cd/trace.json and /tmp/.tmpZZ9/x; /tmp/.tmp alone; /tmp/kept";
         assert_eq!(
-            stable_temp_paths(text),
+            stable_temp_paths(text, "/tmp/.tmp"),
             "trace /tmp/memtrace-example/trace.json and /tmp/memtrace-example/x; /tmp/.tmp alone; /tmp/kept"
+        );
+        let run = "writing /w/target/memtrace-tests/run-ufABaB/trace.json";
+        assert_eq!(
+            stable_temp_paths(run, "/w/target/memtrace-tests/run-"),
+            "writing /tmp/memtrace-example/trace.json"
         );
     }
 }
