@@ -24,6 +24,7 @@ use tempfile::TempDir;
 pub mod chromium;
 pub mod containers;
 pub mod debian13;
+pub mod guide;
 pub mod kubernetes;
 pub mod memray;
 pub mod otlp;

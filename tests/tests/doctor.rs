@@ -4,7 +4,7 @@
 
 use std::{fs, process::ExitStatus};
 
-use memtrace_tests::{assert_root, exit_counts_are_whole, Memtrace};
+use memtrace_tests::{assert_root, exit_counts_are_whole, guide::guide_example, Memtrace};
 
 /// The features `memtrace doctor` lists, one a line, by the name it gives them.
 const FEATURES: [&str; 13] = [
@@ -110,6 +110,8 @@ fn doctor_says_tracing_can_work_here() {
     assert!(doctor.line("programs ").contains("loaded: the kernel's verifier accepted"), "{}", doctor.stdout);
     assert_eq!(doctor.verdict(), CAN_WORK, "{}", doctor.stdout);
     assert_eq!(doctor.status.code(), Some(0));
+    // The guide's kernels.md shows this output.
+    guide_example("doctor", &doctor.stdout);
 }
 
 #[test]
@@ -189,4 +191,7 @@ fn doctor_lists_where_each_allocators_probes_sit() {
         let named: Vec<&str> = if stepped == "none" { Vec::new() } else { stepped.split(", ").collect() };
         assert_eq!(starred, named, "{name}: {line}");
     }
+    // The guide's counted.md shows the probe points, one line per allocator library installed.
+    let libraries = doctor.stdout.lines().filter(|line| line.trim_start().starts_with("/usr/lib/"));
+    guide_example("doctor-probe-points", &libraries.map(str::trim).collect::<Vec<_>>().join("\n"));
 }

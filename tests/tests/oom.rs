@@ -16,8 +16,8 @@ use std::{
 };
 
 use memtrace_tests::{
-    fixture, otlp::decode, pprof::go_pprof, receiver::receive, scrape_metrics, Memtrace, Spawned, DEADLINE,
-    INTERVAL,
+    fixture, guide::guide_example, otlp::decode, pprof::go_pprof, receiver::receive, scrape_metrics,
+    Memtrace, Spawned, DEADLINE, INTERVAL,
 };
 use serde_json::Value;
 
@@ -171,7 +171,14 @@ fn an_oom_killed_command_is_recorded_with_its_heap_at_the_kill() {
     assert_eq!(event["ts"].as_f64().map(|ts| (ts / 1e3).round()), Some((at_s * 1e3).round()), "{event}");
     assert_heap_at_the_kill(&event["args"]);
     assert_eq!(event["args"]["top_stack"][0], "grow", "{event}");
+    // The guide's outputs.md shows the two lines said at the kill.
+    guide_example("oom-kill", &format!("{line}\n{}", stderr_line_starting(&outcome.stderr, &stack_line)));
     drop(cgroup);
+}
+
+/// The line of `stderr` that starts with `prefix` (the test has found it there already).
+fn stderr_line_starting<'a>(stderr: &'a str, prefix: &str) -> &'a str {
+    stderr.lines().find(|line| line.starts_with(prefix)).expect("a line the test found")
 }
 
 #[test]

@@ -10,7 +10,7 @@
 
 use std::{path::Path, process::Command};
 
-use memtrace_tests::{function_row, leak_stack, leak_through, Memtrace};
+use memtrace_tests::{function_row, guide::guide_example, leak_stack, leak_through, Memtrace};
 use serde_json::Value;
 
 const PERL: &str = "/usr/bin/perl";
@@ -99,6 +99,14 @@ fn a_launched_scripts_subs_hold_their_bytes_inclusive_and_exclusive() {
     ] {
         assert!(table.contains(&row), "{row} in {table}");
     }
+    // The guide's stacks.md shows make_cache's leak and the table of subs as the report prints them.
+    let leak =
+        outcome.stderr.lines().find(|line| line.trim_start().starts_with("leak: ") && line.contains(&chain));
+    guide_example("perl-leak", leak.expect("the leak through make_cache, found above"));
+    let heading = "live bytes by Perl sub (inclusive / exclusive):";
+    let lines = outcome.stderr.lines().skip_while(|line| !line.contains(heading));
+    let rows = lines.take_while(|line| line.contains(heading) || line.ends_with(&format!("({path})")));
+    guide_example("perl-subs", &rows.collect::<Vec<_>>().join("\n"));
 }
 
 #[test]

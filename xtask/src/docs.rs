@@ -1,5 +1,5 @@
 //! `cargo xtask docs`: builds the guide (docs/, mdBook) into target/guide/ and checks every internal
-//! link and anchor in it and in README.md.
+//! link and anchor in it and in README.md, and that every file an `{{#include}}` takes in exists.
 //!
 //! mdBook comes from crates.io, installed when missing as bpf-linker is (toolchain.rs). The link
 //! checker reads the markdown with pulldown-cmark, the parser mdBook renders with, and makes each
@@ -334,11 +334,38 @@ fn parse(text: &str, renderer: Renderer) -> Page {
             _ => {}
         }
     }
+    if renderer == Renderer::MdBook {
+        page.links.extend(includes(text));
+    }
     for (reference, offset) in broken_references {
         page.problems
             .push((line_of(offset), format!("link `[{reference}]`: no definition of that reference")));
     }
     page
+}
+
+/// The files mdBook's `{{#include PATH}}` directives of `text` take in (code blocks included:
+/// the guide's examples of real output sit in them), as links to check: mdBook logs a missing file
+/// and still builds, the directive left in the page. A `:anchor` or `:lines` suffix is
+/// left out; a directive escaped as `\{{#include ...}}` is not one.
+fn includes(text: &str) -> Vec<Link> {
+    const OPEN: &str = "{{#include ";
+    let mut links = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find(OPEN) {
+            let escaped = rest[..at].ends_with('\\');
+            let after = &rest[at + OPEN.len()..];
+            let Some(end) = after.find("}}") else { break };
+            let argument = after[..end].trim();
+            let path = argument.split_once(':').map_or(argument, |(path, _)| path);
+            if !escaped {
+                links.push(Link { dest: path.to_owned(), line: index + 1 });
+            }
+            rest = &after[end + 2..];
+        }
+    }
+    links
 }
 
 impl Page {
@@ -571,6 +598,19 @@ mod tests {
         for anchor in ["windows---window-onevery", "usage", "usage-1", "custom-mine", "real----servers"] {
             assert!(github.contains(anchor), "no {anchor} in {github:?}");
         }
+    }
+
+    #[test]
+    fn an_include_directive_must_name_a_file_of_the_guide() {
+        let mut files = good_files("# memtrace\n");
+        files[3].1 = "# Outputs\n\n## OOM kills\n```text\n{{#include examples/run.txt}}\n```\n\n\
+                      ```text\n{{#include examples/gone.txt:2:3}}\n```\n\n\\{{#include not/a/directive.txt}}\n";
+        files.push(("docs/src/examples/run.txt", "memtrace: tracing can work here\n"));
+        let tree = Tree::new("include", &files);
+        assert_eq!(
+            tree.problems(&[]),
+            ["docs/src/outputs.md:9: link `examples/gone.txt`: no file docs/src/examples/gone.txt"]
+        );
     }
 
     #[test]
