@@ -89,9 +89,12 @@ fn every_level_of_a_running_and_of_an_exited_process() {
 /// freed before anything else is allocated: temporary allocations, and nothing else is.
 #[test]
 fn a_process_that_exits_at_once_still_has_its_memory_and_its_temporary_allocations() {
-    let outcome = Memtrace::new().command(&fixture("leaks")).run();
+    let program = fixture("leaks");
+    let outcome = Memtrace::new().command(&program).run();
     outcome.assert_exit_code(0);
     let process = outcome.process();
+    // Named by its program though gone, with its /proc/PID/exe, before its figures were read.
+    assert_eq!(process["executable"].as_str(), program.to_str(), "{process}");
     let memory = &process["memory"];
     assert!(process["rss_bytes"].as_u64().unwrap() > 0, "{process}");
     assert!(level(memory, "rss_file_bytes") > 0, "the program and libc are mapped: {memory}");

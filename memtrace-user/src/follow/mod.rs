@@ -33,7 +33,10 @@ use crate::{
     attach::Attachments,
     kernel::features::{Feature, KernelFeatures},
     kernel::{Probes, Reach, Scope},
-    model::{identity::ProcessIdentity, Model},
+    model::{
+        identity::{AtExec, ProcessIdentity},
+        Model,
+    },
     plan::Runtimes,
     process::allocator::{Allocator, Overrides},
     process::{
@@ -62,10 +65,9 @@ pub struct Following {
     execed: HashSet<u32>,
     /// The paths of the cgroups processes were in, by the id the kernel recorded.
     cgroups: CgroupNames,
-    /// The cgroup each exec'd process ran its new program in, read by the watcher at the exec,
-    /// until the process is identified: on a v1 host a process gone by the next sample reads as
-    /// in the root.
-    cgroups_at_exec: HashMap<u32, String>,
+    /// What each exec'd process was seen to run its new program in and as, until the process is
+    /// identified: a process gone by the next sample has no /proc to say it.
+    at_exec: HashMap<u32, AtExec>,
     /// The cgroups `--container` and `--cgroup` let the kernel trace, so far.
     allowed_cgroups: HashSet<u64>,
     /// The pod, namespace and container names of containers, asked of containerd.
@@ -118,7 +120,7 @@ impl Following {
             held,
             execed: HashSet::new(),
             cgroups: CgroupNames::default(),
-            cgroups_at_exec: HashMap::new(),
+            at_exec: HashMap::new(),
             allowed_cgroups: HashSet::new(),
             container_names: ContainerNames::new(runtimes.containerd_socket.clone()),
             probed_for: HashSet::new(),
@@ -263,7 +265,8 @@ impl Following {
             self.attach.forget_process(probes, pid);
         } else {
             self.execed.insert(pid);
-            self.note_cgroup_at_exec(pid, cgroup);
+            let program = image.objects.first().map(|program| program.path.clone());
+            self.note_exec(pid, AtExec { cgroup, program });
         }
         let probed = self.attach.exec(probes, &image, self.reach.scope_for(pid));
         self.probed_for.insert(pid);
@@ -299,22 +302,25 @@ impl Following {
         probes.allow_cgroups(new.into_keys())
     }
 
-    /// Keeps the cgroup `pid` exec'd in for its identity; those of processes that never allocated
-    /// go once many are kept.
-    fn note_cgroup_at_exec(&mut self, pid: u32, cgroup: Option<String>) {
+    /// Keeps what was seen of `pid`'s exec for its identity (`ProcessIdentity::read`); that of
+    /// processes that never allocated goes once many are kept. A launched command is noted here
+    /// too, with the program it was started to run.
+    pub fn note_exec(&mut self, pid: u32, seen: AtExec) {
         const KEPT: usize = 4096;
-        let Some(cgroup) = cgroup else { return };
-        if self.cgroups_at_exec.len() >= KEPT {
-            self.cgroups_at_exec.retain(|pid, _| is_running(*pid));
+        if seen == AtExec::default() {
+            return;
         }
-        self.cgroups_at_exec.insert(pid, cgroup);
+        if self.at_exec.len() >= KEPT {
+            self.at_exec.retain(|pid, _| is_running(*pid));
+        }
+        self.at_exec.insert(pid, seen);
     }
 
     /// Who process `pid` is, as it enters the model (`ProcessIdentity::read`), with what the
     /// kernel recorded at its first event where it has figures, and its container's Kubernetes
     /// names where containerd knows them (asked once per container).
     pub fn identify(&mut self, pid: u32, comm: String, stats: Option<&ProcessStats>) -> ProcessIdentity {
-        let at_exec = self.cgroups_at_exec.remove(&pid);
+        let at_exec = self.at_exec.remove(&pid).unwrap_or_default();
         let mut identity = ProcessIdentity::read(pid, comm, stats, &mut self.cgroups, at_exec);
         if let Some(container) = identity.container.as_mut() {
             self.container_names.fill(container);

@@ -11,6 +11,15 @@ use memtrace_common::ProcessStats;
 pub use crate::process::cgroup::Container;
 use crate::process::cgroup::{self, CgroupNames};
 
+/// What was seen of a process as it exec'd, to name it by once it is gone (/proc no longer says):
+/// the cgroup it ran its new program in (on a v1 host a process gone reads as in the root) and the
+/// program's file (a short-lived command has exited by the time its figures are read).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AtExec {
+    pub cgroup: Option<String>,
+    pub program: Option<PathBuf>,
+}
+
 /// Who a process is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessIdentity {
@@ -51,20 +60,22 @@ impl ProcessIdentity {
     /// it runs. The kernel's cgroup id names the cgroup of a process already gone; /proc names it
     /// on a host without the v2 hierarchy, where that id is the root's; there, a process that
     /// exited reads as in the root (its exit moved it), and `at_exec`, the cgroup it was seen to
-    /// exec in, names it.
+    /// exec in, names it. A process gone has no /proc/PID/exe either: the program it was seen to
+    /// exec names it.
     pub fn read(
         pid: u32,
         comm: String,
         stats: Option<&ProcessStats>,
         names: &mut CgroupNames,
-        at_exec: Option<String>,
+        at_exec: AtExec,
     ) -> Self {
         let mut identity = Self::new(pid, comm);
         identity.started_ns = stats.map_or(0, |stats| stats.started_ns);
-        identity.executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        identity.executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok().or(at_exec.program);
         let from_kernel = stats.and_then(|stats| names.path_of(stats.cgroup_id)).filter(|path| path != "/");
-        let from_proc = || cgroup::of_pid(pid).filter(|path| path != "/" || at_exec.is_none());
-        if let Some(path) = from_kernel.or_else(from_proc).or(at_exec) {
+        let exec_cgroup = at_exec.cgroup;
+        let from_proc = || cgroup::of_pid(pid).filter(|path| path != "/" || exec_cgroup.is_none());
+        if let Some(path) = from_kernel.or_else(from_proc).or(exec_cgroup) {
             identity.set_cgroup(path);
         }
         identity
@@ -137,9 +148,10 @@ mod tests {
             "app".into(),
             None,
             &mut CgroupNames::default(),
-            Some(path.clone()),
+            AtExec { cgroup: Some(path.clone()), program: Some("/usr/bin/app".into()) },
         );
         assert_eq!(identity.cgroup.as_deref(), Some(path.as_str()));
+        assert_eq!(identity.executable, Some(PathBuf::from("/usr/bin/app")));
         assert_eq!(identity.container.and_then(|container| container.id).as_deref(), Some(ID));
     }
 

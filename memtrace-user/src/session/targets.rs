@@ -26,7 +26,10 @@ use crate::{
         Following,
     },
     kernel::Probes,
-    model::{identity::ProcessIdentity, Model},
+    model::{
+        identity::{AtExec, ProcessIdentity},
+        Model,
+    },
     plan,
     process::allocator::Allocator,
     process::procfs,
@@ -240,9 +243,13 @@ fn launch_command(
     kernel.index_object(&allocator.object);
     let watched = vec![Watched::new(held.pid, true)?];
     // Held before its exec: /proc names memtrace's own file yet.
+    // Its file as /proc/PID/exe will name it once it runs: symbolic links resolved.
+    let executable = std::fs::canonicalize(&program).unwrap_or_else(|_| program.clone());
     let identity =
-        following.identify(held.pid, command_name(&program), None).with_executable(program.clone());
+        following.identify(held.pid, command_name(&program), None).with_executable(executable.clone());
     add_traced(model, identity, &allocator);
+    // Named again once its figures show the exec, when it may have exited already.
+    following.note_exec(held.pid, AtExec { cgroup: None, program: Some(executable) });
     // Held before its first instruction: every block it makes goes through the probes.
     if let Some(process) = model.processes.get_mut(&held.pid) {
         process.seen_from_start = true;
