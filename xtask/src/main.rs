@@ -240,7 +240,10 @@ fn test(with_matrix: bool) -> Result<()> {
     eprintln!("xtask: circles between modules");
     circles::check(&workspace_root(), &[])?;
     eprintln!("xtask: unit and integration tests");
-    let (tally, status) = run_tests(cargo().args(["test", "--workspace"]).env("MEMTRACE_BIN", &memtrace))?;
+    // Every test binary runs even after one fails: a CI run shows every failure at once (one
+    // stopped at its 200th test of some 450 on the first failure).
+    let (tally, status) =
+        run_tests(cargo().args(["test", "--workspace", "--no-fail-fast"]).env("MEMTRACE_BIN", &memtrace))?;
     // One closing line for the whole run: cargo's own last line is that of its last test binary.
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
     let host = if !status.success() || tally.failed > 0 || tally.passed == 0 {
