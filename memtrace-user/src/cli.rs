@@ -246,6 +246,10 @@ pub enum Subcommand {
     /// Make the reports again from a saved run (the summary file of `--summary PATH`), without
     /// tracing: HTML, pprof, flamegraph, Perfetto, or the text report when no output is named
     Report(ReportArgs),
+    /// Compare two saved runs (summaries of `--summary`) by call stack and by function, what grew
+    /// most first: allocated, allocations, peak, live, leaked and temporaries
+    #[command(after_help = "Example:\n  memtrace diff base.json new.json --json diff.json")]
+    Diff(DiffArgs),
     /// Watch the traced processes live in the terminal, by live heap, growth, RSS or dark memory,
     /// with a process's call stacks and subsystems on Enter; takes the options of a run
     #[command(mut_arg("output", |arg| arg.help("Also write a trace file (Chrome trace-event JSON) here")))]
@@ -264,6 +268,19 @@ pub enum Subcommand {
     /// kernel accepts memtrace's BPF programs (loaded, then unloaded); exits 1 when it cannot
     #[command(after_help = "Example:\n  sudo memtrace doctor")]
     Doctor,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// The summary of the run to compare against
+    #[arg(value_name = "BASE.json")]
+    pub base: PathBuf,
+    /// The summary of the run compared
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+    /// Also write the comparison as JSON here (every stack and function)
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Parser)]

@@ -3,6 +3,7 @@
 mod attach;
 mod cli;
 mod collect;
+mod diff;
 mod doctor;
 mod export;
 mod follow;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
             attach::usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => report(args),
+        Some(cli::Subcommand::Diff(args)) => diff::run(&args.base, &args.new, args.json.as_deref()),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
         Some(cli::Subcommand::Doctor) => doctor::run(),
         // `memtrace serve` is a tracing run with the agent as its output.

@@ -1,0 +1,281 @@
+//! `memtrace diff BASE.json NEW.json`: two saved runs (summaries of `--summary`) compared by call
+//! stack and by function, what grew most first. Stacks are matched by their frames' function and
+//! module names, never lines or addresses, so that two builds of a program compare; processes by
+//! their command, the figures of several processes of one command added up. Every stack of the
+//! summaries takes part, not a report's top N. A stack's peak is its live bytes at its process's
+//! highest sample, so at the interval's resolution; the text says so.
+//!
+//! Written as a text table on stdout, and with `--json PATH` as JSON: `stacks` and `functions`,
+//! each `{command, frames | function, base, new, delta}`.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::{
+    export::saved,
+    model::{frame::Frame, Model},
+};
+
+/// How many stacks and functions the text lists (the JSON has them all).
+const TEXT_ROWS: usize = 20;
+
+/// One stack's or function's figures in one run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Figures {
+    pub allocated_bytes: i64,
+    pub allocations: i64,
+    /// Live bytes at the process's highest sample (interval resolution).
+    pub peak_bytes: i64,
+    pub live_bytes: i64,
+    pub leaked_bytes: i64,
+    pub temporary_allocations: i64,
+}
+
+impl Figures {
+    fn add(&mut self, more: &Figures) {
+        self.allocated_bytes += more.allocated_bytes;
+        self.allocations += more.allocations;
+        self.peak_bytes += more.peak_bytes;
+        self.live_bytes += more.live_bytes;
+        self.leaked_bytes += more.leaked_bytes;
+        self.temporary_allocations += more.temporary_allocations;
+    }
+
+    fn minus(&self, base: &Figures) -> Figures {
+        Figures {
+            allocated_bytes: self.allocated_bytes - base.allocated_bytes,
+            allocations: self.allocations - base.allocations,
+            peak_bytes: self.peak_bytes - base.peak_bytes,
+            live_bytes: self.live_bytes - base.live_bytes,
+            leaked_bytes: self.leaked_bytes - base.leaked_bytes,
+            temporary_allocations: self.temporary_allocations - base.temporary_allocations,
+        }
+    }
+
+    /// What the order puts first: the most bytes grown, leaked or allocated; what shrank comes
+    /// last, the most shrunk at the end.
+    fn growth(&self) -> i64 {
+        let most = self.leaked_bytes.max(self.allocated_bytes);
+        if most > 0 {
+            most
+        } else {
+            self.leaked_bytes.min(self.allocated_bytes)
+        }
+    }
+}
+
+/// A stack as two builds share it: the command and each frame's function and module names.
+type StackName = (String, Vec<String>);
+
+/// One row of the comparison.
+#[derive(Debug, Serialize)]
+pub struct Compared<K> {
+    #[serde(flatten)]
+    pub key: K,
+    pub base: Figures,
+    pub new: Figures,
+    pub delta: Figures,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StackKey {
+    pub command: String,
+    pub frames: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionKey {
+    pub command: String,
+    pub function: String,
+    /// Anywhere on the stack (inclusive) or the allocator's caller (exclusive).
+    pub inclusive: bool,
+}
+
+/// The two runs compared.
+#[derive(Debug, Serialize)]
+pub struct Diff {
+    pub stacks: Vec<Compared<StackKey>>,
+    pub functions: Vec<Compared<FunctionKey>>,
+}
+
+/// `memtrace diff`: reads both summaries, prints the table and writes the JSON when asked.
+pub fn run(base: &Path, new: &Path, json: Option<&Path>) -> Result<ExitCode> {
+    let (base_model, _) = saved::load(base)?;
+    let (new_model, _) = saved::load(new)?;
+    let diff = compare(&stacks_of(&base_model), &stacks_of(&new_model));
+    print!("{}", text(&diff, base, new));
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&diff)?;
+        std::fs::write(path, text + "\n").with_context(|| {
+            format!("cannot write {}: is its directory there and writable?", path.display())
+        })?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A frame's name for matching: its function (or `?`) and its module's file name.
+fn frame_name(frame: &Frame) -> String {
+    let module = Path::new(&frame.module)
+        .file_name()
+        .map_or(frame.module.clone(), |name| name.to_string_lossy().into_owned());
+    format!("{} ({module})", frame.function.as_deref().unwrap_or("?"))
+}
+
+/// Every stack of a run by name, with its figures; stacks of one name added up.
+pub fn stacks_of(model: &Model) -> BTreeMap<StackName, Figures> {
+    let mut stacks: BTreeMap<StackName, Figures> = BTreeMap::new();
+    for process in model.retired.iter().chain(model.processes.values()) {
+        let command = process.identity.comm.clone();
+        let mut peaks: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+        for consumer in process.peak.iter().flat_map(|peak| &peak.consumers) {
+            *peaks.entry(consumer.frames.iter().map(|f| frame_name(f)).collect()).or_default() +=
+                consumer.live_bytes;
+        }
+        for stack in &process.stacks {
+            let frames: Vec<String> = stack.frames.iter().map(|f| frame_name(f)).collect();
+            let figures = Figures {
+                allocated_bytes: stack.totals.allocated_bytes as i64,
+                allocations: stack.totals.allocations as i64,
+                peak_bytes: peaks.remove(&frames).unwrap_or(0),
+                live_bytes: stack.totals.live_bytes,
+                leaked_bytes: stack.leaked_bytes as i64,
+                temporary_allocations: stack.totals.temporary_allocations as i64,
+            };
+            stacks.entry((command.clone(), frames)).or_default().add(&figures);
+        }
+    }
+    stacks
+}
+
+/// The two runs' stacks side by side, and each function's inclusive and exclusive figures; most
+/// growth first.
+pub fn compare(base: &BTreeMap<StackName, Figures>, new: &BTreeMap<StackName, Figures>) -> Diff {
+    let names: std::collections::BTreeSet<&StackName> = base.keys().chain(new.keys()).collect();
+    let mut stacks = Vec::new();
+    let mut functions: BTreeMap<(String, String, bool), (Figures, Figures)> = BTreeMap::new();
+    for name in names {
+        let (b, n) =
+            (base.get(name).copied().unwrap_or_default(), new.get(name).copied().unwrap_or_default());
+        let (command, frames) = name;
+        let mut seen = std::collections::HashSet::new();
+        for (depth, frame) in frames.iter().enumerate() {
+            // A frame without a function name says nothing of which code it is.
+            if frame.starts_with("? (") {
+                continue;
+            }
+            let mut count = |inclusive: bool| {
+                let sums = functions.entry((command.clone(), frame.clone(), inclusive)).or_default();
+                sums.0.add(&b);
+                sums.1.add(&n);
+            };
+            // A recursive function counts once a stack.
+            if seen.insert(frame) {
+                count(true);
+            }
+            if depth == 0 {
+                count(false);
+            }
+        }
+        stacks.push(Compared {
+            key: StackKey { command: command.clone(), frames: frames.clone() },
+            base: b,
+            new: n,
+            delta: n.minus(&b),
+        });
+    }
+    let mut functions: Vec<Compared<FunctionKey>> = functions
+        .into_iter()
+        .map(|((command, function, inclusive), (b, n))| Compared {
+            key: FunctionKey { command, function, inclusive },
+            base: b,
+            new: n,
+            delta: n.minus(&b),
+        })
+        .collect();
+    stacks.sort_by_key(|row| std::cmp::Reverse(row.delta.growth()));
+    functions.sort_by_key(|row| std::cmp::Reverse(row.delta.growth()));
+    Diff { stacks, functions }
+}
+
+/// The table: the stacks and functions that grew most, each figure as new (change).
+fn text(diff: &Diff, base: &Path, new: &Path) -> String {
+    let mut out = format!(
+        "memtrace diff: {} -> {} (peak: live bytes at each process's highest sample, at the \
+         interval's resolution)\n\n{:>22} {:>16} {:>22} {:>16}  stack\n",
+        base.display(),
+        new.display(),
+        "allocated (change)",
+        "allocations",
+        "leaked (change)",
+        "peak",
+    );
+    let row = |figures: &Figures, delta: &Figures| {
+        format!(
+            "{:>22} {:>16} {:>22} {:>16}",
+            format!("{} ({:+})", figures.allocated_bytes, delta.allocated_bytes),
+            format!("{} ({:+})", figures.allocations, delta.allocations),
+            format!("{} ({:+})", figures.leaked_bytes, delta.leaked_bytes),
+            format!("{} ({:+})", figures.peak_bytes, delta.peak_bytes),
+        )
+    };
+    for stack in diff.stacks.iter().take(TEXT_ROWS) {
+        let frames: Vec<&str> = stack.key.frames.iter().take(4).map(String::as_str).collect();
+        let _ = writeln!(
+            out,
+            "{}  [{}] {}",
+            row(&stack.new, &stack.delta),
+            stack.key.command,
+            frames.join(" <- ")
+        );
+    }
+    let _ = writeln!(out, "\n{:>22} {:>16} {:>22} {:>16}  function", "", "", "", "");
+    for function in diff.functions.iter().take(TEXT_ROWS) {
+        let kind = if function.key.inclusive { "incl" } else { "excl" };
+        let _ = writeln!(
+            out,
+            "{}  [{}] {} ({kind})",
+            row(&function.new, &function.delta),
+            function.key.command,
+            function.key.function
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(leaked: i64, allocated: i64) -> Figures {
+        Figures { allocated_bytes: allocated, leaked_bytes: leaked, allocations: 1, ..Figures::default() }
+    }
+
+    fn name(frames: &[&str]) -> StackName {
+        ("app".into(), frames.iter().map(|frame| (*frame).to_owned()).collect())
+    }
+
+    #[test]
+    fn stacks_are_matched_by_name_and_what_grew_most_comes_first() {
+        let base = BTreeMap::from([
+            (name(&["leak", "main"]), figures(100, 100)),
+            (name(&["work", "main"]), figures(0, 500)),
+            (name(&["gone", "main"]), figures(0, 50)),
+        ]);
+        let new = BTreeMap::from([
+            (name(&["leak", "main"]), figures(400, 400)),
+            (name(&["work", "main"]), figures(0, 500)),
+            (name(&["new", "main"]), figures(0, 10)),
+        ]);
+        let diff = compare(&base, &new);
+        let order: Vec<&str> = diff.stacks.iter().map(|row| row.key.frames[0].as_str()).collect();
+        assert_eq!(order, ["leak", "new", "work", "gone"]);
+        assert_eq!(diff.stacks[0].delta.leaked_bytes, 300);
+        assert_eq!(diff.stacks[3].new, Figures::default(), "a stack only the base has");
+        // main is on every stack: inclusive, it sums them; exclusive, no stack ends in it.
+        let main = diff.functions.iter().find(|row| row.key.function == "main" && row.key.inclusive).unwrap();
+        assert_eq!((main.base.allocated_bytes, main.new.allocated_bytes), (650, 910));
+        assert!(!diff.functions.iter().any(|row| row.key.function == "main" && !row.key.inclusive));
+    }
+}
