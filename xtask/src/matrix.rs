@@ -252,7 +252,7 @@ pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Resul
     }
     let out = workspace_root().join("target/matrix");
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let reports = boot_all(&kernels, |kernel| prepare(kernel, memtrace, &tests, &out));
+    let reports = boot_all(&kernels, &out, |kernel| prepare(kernel, memtrace, &tests, &out));
     let mut failed = Vec::new();
     let lines: Vec<String> = reports.iter().map(Report::line).collect();
     for (kernel, report) in kernels.iter().zip(&reports) {
@@ -269,12 +269,11 @@ pub fn run(memtrace: &Path, packages: &[String], selection: &Selection) -> Resul
     Ok(())
 }
 
-/// A kernel ready to boot: its kernel image, initramfs, plan and console log.
+/// A kernel ready to boot: its kernel image, initramfs and plan.
 struct Prepared {
     vmlinuz: PathBuf,
     initrd: PathBuf,
     plan: PathBuf,
-    log: PathBuf,
 }
 
 /// Fetches the kernel and writes its plan and initramfs.
@@ -285,8 +284,7 @@ fn prepare(kernel: &Kernel, memtrace: &Path, tests: &[Planned], out: &Path) -> R
     let plan = dir.join("plan.sh");
     fs::write(&plan, plan_text(memtrace, tests, kernel.may_refuse))?;
     let initrd = kernels::initramfs(&unpacked, &dir)?;
-    let log = out.join(format!("{}.log", kernel.package));
-    Ok(Prepared { vmlinuz: unpacked.vmlinuz, initrd, plan, log })
+    Ok(Prepared { vmlinuz: unpacked.vmlinuz, initrd, plan })
 }
 
 /// VMs booted at once: one a host CPU. Each runs its vCPUs on one host thread (see [`qemu`]), so
@@ -299,8 +297,12 @@ fn vms_at_once(kernels: usize) -> usize {
 
 /// Boots the kernels, [`vms_at_once`] at a time, each kernel's line printed as it ends; the
 /// reports in the kernels' order. Kernels are prepared one at a time (apt's state and the package
-/// cache are shared), each while the VMs before it run.
-fn boot_all(kernels: &[Kernel], prepare: impl Fn(&Kernel) -> Result<Prepared> + Sync) -> Vec<Report> {
+/// cache are shared), each while the VMs before it run. Each console goes to `out`/<package>.log.
+fn boot_all(
+    kernels: &[Kernel],
+    out: &Path,
+    prepare: impl Fn(&Kernel) -> Result<Prepared> + Sync,
+) -> Vec<Report> {
     let queue = Mutex::new(kernels.iter().enumerate());
     let preparing = Mutex::new(());
     let reports = Mutex::new(BTreeMap::new());
@@ -314,7 +316,7 @@ fn boot_all(kernels: &[Kernel], prepare: impl Fn(&Kernel) -> Result<Prepared> + 
                     let _alone = preparing.lock().expect("the matrix's preparation");
                     prepare(kernel)
                 };
-                let report = run_kernel(kernel, prepared);
+                let report = run_kernel(kernel, prepared, &out.join(format!("{}.log", kernel.package)));
                 println!("{}", report.line());
                 if !report.passed(DOCTOR_REQUIRED) {
                     report.failure_output.iter().for_each(|output| println!("    {output}"));
@@ -326,19 +328,22 @@ fn boot_all(kernels: &[Kernel], prepare: impl Fn(&Kernel) -> Result<Prepared> + 
     reports.into_inner().expect("the matrix's reports").into_values().collect()
 }
 
-/// Boots one prepared kernel and reads its console into a report; a kernel that could not be
-/// fetched, prepared or booted is a failed report saying why.
-fn run_kernel(kernel: &Kernel, prepared: Result<Prepared>) -> Report {
+/// Boots one prepared kernel, its console into `log`, and reads the console into a report; a
+/// kernel that could not be fetched, prepared or booted is a failed report saying why.
+fn run_kernel(kernel: &Kernel, prepared: Result<Prepared>, log: &Path) -> Report {
     let started = Instant::now();
-    let booted = prepared.and_then(|prepared| {
-        eprintln!("xtask: matrix: booting {} (console: {})", kernel.package, prepared.log.display());
-        let in_time = qemu(&prepared.vmlinuz, &prepared.initrd, &prepared.plan, &prepared.log)?;
-        let bytes = fs::read(&prepared.log).with_context(|| format!("reading {}", prepared.log.display()))?;
-        Ok((String::from_utf8_lossy(&bytes).into_owned(), in_time, prepared.log))
+    let in_time = prepared.and_then(|prepared| {
+        eprintln!("xtask: matrix: booting {} (console: {})", kernel.package, log.display());
+        qemu(&prepared.vmlinuz, &prepared.initrd, &prepared.plan, log)
     });
-    let mut report = match &booted {
-        Ok((text, in_time, _)) => {
-            let mut report = Report::read(&kernel.package, text, kernel.may_refuse);
+    // The console of a kernel that booted (a log left by an earlier run is not this one's).
+    let mut written = String::new();
+    let mut report = match in_time.and_then(|in_time| {
+        Ok((fs::read(log).with_context(|| format!("reading {}", log.display()))?, in_time))
+    }) {
+        Ok((bytes, in_time)) => {
+            written = String::from_utf8_lossy(&bytes).into_owned();
+            let mut report = Report::read(&kernel.package, &written, kernel.may_refuse);
             if !in_time {
                 report.problem = Some(format!("killed after {} min", DEADLINE.as_secs() / 60));
             }
@@ -347,9 +352,8 @@ fn run_kernel(kernel: &Kernel, prepared: Result<Prepared>) -> Report {
         Err(err) => Report::broken(&kernel.package, format!("{err:#}")),
     };
     report.seconds = started.elapsed().as_secs();
-    if let Ok((text, _, log)) = &booted {
-        let _ = fs::write(log, format!("{}\n\n{}", report.line(), console::readable(text)));
-    }
+    // The report's line atop the console, also where the kernel never booted.
+    let _ = fs::write(log, format!("{}\n\n{}", report.line(), console::readable(&written)));
     report
 }
 
