@@ -42,8 +42,8 @@ pub struct PythonLayout {
     pub frame_is_entry: u32,
     pub frame_owner: u32,
     pub owner_cstack: u32,
-    /// `PyCodeObject.co_name`, `.co_filename`, `.co_firstlineno`, `.co_linetable`,
-    /// `.co_code_adaptive` (its instructions).
+    /// `PyCodeObject.co_name`, `.co_filename` (neighbouring words, in either order: checked by
+    /// userspace), `.co_firstlineno`, `.co_linetable`, `.co_code_adaptive` (its instructions).
     pub code_name: u32,
     pub code_filename: u32,
     pub code_firstlineno: u32,
@@ -62,6 +62,9 @@ pub struct PythonLayout {
 
 /// The words of an interpreter frame the unwinder reads at once, from its `frame_code`.
 pub const PYTHON_FRAME_WORDS: usize = 9;
+/// Code objects each scratch slot remembers having put into PYTHON_CODES (or found there), so
+/// that a frame of one of them costs no lookup: a walk's frames mostly repeat the last walk's.
+pub const PYTHON_KNOWN_CODES: usize = 64;
 /// Thread states looked at to find the allocating thread's (3.13), at most.
 pub const PYTHON_MAX_THREADS: u32 = 256;
 /// Threads whose thread states the kernel remembers (3.13; all processes).
@@ -220,5 +223,6 @@ mod pod {
 }
 
 const _: () = assert!(PYTHON_MAX_FRAMES.is_power_of_two());
+const _: () = assert!(PYTHON_KNOWN_CODES.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<PythonLayout>().is_multiple_of(8));
 const _: () = assert!(core::mem::size_of::<PerlLayout>().is_multiple_of(8));

@@ -25,8 +25,8 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     interpreter_stop, InterpreterCodeKey, PythonCode, PythonLayout, PythonProcess, FRAME_PYTHON,
-    PYTHON_CACHED_THREADS, PYTHON_FRAME_WORDS, PYTHON_MAX_CODES, PYTHON_MAX_STEPS, PYTHON_MAX_THREADS,
-    UNWIND_MAX_PROCESSES,
+    PYTHON_CACHED_THREADS, PYTHON_FRAME_WORDS, PYTHON_KNOWN_CODES, PYTHON_MAX_CODES, PYTHON_MAX_STEPS,
+    PYTHON_MAX_THREADS, UNWIND_MAX_PROCESSES,
 };
 
 use crate::{
@@ -55,13 +55,16 @@ static FRESH_PYTHON_CODE: Array<PythonCode> = Array::with_max_entries(1, 0);
 static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PYTHON_CACHED_THREADS, 0);
 
 /// Where the walk is (in the run's scratch slot): the interpreter frame read next (the thread
-/// state looked at next, while the thread is looked for), the thread state found, and the words
-/// read of one frame.
+/// state looked at next, while the thread is looked for), the thread state found, the words read
+/// of one frame and of its code object's names; and the code objects this slot's runs found in
+/// PYTHON_CODES or put there, by `known_tag`, so that a frame of one of them costs no map lookup.
 #[repr(C)]
 pub(crate) struct PythonCursor {
     next: u64,
     found: u64,
     read: [u64; PYTHON_FRAME_WORDS],
+    names: [u64; 2],
+    known: [u64; PYTHON_KNOWN_CODES],
 }
 
 /// What each step of the walk works on, on the caller's stack.
@@ -71,15 +74,23 @@ struct PythonWalk {
     frames: *mut InterpreterFrames,
     cursor: *mut PythonCursor,
     tgid: u64,
+    /// The process's start time: a code object of a process before it with the same pid is
+    /// another.
+    started_ns: u64,
 }
 
 /// Reads the current thread's Python frames into `frames` (none where the process runs no
 /// interpreter memtrace knows, or, on 3.11, another thread holds the GIL).
 #[inline(never)]
-pub(crate) fn read_python_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PythonCursor) {
+pub(crate) fn read_python_frames(
+    tgid: u32,
+    started_ns: u64,
+    frames: &mut InterpreterFrames,
+    cursor: &mut PythonCursor,
+) {
     frames.begin(FRAME_PYTHON);
     let Some(process) = PYTHON_PROCESSES.get_ptr(&tgid) else { return };
-    let mut walk = PythonWalk { process, frames, cursor, tgid: u64::from(tgid) };
+    let mut walk = PythonWalk { process, frames, cursor, tgid: u64::from(tgid), started_ns };
     let Some(first) = current_frame(&mut walk) else { return };
     // SAFETY: the cursor is the claimed slot's.
     unsafe { (*walk.cursor).next = first };
@@ -171,9 +182,9 @@ extern "C" fn thread_step(_index: u64, walk: *mut c_void) -> i64 {
 extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the `PythonWalk` that `read_python_frames` passed, whose
     // pointers are map values that live as long as the program runs.
-    let (layout, frames, cursor, tgid) = unsafe {
+    let (layout, frames, cursor, tgid, started_ns) = unsafe {
         let walk = &*(walk as *const PythonWalk);
-        (&(*walk.process).layout, &mut *walk.frames, &mut *walk.cursor, walk.tgid)
+        (&(*walk.process).layout, &mut *walk.frames, &mut *walk.cursor, walk.tgid, walk.started_ns)
     };
     let frame = cursor.next;
     if frame == 0 {
@@ -204,35 +215,55 @@ extern "C" fn python_step(_index: u64, walk: *mut c_void) -> i64 {
     };
     let instructions = code + u64::from(layout.code_instructions);
     let at = prev_instr.wrapping_sub(instructions) / 2;
-    let fingerprint = fingerprint(code, layout);
+    let fingerprint = fingerprint(code, layout, &mut cursor.names);
     if !frames.push(InterpreterFrame::new(code, at, entry, 0, fingerprint)) {
         return 1;
     }
-    remember_code(InterpreterCodeKey { tgid: tgid as u32, _pad: 0, code, fingerprint }, layout);
+    let tag = known_tag(code, fingerprint, tgid, started_ns);
+    let known = &mut cursor.known[(code >> 4) as usize & (PYTHON_KNOWN_CODES - 1)];
+    if *known != tag
+        && remember_code(InterpreterCodeKey { tgid: tgid as u32, _pad: 0, code, fingerprint }, layout)
+    {
+        *known = tag;
+    }
     0
 }
 
 /// What tells a code object from one freed before it at the same address: its name's and file's
-/// string objects (a function of the same name in the same file may share them, and its name).
-fn fingerprint(code: u64, layout: &PythonLayout) -> u64 {
-    let name = read_user(code + u64::from(layout.code_name)).unwrap_or(0);
-    let file = read_user(code + u64::from(layout.code_filename)).unwrap_or(0);
-    name ^ file.rotate_left(32)
+/// string objects (a function of the same name in the same file may share them, and its name),
+/// read at once: the two are neighbouring words (checked by userspace).
+fn fingerprint(code: u64, layout: &PythonLayout, names: &mut [u64; 2]) -> u64 {
+    let first = layout.code_name.min(layout.code_filename);
+    if !read_user_into(names, code + u64::from(first)) {
+        return 0;
+    }
+    let word = |offset: u32| names.get((offset.wrapping_sub(first) / 8) as usize).copied().unwrap_or(0);
+    word(layout.code_name) ^ word(layout.code_filename).rotate_left(32)
 }
 
-/// Copies a code object's names into PYTHON_CODES the first time the process's stacks hold it.
+/// A code object of one process, as one nonzero word: the multiplier is the 64-bit golden ratio,
+/// so that each field spreads over the whole word.
+fn known_tag(code: u64, fingerprint: u64, tgid: u64, started_ns: u64) -> u64 {
+    const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+    let process = (tgid ^ started_ns.rotate_left(20)).wrapping_mul(MIX);
+    let code = (code ^ process).wrapping_mul(MIX);
+    (code ^ fingerprint.rotate_left(29)).wrapping_mul(MIX) | 1
+}
+
+/// Copies a code object's names into PYTHON_CODES the first time the process's stacks hold it;
+/// true where the map holds it now (userspace takes each once it is complete, and keeps it).
 #[inline(never)]
-fn remember_code(key: InterpreterCodeKey, layout: &PythonLayout) {
+fn remember_code(key: InterpreterCodeKey, layout: &PythonLayout) -> bool {
     let code = key.code;
     if PYTHON_CODES.get_ptr(&key).is_some() {
-        return;
+        return true;
     }
-    let Some(zeroed) = FRESH_PYTHON_CODE.get_ptr(0) else { return };
+    let Some(zeroed) = FRESH_PYTHON_CODE.get_ptr(0) else { return false };
     // SAFETY: a map value, valid while the program runs.
     if PYTHON_CODES.insert(&key, unsafe { &*zeroed }, u64::from(BPF_NOEXIST)).is_err() {
-        return;
+        return false;
     }
-    let Some(record) = PYTHON_CODES.get_ptr_mut(&key) else { return };
+    let Some(record) = PYTHON_CODES.get_ptr_mut(&key) else { return false };
     // SAFETY: the entry this run made; filled through its pointer.
     let record = unsafe { &mut *record };
     if let Some(name) = read_user(code + u64::from(layout.code_name)) {
@@ -252,6 +283,7 @@ fn remember_code(key: InterpreterCodeKey, layout: &PythonLayout) {
         }
     }
     record.complete = 1;
+    true
 }
 
 /// A compact ASCII string's characters, NUL-terminated and cut to fit; nothing for another kind.

@@ -132,7 +132,7 @@ fn capture_in(
     scratch.interpreter.count = 0;
     // Its interpreter frames change under the same native frames: read each time, never memoized.
     if interpreter == interpreter::PYTHON {
-        read_python_frames(tgid, &mut scratch.interpreter, &mut scratch.python);
+        read_python_frames(tgid, stats.started_ns, &mut scratch.interpreter, &mut scratch.python);
     } else if interpreter == interpreter::PERL {
         read_perl_frames(tgid, &mut scratch.interpreter, &mut scratch.perl);
     } else if let Some((key, stop)) = scratch.window.recall(&scratch.start) {

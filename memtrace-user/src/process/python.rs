@@ -130,17 +130,19 @@ fn from_debug_offsets(bytes: &[u8], version_hex: u32) -> Option<PythonLayout> {
         bytes_data: 32,
         _pad: 0,
     };
-    frame_fields_fit(&layout).then_some(layout)
+    fields_fit(&layout).then_some(layout)
 }
 
-/// Whether the frame's fields lie within the words the kernel reads of a frame at once (the word
-/// that holds each, for the one-byte `is_entry` and `owner`).
-fn frame_fields_fit(layout: &PythonLayout) -> bool {
+/// Whether the fields lie where the kernel reads them at once: a frame's within the words it reads
+/// of a frame (the word that holds each, for the one-byte `is_entry` and `owner`), a code object's
+/// name and file in two neighbouring words.
+fn fields_fit(layout: &PythonLayout) -> bool {
     let (start, end) = (layout.frame_code as usize, layout.frame_code as usize + PYTHON_FRAME_WORDS * 8);
-    [layout.frame_previous, layout.frame_prev_instr, layout.frame_is_entry, layout.frame_owner]
+    let frame = [layout.frame_previous, layout.frame_prev_instr, layout.frame_is_entry, layout.frame_owner]
         .into_iter()
         .filter(|&offset| offset != 0)
-        .all(|offset| offset as usize >= start && (offset as usize & !7) + 8 <= end)
+        .all(|offset| offset as usize >= start && (offset as usize & !7) + 8 <= end);
+    frame && layout.code_name.abs_diff(layout.code_filename) == 8
 }
 
 /// A code object's line for the instruction at `index` (in code units), from its location table
@@ -229,6 +231,6 @@ mod tests {
         let image = PythonImage::of(&elf).expect("python3.11 exports _PyRuntime and Py_Version");
         assert_eq!(image.version, (3, 11));
         assert!(image.readable());
-        assert!(frame_fields_fit(&LAYOUT_3_11));
+        assert!(fields_fit(&LAYOUT_3_11));
     }
 }
