@@ -250,6 +250,19 @@ pub enum Subcommand {
     /// most first: allocated, allocations, peak, live, leaked and temporaries
     #[command(after_help = "Example:\n  memtrace diff base.json new.json --json diff.json")]
     Diff(DiffArgs),
+    /// Hold a run to the memory budgets of a TOML file (peak, allocated, allocations, leaked,
+    /// temporaries; absolute, or relative to a committed baseline run): trace COMMAND, or read a
+    /// saved summary. Exits 0 within every budget, 1 on a breach (naming the stacks responsible),
+    /// 2 on bad input
+    #[command(
+        after_help = "Examples:\n  sudo memtrace check --budgets memtrace.toml -- ./app --self-test\n  \
+                            memtrace check --budgets memtrace.toml run.json --junit memory.xml --github\n\n\
+                            A budget file:\n  [[budget]]\n  command = \"app\"            # a comm, or a glob\n  \
+                            modules = [\"app\", \"libapp*.so\"]  # only stacks through these (optional)\n  \
+                            peak_live_bytes = 67108864\n  leaked_bytes = 0\n  baseline = \"ci/app.json\"   \
+                            # relative to this file\n  tolerance = \"5%\""
+    )]
+    Check(CheckArgs),
     /// Watch the traced processes live in the terminal, by live heap, growth, RSS or dark memory,
     /// with a process's call stacks and subsystems on Enter; takes the options of a run
     #[command(mut_arg("output", |arg| arg.help("Also write a trace file (Chrome trace-event JSON) here")))]
@@ -281,6 +294,31 @@ pub struct DiffArgs {
     /// Also write the comparison as JSON here (every stack and function)
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The budget file (TOML): [[budget]] tables, each with a command and its limits
+    #[arg(long, value_name = "PATH")]
+    pub budgets: PathBuf,
+    /// A saved run to check (the summary of `memtrace --summary`), instead of tracing a command
+    #[arg(value_name = "SUMMARY.json", required_unless_present = "command", conflicts_with = "command")]
+    pub summary: Option<PathBuf>,
+    /// Keep the traced command's summary here (to commit as a baseline); a temporary file otherwise
+    #[arg(long = "save", value_name = "PATH", requires = "command")]
+    pub save: Option<PathBuf>,
+    /// Also write the verdict as JUnit XML here (a testcase a budget's figure)
+    #[arg(long, value_name = "PATH")]
+    pub junit: Option<PathBuf>,
+    /// Also print each breach as a GitHub Actions annotation on the budget's line (`::error ...`)
+    #[arg(long)]
+    pub github: bool,
+    /// How many call stacks a breach names
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub top: usize,
+    /// Command to run and trace (with memtrace's defaults: exact, every call stack)
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 #[derive(Debug, clap::Parser)]

@@ -8,7 +8,7 @@
 //! Written as a text table on stdout, and with `--json PATH` as JSON: `stacks` and `functions`,
 //! each `{command, frames | function, base, new, delta}`.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, sync::Arc};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -34,7 +34,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn add(&mut self, more: &Figures) {
+    pub fn add(&mut self, more: &Figures) {
         self.allocated_bytes += more.allocated_bytes;
         self.allocations += more.allocations;
         self.peak_bytes += more.peak_bytes;
@@ -67,7 +67,7 @@ impl Figures {
 }
 
 /// A stack as two builds share it: the command and each frame's function and module names.
-type StackName = (String, Vec<String>);
+pub type StackName = (String, Vec<String>);
 
 /// One row of the comparison.
 #[derive(Debug, Serialize)]
@@ -125,15 +125,26 @@ fn frame_name(frame: &Frame) -> String {
 
 /// Every stack of a run by name, with its figures; stacks of one name added up.
 pub fn stacks_of(model: &Model) -> BTreeMap<StackName, Figures> {
+    stacks_where(model, |_| true, |_| true)
+}
+
+/// The stacks of the processes `process` keeps (by command) that `stack` keeps (by frames), the
+/// same way.
+pub fn stacks_where(
+    model: &Model,
+    process: impl Fn(&str) -> bool,
+    stack: impl Fn(&[Arc<Frame>]) -> bool,
+) -> BTreeMap<StackName, Figures> {
     let mut stacks: BTreeMap<StackName, Figures> = BTreeMap::new();
-    for process in model.retired.iter().chain(model.processes.values()) {
+    for process in model.retired.iter().chain(model.processes.values()).filter(|p| process(&p.identity.comm))
+    {
         let command = process.identity.comm.clone();
         let mut peaks: BTreeMap<Vec<String>, i64> = BTreeMap::new();
         for consumer in process.peak.iter().flat_map(|peak| &peak.consumers) {
             *peaks.entry(consumer.frames.iter().map(|f| frame_name(f)).collect()).or_default() +=
                 consumer.live_bytes;
         }
-        for stack in &process.stacks {
+        for stack in process.stacks.iter().filter(|profile| stack(&profile.frames)) {
             let frames: Vec<String> = stack.frames.iter().map(|f| frame_name(f)).collect();
             let figures = Figures {
                 allocated_bytes: stack.totals.allocated_bytes as i64,

@@ -1,6 +1,7 @@
 //! memtrace: trace the heap of Linux processes with eBPF and write Chrome trace-event JSON.
 
 mod attach;
+mod check;
 mod cli;
 mod collect;
 mod diff;
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
         }
         Some(cli::Subcommand::Report(args)) => report(args),
         Some(cli::Subcommand::Diff(args)) => diff::run(&args.base, &args.new, args.json.as_deref()),
+        Some(cli::Subcommand::Check(args)) => gate(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
         Some(cli::Subcommand::Doctor) => doctor::run(),
         // `memtrace serve` is a tracing run with the agent as its output.
@@ -73,6 +75,40 @@ fn trace(run: cli::RunArgs, mode: plan::Mode) -> anyhow::Result<ExitCode> {
     refuse_usage(checked, cli::Cli::command());
     let plan = plan::resolve::plan(run, mode, kernel::features::KernelFeatures::probe())?;
     session::run(plan)
+}
+
+/// `memtrace check`: the run to check, traced first where a command is given (with memtrace's
+/// defaults, its trace file and summary in a temporary directory unless `--save` keeps the
+/// summary), then held to the budgets.
+fn gate(args: cli::CheckArgs) -> anyhow::Result<ExitCode> {
+    let scratch = tempfile::tempdir()?;
+    let (summary, traced) = match &args.summary {
+        Some(summary) => (summary.clone(), ExitCode::SUCCESS),
+        None => {
+            let summary = args.save.clone().unwrap_or_else(|| scratch.path().join("summary.json"));
+            let mut line: Vec<std::ffi::OsString> =
+                vec!["memtrace".into(), "--summary".into(), summary.clone().into()];
+            line.extend(["-o".into(), scratch.path().join("trace.json").into_os_string(), "--".into()]);
+            line.extend(args.command.iter().cloned());
+            (summary, trace(cli::Cli::try_parse_from(line)?.run, plan::Mode::Trace)?)
+        }
+    };
+    let gate = check::Gate {
+        budgets: &args.budgets,
+        summary: &summary,
+        junit: args.junit.as_deref(),
+        github: args.github,
+        top: args.top,
+    };
+    let verdict = check::run(&gate);
+    // A run that failed is no measure of the program: the gate fails with it.
+    if traced != ExitCode::SUCCESS && verdict == ExitCode::SUCCESS {
+        eprintln!(
+            "memtrace check: the traced command failed, so the gate fails though its memory is within budget"
+        );
+        return Ok(traced);
+    }
+    Ok(verdict)
 }
 
 /// `memtrace report`: the reports again from a saved run, none of them over another or the summary.
