@@ -248,7 +248,8 @@ pub enum Subcommand {
     Report(ReportArgs),
     /// Compare two saved runs (summaries of `--summary`) by call stack and by function, what grew
     /// most first: allocated, allocations, peak, live, leaked and temporaries
-    #[command(after_help = "Example:\n  memtrace diff base.json new.json --json diff.json")]
+    #[command(after_help = "Examples:\n  memtrace diff base.json new.json --json diff.json\n  \
+                            memtrace diff base.json new.json --html diff.html --pprof diff.pb.gz")]
     Diff(DiffArgs),
     /// Hold a run to the memory budgets of a TOML file (peak, allocated, allocations, leaked,
     /// temporaries; absolute, or relative to a committed baseline run): trace COMMAND, or read a
@@ -294,6 +295,15 @@ pub struct DiffArgs {
     /// Also write the comparison as JSON here (every stack and function)
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Also write it as a differential pprof profile here (gzipped; the base run's samples
+    /// negated and labelled pprof::base, as `go tool pprof -diff_base` builds one): `go tool
+    /// pprof -top PATH`
+    #[arg(long, value_name = "PATH")]
+    pub pprof: Option<PathBuf>,
+    /// Also write it as an HTML page here: the table, and differential flamegraphs of leaked and
+    /// allocated bytes (red grew, blue shrank)
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

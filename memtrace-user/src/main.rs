@@ -45,7 +45,14 @@ fn main() -> ExitCode {
             attach::usdt::list::run(args.pid, args.path.as_deref()).map(|()| ExitCode::SUCCESS)
         }
         Some(cli::Subcommand::Report(args)) => report(args),
-        Some(cli::Subcommand::Diff(args)) => diff::run(&args.base, &args.new, args.json.as_deref()),
+        Some(cli::Subcommand::Diff(args)) => {
+            let outputs = diff::DiffOutputs {
+                json: args.json.as_deref(),
+                pprof: args.pprof.as_deref(),
+                html: args.html.as_deref(),
+            };
+            diff::run(&args.base, &args.new, &outputs)
+        }
         Some(cli::Subcommand::Check(args)) => gate(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),
         Some(cli::Subcommand::Doctor) => doctor::run(),

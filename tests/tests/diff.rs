@@ -8,7 +8,7 @@ use std::{
     process::Command,
 };
 
-use memtrace_tests::{fixture, memtrace_bin, Memtrace};
+use memtrace_tests::{chromium::Chromium, fixture, memtrace_bin, pprof::go_pprof, Memtrace};
 use serde_json::Value;
 
 /// A traced run of `grown_leak SESSIONS`, its summary written to `dir`.
@@ -82,6 +82,64 @@ fn the_stack_whose_leak_grew_comes_first_with_its_exact_growth() {
     // The text: the grown stack's row first, with its change.
     let first = stdout.lines().find(|line| line.contains("[grown_leak]")).unwrap_or_default();
     assert!(first.contains("remember_session (grown_leak)") && first.contains("(+768)"), "{stdout}");
+}
+
+/// `go tool pprof -top`'s row of `function` (flat, flat%, sum%, cum, cum%, name).
+fn top_row(report: &str, function: &str) -> Vec<String> {
+    let name = format!("{function} (grown_leak)");
+    report
+        .lines()
+        .find(|line| line.trim_end().ends_with(&name))
+        .unwrap_or_else(|| panic!("no row of {name}:\n{report}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_pprof_and_html_forms_show_the_same_growth_to_go_tool_pprof_and_to_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = (summary_of(10, dir.path()), summary_of(13, dir.path()));
+    let (pprof, html) = (dir.path().join("diff.pb.gz"), dir.path().join("diff.html"));
+    let output = Command::new(memtrace_bin())
+        .arg("diff")
+        .args([&base, &new])
+        .arg("--pprof")
+        .arg(&pprof)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+
+    // pprof: the base's samples negated (labelled pprof::base), so a function's flat figure is
+    // its change: remember_session +768 bytes leaked and allocated, steady_work nothing.
+    let top = |index: &str| go_pprof(["-top", "-sample_index", index, pprof.to_str().unwrap()], dir.path());
+    let leaked = top("leaked_space");
+    assert_eq!(top_row(&leaked, "remember_session")[0], "768B", "{leaked}");
+    let allocated = top("alloc_space");
+    assert_eq!(top_row(&allocated, "remember_session")[0], "768B", "{allocated}");
+    assert!(!allocated.contains("steady_work"), "an unchanged stack has no flat change: {allocated}");
+    let objects = top("alloc_objects");
+    assert_eq!(top_row(&objects, "remember_session")[0], "3", "{objects}");
+
+    // HTML: two differential flamegraphs; remember_session's frame grew (red), steady_work's
+    // did not (near white).
+    let mut browser = Chromium::start();
+    browser.open(&html);
+    let fills = browser.evaluate(
+        "(() => { const svg = document.querySelectorAll('iframe')[1].contentDocument; \
+         const fill = name => [...svg.querySelectorAll('g')].find(g => g.querySelector('title')?.textContent \
+         .startsWith(name))?.querySelector('rect')?.getAttribute('fill'); \
+         return [document.querySelectorAll('iframe').length, fill('remember_session'), fill('steady_work')]; })()",
+    );
+    assert_eq!(
+        fills,
+        serde_json::json!([2, "rgb(255,100,100)", "rgb(250,250,250)"]),
+        "{:?}",
+        browser.errors()
+    );
+    assert!(browser.errors().is_empty(), "{:?}", browser.errors());
 }
 
 #[test]

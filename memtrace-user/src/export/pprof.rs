@@ -66,6 +66,52 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
     }
 }
 
+/// One sample of [`profile_of`]: its frames innermost first, its values in the sample types'
+/// order, and its string labels.
+pub struct NamedSample<'a> {
+    pub frames: Vec<Frame>,
+    pub values: Vec<i64>,
+    pub labels: Vec<(&'a str, &'a str)>,
+}
+
+/// A profile of any samples, of the sample types (kind, unit) given, `default` shown first.
+pub fn profile_of<'a>(
+    sample_types: &[(&str, &str)],
+    default: &str,
+    samples: impl IntoIterator<Item = NamedSample<'a>>,
+) -> proto::Profile {
+    let mut builder = ProfileBuilder::default();
+    builder.string(""); // string_table[0] must be empty
+    let sample_type = sample_types.iter().map(|(kind, unit)| builder.value_type(kind, unit)).collect();
+    let sample = samples
+        .into_iter()
+        .map(|sample| proto::Sample {
+            location_id: sample.frames.iter().map(|f| builder.location(f)).collect(),
+            value: sample.values,
+            label: sample
+                .labels
+                .iter()
+                .map(|(key, value)| proto::Label {
+                    key: builder.string(key),
+                    str: builder.string(value),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+        .collect();
+    let default_sample_type = builder.string(default);
+    proto::Profile {
+        sample_type,
+        sample,
+        location: builder.locations,
+        function: builder.functions,
+        string_table: builder.strings,
+        period: 1,
+        default_sample_type,
+        ..Default::default()
+    }
+}
+
 /// A process's labels on its samples: the identity's, the pid as a number, the rest as strings
 /// where known.
 fn labels_of(builder: &mut ProfileBuilder, identity: &ProcessIdentity) -> Vec<proto::Label> {

@@ -6,7 +6,11 @@
 //! highest sample, so at the interval's resolution; the text says so.
 //!
 //! Written as a text table on stdout, and with `--json PATH` as JSON: `stacks` and `functions`,
-//! each `{command, frames | function, base, new, delta}`.
+//! each `{command, frames | function, base, new, delta}`; with `--pprof PATH` as a differential
+//! pprof profile (pprof.rs), with `--html PATH` as a page of differential flamegraphs (html.rs).
+
+mod html;
+mod pprof;
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, sync::Arc};
 
@@ -100,13 +104,27 @@ pub struct Diff {
     pub functions: Vec<Compared<FunctionKey>>,
 }
 
-/// `memtrace diff`: reads both summaries, prints the table and writes the JSON when asked.
-pub fn run(base: &Path, new: &Path, json: Option<&Path>) -> Result<ExitCode> {
+/// Where `memtrace diff` writes the comparison besides stdout.
+pub struct DiffOutputs<'a> {
+    pub json: Option<&'a Path>,
+    pub pprof: Option<&'a Path>,
+    pub html: Option<&'a Path>,
+}
+
+/// `memtrace diff`: reads both summaries, prints the table and writes the other forms asked for.
+pub fn run(base: &Path, new: &Path, outputs: &DiffOutputs) -> Result<ExitCode> {
     let (base_model, _) = saved::load(base)?;
     let (new_model, _) = saved::load(new)?;
     let diff = compare(&stacks_of(&base_model), &stacks_of(&new_model));
-    print!("{}", text(&diff, base, new));
-    if let Some(path) = json {
+    let table = text(&diff, base, new);
+    print!("{table}");
+    if let Some(path) = outputs.pprof {
+        pprof::write(&diff, path)?;
+    }
+    if let Some(path) = outputs.html {
+        html::write(&diff, &table, path)?;
+    }
+    if let Some(path) = outputs.json {
         let text = serde_json::to_string_pretty(&diff)?;
         std::fs::write(path, text + "\n").with_context(|| {
             format!("cannot write {}: is its directory there and writable?", path.display())
