@@ -195,6 +195,15 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// "5%" as 0.05.
+pub fn parse_percent(text: &str) -> Result<f64, String> {
+    text.strip_suffix('%')
+        .and_then(|number| number.trim().parse::<f64>().ok())
+        .filter(|percent| percent.is_finite() && *percent >= 0.0)
+        .map(|percent| percent / 100.0)
+        .ok_or_else(|| format!("\"{text}\" is not a percentage; write it as 5%"))
+}
+
 /// A container id or a prefix of one: 12 to 64 hex digits, kept in lower case.
 fn parse_container_id(text: &str) -> Result<String, String> {
     let hex = text.bytes().all(|b| b.is_ascii_hexdigit());
@@ -286,12 +295,14 @@ pub enum Subcommand {
 
 #[derive(Debug, clap::Args)]
 pub struct DiffArgs {
-    /// The summary of the run to compare against
-    #[arg(value_name = "BASE.json")]
-    pub base: PathBuf,
-    /// The summary of the run compared
-    #[arg(value_name = "NEW.json")]
-    pub new: PathBuf,
+    /// The summaries of the runs to compare against (several: one base, their mean, each
+    /// stack's figures that vary among them beyond --tolerance marked noisy), then the summary of
+    /// the run compared
+    #[arg(value_name = "BASE.json... NEW.json", num_args = 2.., required = true)]
+    pub runs: Vec<PathBuf>,
+    /// With several base runs: how far a figure may vary among them before it is noisy
+    #[arg(long, value_name = "PERCENT", default_value = "5%", value_parser = parse_percent)]
+    pub tolerance: f64,
     /// Also write the comparison as JSON here (every stack and function)
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,

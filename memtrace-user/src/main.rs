@@ -51,7 +51,8 @@ fn main() -> ExitCode {
                 pprof: args.pprof.as_deref(),
                 html: args.html.as_deref(),
             };
-            diff::run(&args.base, &args.new, &outputs)
+            let (new, base) = args.runs.split_last().expect("clap asks for two runs at least");
+            diff::run(base, new, args.tolerance, &outputs)
         }
         Some(cli::Subcommand::Check(args)) => gate(args),
         Some(cli::Subcommand::VerifierReport) => verifier_report().map(|()| ExitCode::SUCCESS),

@@ -2,7 +2,8 @@
 //! names the processes it holds (`command`, a comm or a glob), optionally the project's own code
 //! (`modules`, globs over a frame's file path or file name), and its limits: absolute ones, and
 //! `baseline` (a committed summary, relative to the budget file) with a `tolerance`, which limits
-//! every figure to the baseline's plus the tolerance. A file that does not parse, an unknown key,
+//! every figure to the baseline's plus the tolerance; several baselines are one, their mean, and a
+//! stack whose figure varies among them beyond the tolerance is noisy. A file that does not parse, an unknown key,
 //! a missing baseline, or a budget that limits nothing is refused with the file and the line.
 
 use std::{
@@ -68,8 +69,16 @@ struct RawBudget {
     allocations: Option<u64>,
     leaked_bytes: Option<u64>,
     temporary_allocations: Option<u64>,
-    baseline: Option<Spanned<String>>,
+    baseline: Option<Spanned<Paths>>,
     tolerance: Option<Spanned<String>>,
+}
+
+/// A baseline: one committed run, or several (their mean, and what varies among them is noisy).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Paths {
+    One(String),
+    Several(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,10 +87,11 @@ struct RawFile {
     budget: Vec<Spanned<RawBudget>>,
 }
 
-/// A limit relative to a committed run: its summary, and how much more than it is allowed.
+/// A limit relative to committed runs: their summaries, and how much more than their mean is
+/// allowed (and how much they may vary among themselves before a stack is noisy).
 #[derive(Debug, Clone)]
 pub struct Baseline {
-    pub path: PathBuf,
+    pub paths: Vec<PathBuf>,
     /// A fraction: 0.05 for "5%".
     pub tolerance: f64,
 }
@@ -166,22 +176,19 @@ fn budget(raw: Spanned<RawBudget>, path: &Path, dir: &Path, text: &str) -> Resul
         }
         (None, None) => None,
         (Some(baseline), tolerance) => {
-            let resolved = dir.join(baseline.get_ref());
-            if !resolved.is_file() {
-                bail!(
-                    "{}: the baseline {} is not there; commit a run's summary (`memtrace --summary {}`) \
-                     or fix the path (relative to the budget file)",
-                    at(baseline.span()),
-                    resolved.display(),
-                    baseline.get_ref()
-                );
-            }
+            let at_baseline = at(baseline.span());
+            let paths = match baseline.into_inner() {
+                Paths::One(path) => vec![path],
+                Paths::Several(paths) if !paths.is_empty() => paths,
+                Paths::Several(_) => bail!("{at_baseline}: the baseline lists no run; name a summary"),
+            };
+            let paths = paths.iter().map(|path| existing(dir, path, &at_baseline)).collect::<Result<_>>()?;
             let tolerance = match tolerance {
                 Some(tolerance) => parse_tolerance(tolerance.get_ref())
                     .with_context(|| format!("{}: tolerance", at(tolerance.span())))?,
                 None => 0.0,
             };
-            Some(Baseline { path: resolved, tolerance })
+            Some(Baseline { paths, tolerance })
         }
     };
     if limits.is_empty() && baseline.is_none() {
@@ -195,16 +202,22 @@ fn budget(raw: Spanned<RawBudget>, path: &Path, dir: &Path, text: &str) -> Resul
     Ok(Budget { command, modules, limits, baseline, file: path.to_owned(), line })
 }
 
+/// A baseline's summary, `path` relative to the budget file's directory, which must be there.
+fn existing(dir: &Path, path: &str, at: &str) -> Result<PathBuf> {
+    let resolved = dir.join(path);
+    if !resolved.is_file() {
+        bail!(
+            "{at}: the baseline {} is not there; commit a run's summary (`memtrace --summary {path}`) or \
+             fix the path (relative to the budget file)",
+            resolved.display()
+        );
+    }
+    Ok(resolved)
+}
+
 /// "5%" as 0.05.
 fn parse_tolerance(text: &str) -> Result<f64> {
-    let percent = text
-        .strip_suffix('%')
-        .and_then(|number| number.trim().parse::<f64>().ok())
-        .filter(|percent| percent.is_finite() && *percent >= 0.0);
-    match percent {
-        Some(percent) => Ok(percent / 100.0),
-        None => bail!("\"{text}\" is not a percentage; write it as \"5%\""),
-    }
+    crate::cli::parse_percent(text).map_err(anyhow::Error::msg)
 }
 
 /// The line (from 1) of byte `offset` of `text`.
@@ -236,6 +249,7 @@ mod tests {
         assert_eq!(budgets[0].limits, [(Figure::LeakedBytes, 0)]);
         assert!(budgets[0].command.matches("grown_leak"));
         assert_eq!(budgets[1].baseline.as_ref().unwrap().tolerance, 0.05);
+        assert_eq!(budgets[1].baseline.as_ref().unwrap().paths.len(), 1);
         assert_eq!(budgets[1].name(), "app [libapp*.so]");
     }
 
@@ -249,6 +263,8 @@ mod tests {
         let tolerance =
             error("[[budget]]\ncommand = \"a\"\nbaseline = \"base.json\"\ntolerance = \"five\"\n");
         assert!(tolerance.contains("line 4") && tolerance.contains("5%"), "{tolerance}");
+        let several = error("[[budget]]\ncommand = \"a\"\nbaseline = [\"base.json\", \"gone.json\"]\n");
+        assert!(several.contains("line 3") && several.contains("gone.json"), "{several}");
         let nothing = error("[[budget]]\ncommand = \"a\"\n");
         assert!(nothing.contains("line 1") && nothing.contains("limits nothing"), "{nothing}");
         let syntax = error("[[budget]]\ncommand = \n");

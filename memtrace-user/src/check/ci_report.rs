@@ -24,14 +24,23 @@ fn amount(figure: Figure, value: i64) -> String {
 pub fn finding(outcome: &Outcome) -> String {
     let limit = match &outcome.limit {
         Limit::Absolute(limit) => amount(outcome.figure, *limit as i64),
-        Limit::Baseline { base, tolerance, limit } => format!(
-            "{} (the baseline's {} + {}%)",
+        Limit::Baseline { base, runs, tolerance, limit } => format!(
+            "{} ({} {} + {}%)",
             amount(outcome.figure, *limit as i64),
+            if *runs == 1 {
+                "the baseline's".to_owned()
+            } else {
+                format!("the mean of {runs} baseline runs,")
+            },
             base,
             (tolerance * 100.0 * 1000.0).round() / 1000.0
         ),
     };
-    let relation = if outcome.breached() { "over its limit" } else { "within" };
+    let relation = match (outcome.breached(), outcome.noisy()) {
+        (true, _) => "over its limit",
+        (false, true) => "over, only through stacks noisy among the base runs (not failed), its limit",
+        (false, false) => "within",
+    };
     format!("{} {} {relation} {limit}", outcome.figure, amount(outcome.figure, outcome.value))
 }
 

@@ -42,8 +42,9 @@ pub fn run(gate: &Gate) -> ExitCode {
     let verdicts: Vec<verdict::Verdict> = budgets
         .iter()
         .map(|budget| {
-            let baseline = budget.baseline.as_ref().and_then(|baseline| baselines.get(&baseline.path));
-            verdict::check(budget, &model, baseline, gate.top)
+            let paths = budget.baseline.iter().flat_map(|baseline| &baseline.paths);
+            let runs: Vec<&Model> = paths.filter_map(|path| baselines.get(path)).collect();
+            verdict::check(budget, &model, &runs, gate.top)
         })
         .collect();
     print!("{}", ci_report::text(&verdicts, gate.budgets));
@@ -67,12 +68,13 @@ fn inputs(gate: &Gate) -> Result<(Vec<budgets::Budget>, BTreeMap<PathBuf, Model>
     let budgets = budgets::load(gate.budgets)?;
     let mut baselines = BTreeMap::new();
     for budget in &budgets {
-        let Some(baseline) = &budget.baseline else { continue };
-        if !baselines.contains_key(&baseline.path) {
-            let (model, _) = saved::load(&baseline.path).with_context(|| {
-                format!("the baseline of the budget at {}, line {}", budget.file.display(), budget.line)
-            })?;
-            baselines.insert(baseline.path.clone(), model);
+        for path in budget.baseline.iter().flat_map(|baseline| &baseline.paths) {
+            if !baselines.contains_key(path) {
+                let (model, _) = saved::load(path).with_context(|| {
+                    format!("the baseline of the budget at {}, line {}", budget.file.display(), budget.line)
+                })?;
+                baselines.insert(path.clone(), model);
+            }
         }
     }
     let (model, _) = saved::load(gate.summary)?;

@@ -2,7 +2,9 @@
 //! where it names the project's modules, the sum of the stacks that pass through them), each
 //! against its limit, absolute or the committed baseline's figure plus the tolerance; and for a
 //! figure over its limit, the stacks responsible (those that grew most over the baseline, or the
-//! largest).
+//! largest). With several baseline runs the baseline is their mean, and a stack whose figure
+//! varies among them beyond the tolerance is noisy: what it adds over its mean is not held
+//! against the limit, so no gate fails on it alone.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};
 
@@ -16,9 +18,11 @@ use crate::{
 #[derive(Debug, Clone, PartialEq)]
 pub enum Limit {
     Absolute(u64),
-    /// The baseline's figure and the tolerance (a fraction), and the limit they make.
+    /// The baseline's figure (the mean of its `runs`) and the tolerance (a fraction), and the
+    /// limit they make.
     Baseline {
         base: i64,
+        runs: usize,
         tolerance: f64,
         limit: u64,
     },
@@ -38,13 +42,21 @@ pub struct Outcome {
     pub figure: Figure,
     pub value: i64,
     pub limit: Limit,
+    /// What noisy stacks add over their mean in the base runs: not held against the limit.
+    pub noisy_excess: i64,
     /// Over its limit: the stacks most responsible (frames innermost first, and their share).
     pub responsible: Vec<(StackName, i64)>,
 }
 
 impl Outcome {
+    /// Over its limit, noise aside: the gate fails.
     pub fn breached(&self) -> bool {
-        self.value > self.limit.value() as i64
+        self.value - self.noisy_excess > self.limit.value() as i64
+    }
+
+    /// Over its limit only through noisy stacks: said, and no failure.
+    pub fn noisy(&self) -> bool {
+        self.value > self.limit.value() as i64 && !self.breached()
     }
 }
 
@@ -71,30 +83,63 @@ struct Seen {
     stacks: BTreeMap<StackName, Figures>,
 }
 
-/// Holds `budget` against `run`, and against `baseline` (the budget's, loaded) where it has one.
-pub fn check<'a>(budget: &'a Budget, run: &Model, baseline: Option<&Model>, top: usize) -> Verdict<'a> {
+/// Holds `budget` against `run`, and against `baselines` (the budget's runs, loaded) where it has
+/// them.
+pub fn check<'a>(budget: &'a Budget, run: &Model, baselines: &[&Model], top: usize) -> Verdict<'a> {
     let new = seen(budget, run);
-    let base = baseline.map(|baseline| seen(budget, baseline));
+    let tolerance = budget.baseline.as_ref().map_or(0.0, |baseline| baseline.tolerance);
+    let base_runs: Vec<Seen> = baselines.iter().map(|model| seen(budget, model)).collect();
+    let base_figures: Vec<[i64; 5]> =
+        base_runs.iter().map(|run| Figure::ALL.map(|f| get(&run.figures, f))).collect();
+    let (base_mean, _) = diff::spread(&base_figures, tolerance);
+    let stack_runs: Vec<_> = base_runs.into_iter().map(|run| run.stacks).collect();
+    let bases = diff::bases(&stack_runs, tolerance);
     let mut outcomes = Vec::new();
-    for figure in Figure::ALL {
+    for (index, figure) in Figure::ALL.into_iter().enumerate() {
         let absolute = budget.limits.iter().find(|(limited, _)| *limited == figure).map(|&(_, limit)| limit);
-        let relative = base.as_ref().zip(budget.baseline.as_ref()).map(|(base, baseline)| {
-            let base = get(&base.figures, figure);
+        let relative = budget.baseline.as_ref().filter(|_| !baselines.is_empty()).map(|baseline| {
+            let base = base_mean[index];
             let limit = (base.max(0) as f64 * (1.0 + baseline.tolerance)).floor() as u64;
-            Limit::Baseline { base, tolerance: baseline.tolerance, limit }
+            Limit::Baseline { base, runs: baselines.len(), tolerance: baseline.tolerance, limit }
         });
-        let limits = absolute.map(Limit::Absolute).into_iter().chain(relative);
-        for limit in limits {
-            let mut outcome =
-                Outcome { figure, value: get(&new.figures, figure), limit, responsible: Vec::new() };
-            if outcome.breached() {
-                outcome.responsible =
-                    responsible(figure, &new.stacks, base.as_ref().map(|base| &base.stacks), top);
+        for limit in absolute.map(Limit::Absolute).into_iter().chain(relative) {
+            let value = get(&new.figures, figure);
+            let noisy_excess = noisy_excess(figure, &new.stacks, &bases);
+            let mut outcome = Outcome { figure, value, limit, noisy_excess, responsible: Vec::new() };
+            if outcome.breached() || outcome.noisy() {
+                let base = (!baselines.is_empty()).then_some(&bases.mean);
+                outcome.responsible = responsible(figure, &new.stacks, base, top);
             }
             outcomes.push(outcome);
         }
     }
     Verdict { budget, processes: new.processes, outcomes }
+}
+
+/// What the stacks noisy in `figure` add over their mean in the base runs.
+fn noisy_excess(figure: Figure, new: &BTreeMap<StackName, Figures>, bases: &diff::Bases) -> i64 {
+    let name = diff_name(figure);
+    bases
+        .noisy
+        .iter()
+        .filter(|(_, figures)| figures.contains(&name))
+        .map(|(stack, _)| {
+            let now = new.get(stack).map_or(0, |figures| get(figures, figure));
+            let mean = bases.mean.get(stack).map_or(0, |figures| get(figures, figure));
+            (now - mean).max(0)
+        })
+        .sum()
+}
+
+/// A figure's name among `diff::Figures::NAMES`.
+fn diff_name(figure: Figure) -> &'static str {
+    match figure {
+        Figure::PeakLiveBytes => "peak_bytes",
+        Figure::AllocatedBytes => "allocated_bytes",
+        Figure::Allocations => "allocations",
+        Figure::LeakedBytes => "leaked_bytes",
+        Figure::TemporaryAllocations => "temporary_allocations",
+    }
 }
 
 /// The processes and stacks of `model` that `budget` names.
@@ -173,10 +218,12 @@ mod tests {
     #[test]
     fn a_baseline_that_cannot_drift_fails_the_change_that_crosses_it() {
         let base = 100_000.0_f64;
-        let limit = Limit::Baseline { base: base as i64, tolerance: 0.20, limit: (base * 1.2) as u64 };
+        let limit =
+            Limit::Baseline { base: base as i64, runs: 1, tolerance: 0.20, limit: (base * 1.2) as u64 };
         let first_over = (1..=10).find(|change| {
             let value = (base * 1.03_f64.powi(*change)) as i64;
-            Outcome { figure: Figure::LeakedBytes, value, limit: limit.clone(), responsible: Vec::new() }
+            let limit = limit.clone();
+            Outcome { figure: Figure::LeakedBytes, value, limit, noisy_excess: 0, responsible: Vec::new() }
                 .breached()
         });
         assert_eq!(first_over, Some(7), "1.03^6 = 1.194 is within 20%, 1.03^7 = 1.230 is not");

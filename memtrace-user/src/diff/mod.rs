@@ -12,7 +12,13 @@
 mod html;
 mod pprof;
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -38,24 +44,41 @@ pub struct Figures {
 }
 
 impl Figures {
+    /// The figures' names, in the order of `values`.
+    pub const NAMES: [&'static str; 6] = [
+        "allocated_bytes",
+        "allocations",
+        "peak_bytes",
+        "live_bytes",
+        "leaked_bytes",
+        "temporary_allocations",
+    ];
+
+    pub fn values(&self) -> [i64; 6] {
+        [
+            self.allocated_bytes,
+            self.allocations,
+            self.peak_bytes,
+            self.live_bytes,
+            self.leaked_bytes,
+            self.temporary_allocations,
+        ]
+    }
+
+    fn from_values(values: [i64; 6]) -> Figures {
+        let [allocated_bytes, allocations, peak_bytes, live_bytes, leaked_bytes, temporary_allocations] =
+            values;
+        Figures { allocated_bytes, allocations, peak_bytes, live_bytes, leaked_bytes, temporary_allocations }
+    }
+
     pub fn add(&mut self, more: &Figures) {
-        self.allocated_bytes += more.allocated_bytes;
-        self.allocations += more.allocations;
-        self.peak_bytes += more.peak_bytes;
-        self.live_bytes += more.live_bytes;
-        self.leaked_bytes += more.leaked_bytes;
-        self.temporary_allocations += more.temporary_allocations;
+        let (mine, more) = (self.values(), more.values());
+        *self = Figures::from_values(std::array::from_fn(|i| mine[i] + more[i]));
     }
 
     fn minus(&self, base: &Figures) -> Figures {
-        Figures {
-            allocated_bytes: self.allocated_bytes - base.allocated_bytes,
-            allocations: self.allocations - base.allocations,
-            peak_bytes: self.peak_bytes - base.peak_bytes,
-            live_bytes: self.live_bytes - base.live_bytes,
-            leaked_bytes: self.leaked_bytes - base.leaked_bytes,
-            temporary_allocations: self.temporary_allocations - base.temporary_allocations,
-        }
+        let (mine, base) = (self.values(), base.values());
+        Figures::from_values(std::array::from_fn(|i| mine[i] - base[i]))
     }
 
     /// What the order puts first: the most bytes grown, leaked or allocated; what shrank comes
@@ -73,6 +96,45 @@ impl Figures {
 /// A stack as two builds share it: the command and each frame's function and module names.
 pub type StackName = (String, Vec<String>);
 
+/// Several runs of one program as one base, by stack: each figure's mean over the runs, and the
+/// figures that vary among them by more than the tolerance (noisy: no gate fails on them alone).
+/// A stack a run lacks counts 0 in it. With one run, nothing is noisy.
+#[derive(Debug, Default)]
+pub struct Bases {
+    pub mean: BTreeMap<StackName, Figures>,
+    pub noisy: BTreeMap<StackName, Vec<&'static str>>,
+}
+
+/// The base made of `runs` (each run's stacks), noisy beyond `tolerance` (a fraction).
+pub fn bases(runs: &[BTreeMap<StackName, Figures>], tolerance: f64) -> Bases {
+    let names: std::collections::BTreeSet<&StackName> = runs.iter().flat_map(BTreeMap::keys).collect();
+    let mut bases = Bases::default();
+    for name in names {
+        let values: Vec<[i64; 6]> =
+            runs.iter().map(|run| run.get(name).copied().unwrap_or_default().values()).collect();
+        let (mean, noisy) = spread(&values, tolerance);
+        bases.mean.insert(name.clone(), Figures::from_values(mean));
+        let noisy: Vec<&'static str> =
+            Figures::NAMES.iter().zip(noisy).filter(|(_, noisy)| *noisy).map(|(name, _)| *name).collect();
+        if !noisy.is_empty() {
+            bases.noisy.insert(name.clone(), noisy);
+        }
+    }
+    bases
+}
+
+/// Each figure's mean over `runs` (rounded), and whether its range exceeds `tolerance` of it.
+pub fn spread<const N: usize>(runs: &[[i64; N]], tolerance: f64) -> ([i64; N], [bool; N]) {
+    let count = runs.len().max(1) as f64;
+    let mean: [f64; N] = std::array::from_fn(|i| runs.iter().map(|run| run[i] as f64).sum::<f64>() / count);
+    let noisy = std::array::from_fn(|i| {
+        let (low, high) =
+            runs.iter().fold((i64::MAX, i64::MIN), |(low, high), run| (low.min(run[i]), high.max(run[i])));
+        runs.len() > 1 && (high - low) as f64 > tolerance * mean[i].abs()
+    });
+    (mean.map(|mean| mean.round() as i64), noisy)
+}
+
 /// One row of the comparison.
 #[derive(Debug, Serialize)]
 pub struct Compared<K> {
@@ -81,6 +143,9 @@ pub struct Compared<K> {
     pub base: Figures,
     pub new: Figures,
     pub delta: Figures,
+    /// The figures that vary among the base runs by more than the tolerance.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub noisy: Vec<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,12 +176,14 @@ pub struct DiffOutputs<'a> {
     pub html: Option<&'a Path>,
 }
 
-/// `memtrace diff`: reads both summaries, prints the table and writes the other forms asked for.
-pub fn run(base: &Path, new: &Path, outputs: &DiffOutputs) -> Result<ExitCode> {
-    let (base_model, _) = saved::load(base)?;
+/// `memtrace diff`: reads the summaries (the base runs, then the new one), prints the table and
+/// writes the other forms asked for; several base runs are one base, noisy beyond `tolerance`.
+pub fn run(base: &[PathBuf], new: &Path, tolerance: f64, outputs: &DiffOutputs) -> Result<ExitCode> {
+    let runs = base.iter().map(|path| Ok(stacks_of(&saved::load(path)?.0))).collect::<Result<Vec<_>>>()?;
     let (new_model, _) = saved::load(new)?;
-    let diff = compare(&stacks_of(&base_model), &stacks_of(&new_model));
-    let table = text(&diff, base, new);
+    let diff = compare(&bases(&runs, tolerance), &stacks_of(&new_model));
+    let names: Vec<String> = base.iter().map(|path| path.display().to_string()).collect();
+    let table = text(&diff, &names.join(" + "), new);
     print!("{table}");
     if let Some(path) = outputs.pprof {
         pprof::write(&diff, path)?;
@@ -178,15 +245,19 @@ pub fn stacks_where(
     stacks
 }
 
+/// A function's figures in the base and the new run, and the figures noisy on a stack through it.
+type FunctionSums = (Figures, Figures, Vec<&'static str>);
+
 /// The two runs' stacks side by side, and each function's inclusive and exclusive figures; most
 /// growth first.
-pub fn compare(base: &BTreeMap<StackName, Figures>, new: &BTreeMap<StackName, Figures>) -> Diff {
-    let names: std::collections::BTreeSet<&StackName> = base.keys().chain(new.keys()).collect();
+pub fn compare(base: &Bases, new: &BTreeMap<StackName, Figures>) -> Diff {
+    let names: std::collections::BTreeSet<&StackName> = base.mean.keys().chain(new.keys()).collect();
     let mut stacks = Vec::new();
-    let mut functions: BTreeMap<(String, String, bool), (Figures, Figures)> = BTreeMap::new();
+    let mut functions: BTreeMap<(String, String, bool), FunctionSums> = BTreeMap::new();
     for name in names {
         let (b, n) =
-            (base.get(name).copied().unwrap_or_default(), new.get(name).copied().unwrap_or_default());
+            (base.mean.get(name).copied().unwrap_or_default(), new.get(name).copied().unwrap_or_default());
+        let noisy = base.noisy.get(name).cloned().unwrap_or_default();
         let (command, frames) = name;
         let mut seen = std::collections::HashSet::new();
         for (depth, frame) in frames.iter().enumerate() {
@@ -198,6 +269,11 @@ pub fn compare(base: &BTreeMap<StackName, Figures>, new: &BTreeMap<StackName, Fi
                 let sums = functions.entry((command.clone(), frame.clone(), inclusive)).or_default();
                 sums.0.add(&b);
                 sums.1.add(&n);
+                for figure in &noisy {
+                    if !sums.2.contains(figure) {
+                        sums.2.push(figure);
+                    }
+                }
             };
             // A recursive function counts once a stack.
             if seen.insert(frame) {
@@ -212,15 +288,17 @@ pub fn compare(base: &BTreeMap<StackName, Figures>, new: &BTreeMap<StackName, Fi
             base: b,
             new: n,
             delta: n.minus(&b),
+            noisy,
         });
     }
     let mut functions: Vec<Compared<FunctionKey>> = functions
         .into_iter()
-        .map(|((command, function, inclusive), (b, n))| Compared {
+        .map(|((command, function, inclusive), (b, n, noisy))| Compared {
             key: FunctionKey { command, function, inclusive },
             base: b,
             new: n,
             delta: n.minus(&b),
+            noisy,
         })
         .collect();
     stacks.sort_by_key(|row| std::cmp::Reverse(row.delta.growth()));
@@ -228,12 +306,20 @@ pub fn compare(base: &BTreeMap<StackName, Figures>, new: &BTreeMap<StackName, Fi
     Diff { stacks, functions }
 }
 
+/// A row's mark where the base runs disagree on some of its figures.
+fn noisy(figures: &[&str]) -> String {
+    match figures.is_empty() {
+        true => String::new(),
+        false => format!("  (noisy among the base runs: {})", figures.join(", ")),
+    }
+}
+
 /// The table: the stacks and functions that grew most, each figure as new (change).
-fn text(diff: &Diff, base: &Path, new: &Path) -> String {
+fn text(diff: &Diff, base: &str, new: &Path) -> String {
     let mut out = format!(
         "memtrace diff: {} -> {} (peak: live bytes at each process's highest sample, at the \
          interval's resolution)\n\n{:>22} {:>16} {:>22} {:>16}  stack\n",
-        base.display(),
+        base,
         new.display(),
         "allocated (change)",
         "allocations",
@@ -253,10 +339,11 @@ fn text(diff: &Diff, base: &Path, new: &Path) -> String {
         let frames: Vec<&str> = stack.key.frames.iter().take(4).map(String::as_str).collect();
         let _ = writeln!(
             out,
-            "{}  [{}] {}",
+            "{}  [{}] {}{}",
             row(&stack.new, &stack.delta),
             stack.key.command,
-            frames.join(" <- ")
+            frames.join(" <- "),
+            noisy(&stack.noisy)
         );
     }
     let _ = writeln!(out, "\n{:>22} {:>16} {:>22} {:>16}  function", "", "", "", "");
@@ -264,10 +351,11 @@ fn text(diff: &Diff, base: &Path, new: &Path) -> String {
         let kind = if function.key.inclusive { "incl" } else { "excl" };
         let _ = writeln!(
             out,
-            "{}  [{}] {} ({kind})",
+            "{}  [{}] {} ({kind}){}",
             row(&function.new, &function.delta),
             function.key.command,
-            function.key.function
+            function.key.function,
+            noisy(&function.noisy)
         );
     }
     out
@@ -286,6 +374,29 @@ mod tests {
     }
 
     #[test]
+    fn several_base_runs_are_their_mean_and_what_varies_among_them_is_noisy() {
+        let run = |leaked: i64| {
+            BTreeMap::from([
+                (name(&["leak", "main"]), figures(leaked, 500)),
+                (name(&["work", "main"]), figures(0, 500)),
+            ])
+        };
+        // leaked 100, 110, 150: mean 120, range 50 over 5% of 120; allocated the same in all.
+        let bases = bases(&[run(100), run(110), run(150)], 0.05);
+        assert_eq!(bases.mean[&name(&["leak", "main"])].leaked_bytes, 120);
+        assert_eq!(bases.noisy[&name(&["leak", "main"])], ["leaked_bytes"]);
+        assert!(!bases.noisy.contains_key(&name(&["work", "main"])));
+        // Within the tolerance, nothing is noisy; one run never is.
+        assert!(super::bases(&[run(100), run(104)], 0.05).noisy.is_empty());
+        assert!(super::bases(&[run(100)], 0.0).noisy.is_empty());
+        let diff = compare(&bases, &run(400));
+        assert_eq!(
+            (diff.stacks[0].delta.leaked_bytes, diff.stacks[0].noisy.clone()),
+            (280, vec!["leaked_bytes"])
+        );
+    }
+
+    #[test]
     fn stacks_are_matched_by_name_and_what_grew_most_comes_first() {
         let base = BTreeMap::from([
             (name(&["leak", "main"]), figures(100, 100)),
@@ -297,7 +408,7 @@ mod tests {
             (name(&["work", "main"]), figures(0, 500)),
             (name(&["new", "main"]), figures(0, 10)),
         ]);
-        let diff = compare(&base, &new);
+        let diff = compare(&bases(&[base], 0.05), &new);
         let order: Vec<&str> = diff.stacks.iter().map(|row| row.key.frames[0].as_str()).collect();
         assert_eq!(order, ["leak", "new", "work", "gone"]);
         assert_eq!(diff.stacks[0].delta.leaked_bytes, 300);
