@@ -122,6 +122,20 @@ fn the_pprof_and_html_forms_show_the_same_growth_to_go_tool_pprof_and_to_a_brows
     assert!(!allocated.contains("steady_work"), "an unchanged stack has no flat change: {allocated}");
     let objects = top("alloc_objects");
     assert_eq!(top_row(&objects, "remember_session")[0], "3", "{objects}");
+    // The same change from pprof's own -diff_base over each run's profile (`memtrace report
+    // --pprof`), whose frames are named by function alone.
+    let profile = |summary: &Path, name: &str| {
+        let path = dir.path().join(name);
+        let report =
+            Command::new(memtrace_bin()).arg("report").arg(summary).arg("--pprof").arg(&path).output();
+        assert!(report.unwrap().status.success());
+        path
+    };
+    let (base_profile, new_profile) = (profile(&base, "base.pb.gz"), profile(&new, "new.pb.gz"));
+    let args = ["-top", "-sample_index", "alloc_space", "-diff_base", base_profile.to_str().unwrap()];
+    let own = go_pprof(args.iter().copied().chain([new_profile.to_str().unwrap()]), dir.path());
+    let row = own.lines().find(|line| line.trim_end().ends_with(" remember_session")).unwrap_or_default();
+    assert_eq!(row.split_whitespace().next(), Some("768B"), "{own}");
 
     // HTML: two differential flamegraphs; remember_session's frame grew (red), steady_work's
     // did not (near white).
