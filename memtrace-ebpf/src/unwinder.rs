@@ -89,13 +89,23 @@ extern "C" fn unwind_step(_index: u64, walk: *mut c_void) -> i64 {
     let walk = unsafe { &*(walk as *const Walk) };
     // Two calls, not one inside the other: the kernel's mapping lookup (vma.rs) and the step each
     // take their chain of frames, and the two together would not fit in the BPF stack.
-    let went_on = match memtrace_take_over(walk.scratch, walk.memos) {
-        MUST_WALK => {
-            memtrace_locate_frame(walk.mappings, walk.scratch);
-            memtrace_unwind_frame(walk.scratch, walk.memos)
+    let mut went_on = memtrace_take_over(walk.scratch, walk.memos);
+    if went_on == MUST_WALK {
+        memtrace_locate_frame(walk.mappings, walk.scratch);
+        went_on = memtrace_unwind_frame(walk.scratch, walk.memos);
+    } else {
+        // A run of frames the last walk shared goes on in this step, not a step a frame.
+        for _ in 1..TAKEN_AT_ONCE {
+            if went_on != 1 {
+                break;
+            }
+            match memtrace_take_over(walk.scratch, walk.memos) {
+                // The next step walks it.
+                MUST_WALK => break,
+                next => went_on = next,
+            }
         }
-        went_on => went_on,
-    };
+    }
     // A global function's result is any scalar to the verifier, and a callback must return 0 or
     // 1: read back through memory, the result is compared, not bit-flipped by a compiler that
     // knows it is 0 or 1.
@@ -146,6 +156,9 @@ pub extern "C" fn memtrace_locate_frame(mappings: *const UnwindMappings, scratch
 /// What `memtrace_take_over` returns where the frame cannot be taken over.
 const MUST_WALK: i64 = -1;
 
+/// Frames one step of the walk takes over at most, while the last walk shared them.
+const TAKEN_AT_ONCE: usize = 8;
+
 /// The walk's next frame as the slot's last walk took it, if it can be taken over
 /// (frame_memo.rs): 1 if the walk goes on, 0 if it ends there, else `MUST_WALK`. Global, as
 /// `memtrace_locate_frame` says.
@@ -157,6 +170,10 @@ pub extern "C" fn memtrace_take_over(scratch: *mut Scratch, memos: *mut FrameMem
         return MUST_WALK;
     };
     let Scratch { raw, locations, state, window, .. } = scratch;
+    if state.depth >= STACK_DEPTH as u64 {
+        // Cut at the depth limit (a step took several frames): the state says so already.
+        return 0;
+    }
     let index = state.depth as usize & (STACK_DEPTH - 1);
     let (Some(slot), Some(location)) = (raw.get_mut(index), locations.get_mut(index)) else {
         return MUST_WALK;
