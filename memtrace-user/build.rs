@@ -30,11 +30,17 @@ fn main() -> Result<()> {
     }
     println!("cargo:rerun-if-changed={}", workspace.join("memtrace-common/src").display());
 
-    let target_dir = workspace.join("target/bpf");
+    // The programs read the saved registers of the architecture memtrace is built for (aya-ebpf's
+    // `bpf_target_arch`): an arm64 memtrace embeds programs built for arm64's `pt_regs`.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH")?;
+    let target_dir = match arch.as_str() {
+        "x86_64" => workspace.join("target/bpf"),
+        other => workspace.join(format!("target/bpf-{other}")),
+    };
     let route = find_route()?;
     let mut cargo = Command::new("cargo");
     strip_outer_cargo_env(&mut cargo);
-    cargo.current_dir(&ebpf_dir);
+    cargo.current_dir(&ebpf_dir).env("AYA_BPF_TARGET_ARCH", &arch);
     match route {
         Route::Debian => {
             cargo.env("RUSTC", DEBIAN_RUSTC).env("RUSTC_BOOTSTRAP", "1");

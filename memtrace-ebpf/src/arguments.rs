@@ -8,6 +8,7 @@ use memtrace_common::ArgumentRegisters;
 /// Argument `n` of the probed function. Read through `general_register` even where the calling
 /// convention put it: aya's `arg(n)` with an `n` the compiler does not fold reads the context at a
 /// variable offset, which the verifier refuses.
+#[cfg(bpf_target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn argument(ctx: &ProbeContext, registers: ArgumentRegisters, n: usize) -> u64 {
     use memtrace_common::arguments::register::*;
@@ -65,8 +66,19 @@ fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
     }
 }
 
-/// Other architectures' registers are not mapped yet: memtrace's BPF side is x86-64's.
-#[cfg(not(bpf_target_arch = "x86_64"))]
-fn general_register(_ctx: &ProbeContext, _index: u8) -> u64 {
-    0
+/// Argument `n` on arm64, whose probes stay at the function's entry (memtrace-user's
+/// probe_point.rs), where argument n is in x<n>. One arm an argument, each a read at a constant
+/// offset of the context.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn argument(ctx: &ProbeContext, _registers: ArgumentRegisters, n: usize) -> u64 {
+    let value: Option<u64> = match n {
+        0 => ctx.arg(0),
+        1 => ctx.arg(1),
+        2 => ctx.arg(2),
+        3 => ctx.arg(3),
+        4 => ctx.arg(4),
+        _ => None,
+    };
+    value.unwrap_or(0)
 }

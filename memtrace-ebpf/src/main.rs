@@ -23,6 +23,7 @@ mod os_memory;
 mod perl;
 mod processes;
 mod python;
+mod registers;
 mod sampled;
 mod sampling;
 mod scratch;

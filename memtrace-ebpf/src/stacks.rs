@@ -35,6 +35,7 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, add_signed},
+    registers,
     frame_memo::FrameMemos,
     helpers::{loaded, map_value, now_ns},
     interpreter::InterpreterFrames,
@@ -118,10 +119,8 @@ fn capture_in(
     scratch: &mut Scratch,
     memos: &mut FrameMemos,
 ) -> u64 {
-    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
-    let regs = unsafe {
-        Registers { rip: (*ctx.regs).rip, rsp: (*ctx.regs).rsp, rbp: (*ctx.regs).rbp, rbp_known: 1 }
-    };
+    let saved = registers::saved(ctx.regs);
+    let regs = Registers { rip: saved.pc, rsp: saved.sp, rbp: saved.fp, rbp_known: 1 };
     // The epoch is read before any table the walk reads. The start is kept in the slot, not on
     // the BPF stack, which the walk's chain of calls needs.
     scratch.start =
@@ -242,10 +241,8 @@ pub(crate) static ALLOCATOR_CODES: Array<AllocatorCode> = Array::with_max_entrie
 /// around the probe (ALLOCATOR_CODES), else by the process's mapping table (same file); false
 /// where neither is known.
 pub(crate) fn called_from_within(ctx: &ProbeContext, tgid: u32, allocator: u64) -> bool {
-    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
-    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
-    // SAFETY: reading the traced thread's stack; the helper fails rather than faults.
-    let Ok(return_address) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
+    let rip = registers::saved(ctx.regs).pc;
+    let Some(return_address) = registers::return_address_at_entry(ctx.regs) else {
         return false;
     };
     // The allocator's executable segment around the probe, as the loader found it in the file: no
@@ -417,8 +414,8 @@ extern "C" fn hash_word<const N: usize>(index: u64, run: *mut c_void) -> i64 {
 /// first. A frame must lie above the one it was called from (the stack grows down), which ends the
 /// walk at code without frame pointers instead of reading on through its data. Returns the depth.
 fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
-    // SAFETY: the context is the probe's pt_regs; reads at constant offsets.
-    let (mut ip, mut frame) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
+    let saved = registers::saved(ctx.regs);
+    let (mut ip, mut frame) = (saved.pc, saved.fp);
     let mut depth = 0;
     for slot in raw.iter_mut().take(SHALLOW_STACK_DEPTH) {
         *slot = ip;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod circles;
+mod cross;
 mod docs;
 mod image;
 mod matrix;
@@ -27,8 +28,13 @@ struct Xtask {
 enum Task {
     /// Install the BPF toolchain (Debian's rustc-web + bpf-linker) and test dependencies when missing
     Setup,
-    /// Build target/release/memtrace with its BPF programs embedded
-    Build,
+    /// Build target/release/memtrace with its BPF programs embedded (with --target
+    /// aarch64-unknown-linux-gnu: target/aarch64-unknown-linux-gnu/release/memtrace, cross-built)
+    Build {
+        /// Cross-build for this target instead of the host: aarch64-unknown-linux-gnu
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Build, then trace the bundled demo service (examples/demo.c and demo.py) and say where the
     /// trace and reports are ($MEMTRACE_BIN: trace with that build instead)
     Demo,
@@ -94,7 +100,12 @@ enum Task {
 fn main() -> Result<()> {
     match Xtask::parse().task {
         Task::Setup => toolchain::setup(),
-        Task::Build => build().map(drop),
+        Task::Build { target: None } => build().map(drop),
+        Task::Build { target: Some(target) } => {
+            let built = cross::build(&target)?;
+            eprintln!("xtask: built {}", built.display());
+            Ok(())
+        }
         Task::Demo => demo(),
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),

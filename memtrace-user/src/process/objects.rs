@@ -166,10 +166,14 @@ fn needed_breadth_first(
     found
 }
 
-/// The default search directories of Debian's x86-64 dynamic linker, after LD_LIBRARY_PATH and
-/// the object's run path.
+/// The default search directories of Debian's dynamic linker for memtrace's own architecture (its
+/// multiarch directories first), after LD_LIBRARY_PATH and the object's run path.
+#[cfg(not(target_arch = "aarch64"))]
 pub const SYSTEM_LIBRARY_DIRS: [&str; 6] =
     ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
+#[cfg(target_arch = "aarch64")]
+pub const SYSTEM_LIBRARY_DIRS: [&str; 6] =
+    ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
 
 fn find_library(
     name: &str,

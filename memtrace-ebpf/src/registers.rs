@@ -1,0 +1,39 @@
+//! The traced thread's registers where a probe stopped it, by architecture (aya-ebpf's
+//! `bpf_target_arch`, which memtrace-user's build sets to the architecture it is built for): the
+//! program counter, stack pointer and frame pointer (x86-64's rip, rsp and rbp; arm64's pc, sp and
+//! x29), and where a function stopped at its entry finds its return address (x86-64: on top of the
+//! stack, where `call` pushed it; arm64: in the link register, x30, where `bl` put it).
+
+use aya_ebpf::bindings::pt_regs;
+
+/// The program counter, stack pointer and frame pointer of the stopped thread.
+pub(crate) struct Saved {
+    pub(crate) pc: u64,
+    pub(crate) sp: u64,
+    pub(crate) fp: u64,
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+pub(crate) fn saved(regs: *const pt_regs) -> Saved {
+    // SAFETY: the probe's saved registers, valid while the program runs; constant offsets.
+    unsafe { Saved { pc: (*regs).rip, sp: (*regs).rsp, fp: (*regs).rbp } }
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+pub(crate) fn saved(regs: *const pt_regs) -> Saved {
+    // SAFETY: the probe's saved registers (user_pt_regs), valid while the program runs; constant
+    // offsets.
+    unsafe { Saved { pc: (*regs).pc, sp: (*regs).sp, fp: (*regs).regs[29] } }
+}
+
+/// The return address of a function stopped at its first instruction.
+#[cfg(bpf_target_arch = "x86_64")]
+pub(crate) fn return_address_at_entry(regs: *const pt_regs) -> Option<u64> {
+    crate::user_memory::read_user(saved(regs).sp)
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+pub(crate) fn return_address_at_entry(regs: *const pt_regs) -> Option<u64> {
+    // SAFETY: as in `saved`.
+    Some(unsafe { (*regs).regs[30] })
+}
