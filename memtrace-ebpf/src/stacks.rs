@@ -35,12 +35,12 @@ use memtrace_common::{
 
 use crate::{
     counters::{add, add_signed},
-    registers,
     frame_memo::FrameMemos,
     helpers::{loaded, map_value, now_ns},
     interpreter::InterpreterFrames,
     perl::read_perl_frames,
     python::read_python_frames,
+    registers,
     scratch::{Locations, RawStack, Scratch, UnwindState},
     stack_read::{tables_epoch, Registers, WalkStart},
     unwinder::{find_mapping, unwind, NO_MAPPINGS, UNWIND_FILES, UNWIND_MAPPINGS},

@@ -350,8 +350,13 @@ fn step_by_row(row: UnwindRow, regs: &Registers, window: &mut StackWindow) -> Re
     Ok(Registers { rip: return_address, rsp: cfa, rbp, rbp_known })
 }
 
-/// CFA = rbp + 16, where rbp must point into the stack above this frame.
+/// CFA = rbp + 16, where rbp must point into the stack above this frame. (arm64's frame record is
+/// laid out the same way: [x29] the caller's x29, [x29 + 8] the saved x30; its ABI keeps x29 for
+/// the frame pointer, and the C library's `_start` zeroes it: a chain that reaches 0 is whole.)
 fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
+    if cfg!(bpf_target_arch = "aarch64") && regs.rbp_known != 0 && regs.rbp == 0 {
+        return Err(unwind_stop::WHOLE);
+    }
     if regs.rbp_known == 0 || regs.rbp == 0 || regs.rbp < regs.rsp {
         return Err(unwind_stop::NO_ROW);
     }

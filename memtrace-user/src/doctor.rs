@@ -52,6 +52,7 @@ pub fn run() -> Result<ExitCode> {
     let features = KernelFeatures::probe();
     let kernel = &features.kernel;
     println!("kernel       {} ({})", kernel.release, kernel.version);
+    println!("architecture {}", architecture());
     println!("preemption   {}", kernel.preemption);
     println!("features     (the oldest mainline kernel that has each; what memtrace does without it)");
     for info in &FEATURES {
@@ -299,6 +300,17 @@ pub fn verdict(missing_privileges: &[&str], refusal: Option<&str>, programs: &Pr
              maintainers with this output",
         ),
         Programs::NotTried(why) => cannot(why.clone(), "run it as root: sudo memtrace doctor"),
+    }
+}
+
+/// The machine's architecture as memtrace reads it there, and what differs on it. memtrace runs
+/// on its own architecture's processes: an arm64 build on arm64, an x86-64 build on x86-64.
+fn architecture() -> String {
+    match std::env::consts::ARCH {
+        "aarch64" => "aarch64 (arm64: probes at each function's entry, stacks by frame pointers, no USDT or \
+                      interpreter frames yet)"
+            .to_owned(),
+        arch => arch.to_owned(),
     }
 }
 

@@ -59,7 +59,10 @@ fn arm64_std() -> Result<PathBuf> {
     state.download(&format!("{STD_PACKAGE}:arm64={version}"), &debs)?;
     let deb = fs::read_dir(&debs)?
         .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .find(|path| path.to_string_lossy().contains(&format!("{STD_PACKAGE}_")) && path.to_string_lossy().ends_with("_arm64.deb"))
+        .find(|path| {
+            path.to_string_lossy().contains(&format!("{STD_PACKAGE}_"))
+                && path.to_string_lossy().ends_with("_arm64.deb")
+        })
         .with_context(|| format!("apt downloaded no {STD_PACKAGE} for arm64 into {}", debs.display()))?;
     let _ = fs::remove_dir_all(&unpacked);
     run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
@@ -108,7 +111,14 @@ impl AptState {
             .args(["-o", &option("Dir::State::lists", &self.dir.join("lists"))])
             .args(["-o", &option("Dir::State::status", &self.dir.join("status"))])
             .args(["-o", &option("Dir::Cache::archives", &self.dir.join("archives"))])
-            .args(["-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "-o", "Debug::NoLocking=1"]);
+            .args([
+                "-o",
+                "Dir::Cache::pkgcache=",
+                "-o",
+                "Dir::Cache::srcpkgcache=",
+                "-o",
+                "Debug::NoLocking=1",
+            ]);
         command
     }
 
@@ -121,7 +131,9 @@ impl AptState {
         command.arg("download").arg(package);
         let status = command.current_dir(into).status().with_context(|| format!("running {command:?}"))?;
         if !status.success() {
-            bail!("apt-get download {package} failed ({status}): is that version in Debian 12's arm64 archive?");
+            bail!(
+                "apt-get download {package} failed ({status}): is that version in Debian 12's arm64 archive?"
+            );
         }
         Ok(())
     }
@@ -142,10 +154,11 @@ fn mirrors() -> (String, String) {
         .filter(|word| word.starts_with("http"))
         .map(|uri| uri.trim_end_matches('/'))
         .collect();
-    let debian = uris.iter().find(|uri| uri.ends_with("/debian")).map_or("http://deb.debian.org/debian", |uri| uri);
-    let security = uris.iter().find(|uri| uri.ends_with("/debian-security")).map_or_else(
-        || format!("{}-security", debian),
-        |uri| (*uri).to_owned(),
-    );
+    let debian =
+        uris.iter().find(|uri| uri.ends_with("/debian")).map_or("http://deb.debian.org/debian", |uri| uri);
+    let security = uris
+        .iter()
+        .find(|uri| uri.ends_with("/debian-security"))
+        .map_or_else(|| format!("{}-security", debian), |uri| (*uri).to_owned());
     (debian.to_owned(), security)
 }

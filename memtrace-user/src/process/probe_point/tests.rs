@@ -152,12 +152,12 @@ fn what_the_kernel_emulates() {
 #[test]
 fn arm64_branches_adrp_and_literal_loads_are_simulated_and_a_prologue_is_not() {
     let simulated = [
-        (0x9400_0010, "b/bl"),    // bl +0x40
-        (0x1400_0002, "b/bl"),    // b +8
-        (0x5400_0041, "b.cond"),  // b.ne +8
+        (0x9400_0010, "b/bl"),     // bl +0x40
+        (0x1400_0002, "b/bl"),     // b +8
+        (0x5400_0041, "b.cond"),   // b.ne +8
         (0xb400_0040, "cbz/cbnz"), // cbz x0, +8
         (0xd65f_03c0, "ret"),
-        (0xd61f_0200, "br"),      // br x16
+        (0xd61f_0200, "br"),       // br x16
         (0x9000_0000, "adr/adrp"), // adrp x0, 0
         (0x5800_0050, "ldr (literal)"),
     ];
