@@ -115,6 +115,16 @@ pub fn fixture(name: &str) -> PathBuf {
     fixture_variant(name, "", &[])
 }
 
+/// The summary of a traced run of fixture `name` with `args`, which must exit 0, written to `path`
+/// (as `memtrace --summary PATH` writes it): the saved run that `memtrace diff`, `report` and
+/// `check` read.
+pub fn saved_run(name: &str, args: &[&str], path: &Path) -> PathBuf {
+    let outcome = Memtrace::new().command(&fixture(name)).args(args.iter().copied()).run();
+    outcome.assert_exit_code(0);
+    std::fs::write(path, outcome.summary().to_string()).expect("writing the summary");
+    path.to_owned()
+}
+
 /// Like `fixture`, with extra compiler flags (`-static`, `-ljemalloc`, ...), built as
 /// `target/fixtures/<name>-<variant>`.
 pub fn fixture_variant(name: &str, variant: &str, extra_flags: &[&str]) -> PathBuf {

@@ -11,17 +11,13 @@ use std::{
     process::{Command, Output},
 };
 
-use memtrace_tests::{fixture, memtrace_bin, venv, Memtrace};
+use memtrace_tests::{fixture, memtrace_bin, saved_run, venv};
 
 const JUNITPARSER: &str = "5.0.3";
 
 /// A traced run of `grown_leak SESSIONS`, its summary written to `dir`.
 fn summary_of(sessions: u32, dir: &Path) -> PathBuf {
-    let outcome = Memtrace::new().command(&fixture("grown_leak")).arg(sessions.to_string()).run();
-    outcome.assert_exit_code(0);
-    let path = dir.join(format!("run-{sessions}.json"));
-    fs::write(&path, outcome.summary().to_string()).expect("writing the summary");
-    path
+    saved_run("grown_leak", &[&sessions.to_string()], &dir.join(format!("run-{sessions}.json")))
 }
 
 /// `memtrace check` with `args`, in `dir`.

@@ -8,16 +8,12 @@ use std::{
     process::Command,
 };
 
-use memtrace_tests::{chromium::Chromium, fixture, memtrace_bin, pprof::go_pprof, Memtrace};
+use memtrace_tests::{chromium::Chromium, memtrace_bin, pprof::go_pprof, saved_run};
 use serde_json::Value;
 
 /// A traced run of `grown_leak SESSIONS`, its summary written to `dir`.
 fn summary_of(sessions: u32, dir: &Path) -> PathBuf {
-    let outcome = Memtrace::new().command(&fixture("grown_leak")).arg(sessions.to_string()).run();
-    outcome.assert_exit_code(0);
-    let path = dir.join(format!("run-{sessions}.json"));
-    fs::write(&path, outcome.summary().to_string()).expect("writing the summary");
-    path
+    saved_run("grown_leak", &[&sessions.to_string()], &dir.join(format!("run-{sessions}.json")))
 }
 
 /// The first row of `rows` whose innermost frame is `function`'s.
