@@ -37,3 +37,19 @@ pub(crate) fn return_address_at_entry(regs: *const pt_regs) -> Option<u64> {
     // SAFETY: as in `saved`.
     Some(unsafe { (*regs).regs[30] })
 }
+
+/// A return address read from the stack, as an address: x86-64's as it is.
+#[cfg(bpf_target_arch = "x86_64")]
+pub(crate) fn code_address(return_address: u64) -> u64 {
+    return_address
+}
+
+/// A return address read from the stack, as an address: code built with
+/// `-mbranch-protection=standard` (Debian 13's arm64 packages) signs the link register before it
+/// saves it (`paciasp`), the signature in the bits above the virtual address. User addresses lie
+/// below 2^48 (the kernel gives a process more only where it asks, with an mmap hint): the bits
+/// above are the signature, and go.
+#[cfg(bpf_target_arch = "aarch64")]
+pub(crate) fn code_address(return_address: u64) -> u64 {
+    return_address & ((1 << 48) - 1)
+}

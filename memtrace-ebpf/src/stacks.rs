@@ -428,6 +428,7 @@ fn walk_frame_pointers(ctx: &RetProbeContext, raw: &mut RawStack) -> usize {
         let Ok([next, return_address]) = (unsafe { bpf_probe_read_user(frame as *const [u64; 2]) }) else {
             break;
         };
+        let return_address = registers::code_address(return_address);
         if return_address == 0 {
             break;
         }

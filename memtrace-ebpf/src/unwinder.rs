@@ -362,6 +362,7 @@ fn step_by_frame_pointer(regs: &Registers, window: &mut StackWindow) -> Result<R
     }
     // [rbp] is the caller's rbp, [rbp + 8] the return address into the caller.
     let [caller_rbp, return_address] = window.read::<2>(regs.rbp)?;
+    let return_address = crate::registers::code_address(return_address);
     if return_address == 0 {
         return Err(unwind_stop::WHOLE);
     }
