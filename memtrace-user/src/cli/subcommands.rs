@@ -6,7 +6,10 @@ use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 use clap::ArgGroup;
 use hyper::Uri;
 
-use super::{parse_interval, parse_listen, parse_otlp_url, parse_percent, parse_push_url, RunArgs};
+use super::{
+    run::{ReportOutputs, RunArgs},
+    values::{parse_host_name, parse_interval, parse_listen, parse_otlp_url, parse_percent, parse_push_url},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct DiffArgs {
@@ -85,46 +88,6 @@ impl ReportArgs {
     }
 }
 
-/// The reports a run writes at its end, and `memtrace report` writes again from a summary.
-#[derive(Debug, Default, clap::Args)]
-pub struct ReportOutputs {
-    /// Write a gzipped pprof profile (alloc_objects, alloc_space, inuse_objects, inuse_space)
-    #[arg(long, value_name = "PATH")]
-    pub pprof: Option<PathBuf>,
-
-    /// Write an SVG flamegraph of live bytes by call stack
-    #[arg(long, value_name = "PATH")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// Write a native Perfetto trace (protobuf): counter tracks for every memory level and
-    /// subsystem at every sample, and the heap profile (a native-heap flamegraph in Perfetto UI)
-    #[arg(long, value_name = "PATH")]
-    pub perfetto: Option<PathBuf>,
-
-    /// Write an HTML report (one self-contained file, works offline): timeline, treemap,
-    /// flamegraphs, leaks, temporary allocations, the heap peak
-    #[arg(long, value_name = "PATH")]
-    pub html: Option<PathBuf>,
-
-    /// Write the heap profile as an OpenTelemetry profiles request (OTLP
-    /// ExportProfilesServiceRequest, protobuf): one Profile per sample type, per process
-    #[arg(long, value_name = "PATH")]
-    pub otlp: Option<PathBuf>,
-}
-
-impl ReportOutputs {
-    /// Each report's option and the path it names, if any.
-    pub fn named(&self) -> [(&'static str, Option<&std::path::Path>); 5] {
-        [
-            ("--pprof", self.pprof.as_deref()),
-            ("--flamegraph", self.flamegraph.as_deref()),
-            ("--perfetto", self.perfetto.as_deref()),
-            ("--html", self.html.as_deref()),
-            ("--otlp", self.otlp.as_deref()),
-        ]
-    }
-}
-
 /// `memtrace serve`: a run (every option of one: what to trace, the kernel tables, the outputs
 /// written at its end) whose live output is the agent's endpoints. With `-- COMMAND` it serves
 /// while the command runs; a trace file is written only when `-o` names one.
@@ -183,15 +146,4 @@ pub struct UsdtListArgs {
     /// An executable or a shared library
     #[arg(value_name = "PATH")]
     pub path: Option<PathBuf>,
-}
-
-/// A host name as `--host-name` takes it: not empty, no spaces or control characters.
-fn parse_host_name(text: &str) -> Result<String, String> {
-    if text.is_empty() || text.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "`{text}` is not a host name; give the node's name, e.g. --host-name $(NODE_NAME) with NODE_NAME \
-             from the downward API (spec.nodeName)"
-        ));
-    }
-    Ok(text.to_owned())
 }

@@ -1,6 +1,10 @@
 //! Tests of the command line: durations, the one kind of target a run takes, each subcommand's
 //! options, the kernel's limit on --max-allocations, and the listen and push addresses it accepts.
 
+use std::{path::PathBuf, time::Duration};
+
+use memtrace_common::MAX_LIVE_ALLOCATIONS_LIMIT;
+
 use super::*;
 use clap::{error::ErrorKind, CommandFactory};
 

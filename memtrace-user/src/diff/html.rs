@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use inferno::flamegraph;
 use quick_xml::escape::escape;
 
-use super::{Diff, Figures};
+use super::compare::{Diff, Figures};
 
 /// "command;outermost;...;innermost BASE NEW": inferno's differential form of folded stacks.
 fn folded(diff: &Diff, figure: fn(&Figures) -> i64) -> Vec<String> {

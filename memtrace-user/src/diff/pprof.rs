@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{Compared, Diff, Figures, StackKey};
+use super::compare::{Compared, Diff, Figures, StackKey};
 use crate::{
     export::pprof::{profile_of, write_gzipped, NamedSample},
     model::frame::Frame,
