@@ -516,8 +516,25 @@ pub fn check(root: &Path, dirs: &[PathBuf]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A crate in a fresh temporary directory, removed when the test is done with it.
+    struct Tree(PathBuf);
+
+    impl std::ops::Deref for Tree {
+        type Target = Path;
+
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     /// A crate in a fresh temporary directory, from `(path, text)` pairs.
-    fn tree(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    fn tree(name: &str, files: &[(&str, &str)]) -> Tree {
         let dir = std::env::temp_dir().join(format!("xtask-circles-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for (path, text) in files {
@@ -525,7 +542,7 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, text).unwrap();
         }
-        dir
+        Tree(dir)
     }
 
     fn lines(dir: &Path) -> Vec<String> {
