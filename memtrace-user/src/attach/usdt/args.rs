@@ -1,6 +1,6 @@
 //! x86-64 USDT argument specs, as gcc and clang write them into `.note.stapsdt`: `8@%rdi`, `-4@%eax`,
 //! `4@$5`, `-4@-12(%rbp)`, `8@16(%rax,%rbx,8)`, `-4@counter(%rip)`. Each is `[-]SIZE@OPERAND` in AT&T
-//! syntax; a minus means the value is signed.
+//! syntax; a minus means the value is signed. arm64's operands are arm64_args.rs's.
 
 use std::fmt;
 
@@ -167,8 +167,25 @@ pub fn parse_all(text: &str) -> Result<Vec<ArgSpec>, ArgError> {
     text.split_ascii_whitespace().map(parse).collect()
 }
 
-/// Parses one spec such as `-4@-12(%rbp)`.
+/// The assembler syntax of argument specs: that of the architecture memtrace runs on, as it traces
+/// processes of its own architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    X86_64,
+    Aarch64,
+}
+
+impl Dialect {
+    pub const HOST: Dialect = if cfg!(target_arch = "aarch64") { Dialect::Aarch64 } else { Dialect::X86_64 };
+}
+
+/// Parses one spec such as `-4@-12(%rbp)` (arm64: `-4@[sp, 12]`), in the host's dialect.
 pub fn parse(spec: &str) -> Result<ArgSpec, ArgError> {
+    parse_in(spec, Dialect::HOST)
+}
+
+/// Parses one spec in `dialect`.
+pub fn parse_in(spec: &str, dialect: Dialect) -> Result<ArgSpec, ArgError> {
     let fail = |reason: &str| ArgError { spec: spec.to_owned(), reason: reason.to_owned() };
     // The size is optional in the oldest notes; the value is then a full register's width.
     let (size, signed, operand) = match spec.split_once('@') {
@@ -192,7 +209,11 @@ pub fn parse(spec: &str) -> Result<ArgSpec, ArgError> {
         Some(_) => return Err(fail("expected SIZE@OPERAND")),
         None => (8, false, spec),
     };
-    let location = parse_operand(operand).map_err(|reason| fail(&reason))?;
+    let location = match dialect {
+        Dialect::X86_64 => parse_operand(operand),
+        Dialect::Aarch64 => super::arm64_args::parse_operand(operand, parse_integer),
+    };
+    let location = location.map_err(|reason| fail(&reason))?;
     Ok(ArgSpec { size, signed, location, text: spec.to_owned() })
 }
 

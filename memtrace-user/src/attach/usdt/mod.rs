@@ -22,6 +22,7 @@
 //! which never calls back): [`UsdtProbes`] is held beside the `Probes`, by what follows processes.
 
 pub mod args;
+mod arm64_args;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod list;

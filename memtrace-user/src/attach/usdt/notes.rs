@@ -67,14 +67,16 @@ pub fn may_have_probes(path: &std::path::Path) -> bool {
     object::File::parse(&cache).is_ok_and(|parsed| parsed.section_by_name(NOTE_SECTION).is_some())
 }
 
-/// Parses the probe sites of an x86-64 ELF file; an ELF file without notes has none.
+/// Parses the probe sites of an ELF file of memtrace's own architecture (x86-64, arm64); an ELF file
+/// without notes has none.
 pub fn parse_elf(data: &[u8]) -> Result<ElfProbes> {
     let file = object::File::parse(data).context("not an ELF file")?;
     let object::File::Elf64(elf_file) = &file else {
         bail!("only 64-bit ELF files are supported");
     };
-    if file.architecture() != Architecture::X86_64 {
-        bail!("only x86-64 is supported (this file is for {:?})", file.architecture());
+    let own = if cfg!(target_arch = "aarch64") { Architecture::Aarch64 } else { Architecture::X86_64 };
+    if file.architecture() != own {
+        bail!("this memtrace reads {own:?} files (this one is for {:?})", file.architecture());
     }
     let Some(section) = file.section_by_name(NOTE_SECTION) else {
         return Ok(ElfProbes { sites: Vec::new(), symbols: Vec::new() });
