@@ -59,8 +59,10 @@ impl PythonImage {
 /// python3.11-dev headers).
 const LAYOUT_3_11: PythonLayout = PythonLayout {
     thread_list: 0,
-    // gilstate (568) . tstate_current (8)
-    runtime_tstate_current: 576,
+    // gilstate (568) . tstate_current (8). On arm64 592, as compiled against Debian 12's arm64
+    // libpython3.11-dev headers: glibc's pthread_mutex_t is 48 bytes there, not 40, and the runtime
+    // state holds locks before gilstate. Every other offset here is the same on both.
+    runtime_tstate_current: if cfg!(target_arch = "aarch64") { 592 } else { 576 },
     runtime_interpreters_head: 0,
     interp_threads_head: 0,
     tstate_next: 0,
