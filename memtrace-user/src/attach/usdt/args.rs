@@ -6,15 +6,7 @@ use std::fmt;
 
 use memtrace_common::{usdt_location, UsdtArg};
 
-/// A general-purpose register and where the kernel saves it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Register {
-    pub name: &'static str,
-    /// Byte offset in x86-64 `struct pt_regs`.
-    pub offset: u16,
-    /// Right shift for the high-byte registers (%ah...), else 0.
-    pub shift: u8,
-}
+pub use super::operand::{Displacement, Location, Register};
 
 /// Offsets of the 64-bit registers in `struct pt_regs` (arch/x86/include/asm/ptrace.h).
 const PT_REGS: [(&str, u16); 17] = [
@@ -116,25 +108,6 @@ fn numbered_register(name: &str) -> Option<(&'static str, bool)> {
         _ => return None,
     };
     Some((full, false))
-}
-
-/// A memory displacement: a number, a symbol, or a symbol plus a number.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Displacement {
-    pub symbol: Option<String>,
-    pub offset: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Location {
-    Constant(i64),
-    Register(Register),
-    Memory {
-        displacement: Displacement,
-        base: Option<Register>,
-        /// Index register and scale (1, 2, 4 or 8).
-        index: Option<(Register, u8)>,
-    },
 }
 
 /// One parsed argument spec.
@@ -494,5 +467,41 @@ mod tests {
         assert_eq!((arg.value, arg.register_offset, arg.index_offset, arg.scale), (16, 80, 40, 8));
         let arg = parse("1@%ah").unwrap().to_bpf(&site).unwrap();
         assert_eq!((arg.register_shift, arg.size), (8, 1));
+    }
+
+    fn arm64(spec: &str) -> Location {
+        parse_in(spec, Dialect::Aarch64).unwrap_or_else(|err| panic!("{err}")).location
+    }
+
+    /// Offsets in arm64's user_pt_regs (arch/arm64/include/uapi/asm/ptrace.h): regs[n] at 8n, sp
+    /// at 248; specs as gcc writes them for aarch64.
+    #[test]
+    fn arm64_specs_read_user_pt_regs() {
+        let (x0, x19, sp) = (
+            super::super::arm64_args::register("x0"),
+            super::super::arm64_args::register("x19"),
+            super::super::arm64_args::register("sp"),
+        );
+        assert_eq!(arm64("8@x0"), Location::Register(x0.unwrap()));
+        assert_eq!(arm64("-4@w0"), Location::Register(x0.unwrap()));
+        assert_eq!(x19.unwrap().offset, 152);
+        assert_eq!(sp.unwrap().offset, 248);
+        let Location::Memory { displacement, base, index: None } = arm64("-4@[sp, 12]") else {
+            panic!("not memory")
+        };
+        assert_eq!((displacement.offset, base.map(|b| b.offset)), (12, Some(248)));
+        let Location::Memory { displacement, base, .. } = arm64("8@[x1, -8]") else { panic!("not memory") };
+        assert_eq!((displacement.offset, base.map(|b| b.offset)), (-8, Some(8)));
+        let Location::Memory { displacement, .. } = arm64("4@[x2]") else { panic!("not memory") };
+        assert_eq!(displacement.offset, 0);
+        assert_eq!(arm64("4@5"), Location::Constant(5));
+        assert_eq!(arm64("-8@-3"), Location::Constant(-3));
+    }
+
+    #[test]
+    fn what_is_not_arm64_is_refused() {
+        for spec in ["8@%rdi", "8@x31", "8@[x1, -8", "8@[q1]", "4@$5", "8@-12(%rbp)"] {
+            assert!(parse_in(spec, Dialect::Aarch64).is_err(), "{spec}");
+        }
     }
 }

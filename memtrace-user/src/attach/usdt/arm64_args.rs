@@ -4,7 +4,7 @@
 //! uprobe program's context on arm64 is `user_pt_regs`: regs[0..31] (x0-x30) at 8 bytes each, then
 //! sp. (The same forms libbpf's usdt.c reads on aarch64.)
 
-use super::args::{Displacement, Location, Register};
+use super::operand::{Displacement, Location, Register};
 
 /// Byte offset of `sp` in `user_pt_regs`, after regs[31].
 const SP_OFFSET: u16 = 31 * 8;
@@ -54,43 +54,4 @@ pub fn parse_operand(operand: &str, integer: fn(&str) -> Option<i64>) -> Result<
              constant"
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::args::{parse_in, Dialect, Location};
-
-    fn location(spec: &str) -> Location {
-        parse_in(spec, Dialect::Aarch64).unwrap_or_else(|err| panic!("{err}")).location
-    }
-
-    /// Offsets in arm64's user_pt_regs (arch/arm64/include/uapi/asm/ptrace.h): regs[n] at 8n, sp
-    /// at 248; specs as gcc writes them for aarch64.
-    #[test]
-    fn arm64_specs_read_user_pt_regs() {
-        let (x0, x19, sp) = (super::register("x0"), super::register("x19"), super::register("sp"));
-        assert_eq!(location("8@x0"), Location::Register(x0.unwrap()));
-        assert_eq!(location("-4@w0"), Location::Register(x0.unwrap()));
-        assert_eq!(x19.unwrap().offset, 152);
-        assert_eq!(sp.unwrap().offset, 248);
-        let Location::Memory { displacement, base, index: None } = location("-4@[sp, 12]") else {
-            panic!("not memory")
-        };
-        assert_eq!((displacement.offset, base.map(|b| b.offset)), (12, Some(248)));
-        let Location::Memory { displacement, base, .. } = location("8@[x1, -8]") else {
-            panic!("not memory")
-        };
-        assert_eq!((displacement.offset, base.map(|b| b.offset)), (-8, Some(8)));
-        let Location::Memory { displacement, .. } = location("4@[x2]") else { panic!("not memory") };
-        assert_eq!(displacement.offset, 0);
-        assert_eq!(location("4@5"), Location::Constant(5));
-        assert_eq!(location("-8@-3"), Location::Constant(-3));
-    }
-
-    #[test]
-    fn what_is_not_arm64_is_refused() {
-        for spec in ["8@%rdi", "8@x31", "8@[x1, -8", "8@[q1]", "4@$5", "8@-12(%rbp)"] {
-            assert!(parse_in(spec, Dialect::Aarch64).is_err(), "{spec}");
-        }
-    }
 }

@@ -27,6 +27,7 @@ mod arm64_args;
 mod fuzz_tests;
 pub mod list;
 pub mod notes;
+mod operand;
 mod plan;
 mod read;
 mod request;
