@@ -102,9 +102,9 @@ pub fn check<'a>(budget: &'a Budget, run: &Model, baselines: &[&Model], top: usi
             let limit = (base.max(0) as f64 * (1.0 + baseline.tolerance)).floor() as u64;
             Limit::Baseline { base, runs: baselines.len(), tolerance: baseline.tolerance, limit }
         });
+        let value = get(&new.figures, figure);
+        let noisy_excess = noisy_excess(figure, &new.stacks, &bases);
         for limit in absolute.map(Limit::Absolute).into_iter().chain(relative) {
-            let value = get(&new.figures, figure);
-            let noisy_excess = noisy_excess(figure, &new.stacks, &bases);
             let mut outcome = Outcome { figure, value, limit, noisy_excess, responsible: Vec::new() };
             if outcome.breached() || outcome.noisy() {
                 let base = (!baselines.is_empty()).then_some(&bases.mean);
@@ -131,7 +131,8 @@ fn noisy_excess(figure: Figure, new: &BTreeMap<StackName, Figures>, bases: &diff
         .sum()
 }
 
-/// A figure's name among `diff::Figures::NAMES`.
+/// A figure's name among `diff::Figures::NAMES`: the one place a budget's figure meets the
+/// comparison's.
 fn diff_name(figure: Figure) -> &'static str {
     match figure {
         Figure::PeakLiveBytes => "peak_bytes",
@@ -149,12 +150,7 @@ fn seen(budget: &Budget, model: &Model) -> Seen {
         budget.modules.is_empty() || frames.iter().any(|frame| in_module(&budget.modules, &frame.module))
     };
     let stacks = diff::stacks_where(model, named, in_modules);
-    let processes: Vec<_> = model
-        .retired
-        .iter()
-        .chain(model.processes.values())
-        .filter(|process| named(&process.identity.comm))
-        .collect();
+    let processes: Vec<_> = model.every_process().filter(|process| named(&process.identity.comm)).collect();
     let mut figures = Figures::default();
     for figure in stacks.values() {
         figures.add(figure);
@@ -200,13 +196,9 @@ fn responsible(
 
 /// A figure of `figures`.
 pub fn get(figures: &Figures, figure: Figure) -> i64 {
-    match figure {
-        Figure::PeakLiveBytes => figures.peak_bytes,
-        Figure::AllocatedBytes => figures.allocated_bytes,
-        Figure::Allocations => figures.allocations,
-        Figure::LeakedBytes => figures.leaked_bytes,
-        Figure::TemporaryAllocations => figures.temporary_allocations,
-    }
+    let name = diff_name(figure);
+    let index = Figures::NAMES.iter().position(|known| *known == name);
+    figures.values()[index.expect("every budget figure is one of the comparison's")]
 }
 
 #[cfg(test)]
@@ -227,6 +219,20 @@ mod tests {
                 .breached()
         });
         assert_eq!(first_over, Some(7), "1.03^6 = 1.194 is within 20%, 1.03^7 = 1.230 is not");
+    }
+
+    #[test]
+    fn every_budget_figure_reads_its_own_field() {
+        let figures = Figures {
+            allocated_bytes: 1,
+            allocations: 2,
+            peak_bytes: 3,
+            live_bytes: 4,
+            leaked_bytes: 5,
+            temporary_allocations: 6,
+        };
+        let read = Figure::ALL.map(|figure| get(&figures, figure));
+        assert_eq!(read, [3, 1, 2, 5, 6], "peak, allocated, allocations, leaked, temporaries");
     }
 
     #[test]

@@ -169,8 +169,7 @@ pub fn stacks_where(
     stack: impl Fn(&[Arc<Frame>]) -> bool,
 ) -> BTreeMap<StackName, Figures> {
     let mut stacks: BTreeMap<StackName, Figures> = BTreeMap::new();
-    for process in model.retired.iter().chain(model.processes.values()).filter(|p| process(&p.identity.comm))
-    {
+    for process in model.every_process().filter(|p| process(&p.identity.comm)) {
         let command = process.identity.comm.clone();
         let mut peaks: BTreeMap<Vec<String>, i64> = BTreeMap::new();
         for consumer in process.peak.iter().flat_map(|peak| &peak.consumers) {

@@ -15,28 +15,18 @@ use crate::{
     model::frame::Frame,
 };
 
-/// The sample types, in the order of `values`.
+/// The sample types, one a figure, in the order of `Figures::NAMES`.
 const SAMPLE_TYPES: [(&str, &str); 6] = [
     ("alloc_space", "bytes"),
     ("alloc_objects", "count"),
-    ("leaked_space", "bytes"),
-    ("inuse_space", "bytes"),
     ("peak_space", "bytes"),
+    ("inuse_space", "bytes"),
+    ("leaked_space", "bytes"),
     ("temporary_objects", "count"),
 ];
 
 fn values(figures: &Figures, sign: i64) -> Vec<i64> {
-    [
-        figures.allocated_bytes,
-        figures.allocations,
-        figures.leaked_bytes,
-        figures.live_bytes,
-        figures.peak_bytes,
-        figures.temporary_allocations,
-    ]
-    .iter()
-    .map(|value| value * sign)
-    .collect()
+    figures.values().iter().map(|value| value * sign).collect()
 }
 
 /// A frame of the profile, named as the comparison names it.
