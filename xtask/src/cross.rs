@@ -93,9 +93,10 @@ impl AptState {
         if !status.exists() {
             fs::write(&status, "")?;
         }
-        let (debian, security) = mirrors();
+        // The security archive beside the mirror, as the matrix's Debian 11 state takes it.
+        let debian = toolchain::debian_mirror();
         let sources = format!(
-            "deb {debian} bookworm main\ndeb {debian} bookworm-updates main\ndeb {security} bookworm-security main\n"
+            "deb {debian} bookworm main\ndeb {debian} bookworm-updates main\ndeb {debian}-security bookworm-security main\n"
         );
         fs::write(dir.join("sources.list"), sources)?;
         Ok(Self { dir })
@@ -137,28 +138,4 @@ impl AptState {
         }
         Ok(())
     }
-}
-
-/// The Debian and Debian security mirrors this machine's apt sources name (deb822 or one-line).
-fn mirrors() -> (String, String) {
-    let mut text = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
-    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
-        for entry in dir.flatten() {
-            text.push_str(&fs::read_to_string(entry.path()).unwrap_or_default());
-        }
-    }
-    let uris: Vec<&str> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("URIs:").or_else(|| line.strip_prefix("deb ")))
-        .flat_map(str::split_whitespace)
-        .filter(|word| word.starts_with("http"))
-        .map(|uri| uri.trim_end_matches('/'))
-        .collect();
-    let debian =
-        uris.iter().find(|uri| uri.ends_with("/debian")).map_or("http://deb.debian.org/debian", |uri| uri);
-    let security = uris
-        .iter()
-        .find(|uri| uri.ends_with("/debian-security"))
-        .map_or_else(|| format!("{}-security", debian), |uri| (*uri).to_owned());
-    (debian.to_owned(), security)
 }

@@ -133,3 +133,26 @@ pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
+
+/// Used when this machine's apt sources name no Debian mirror.
+const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+
+/// The mirror this machine's apt sources name (deb822 or one-line), else deb.debian.org.
+pub fn debian_mirror() -> String {
+    let deb822 = std::fs::read_dir("/etc/apt/sources.list.d").into_iter().flatten().flatten();
+    let texts = deb822.filter_map(|entry| std::fs::read_to_string(entry.path()).ok());
+    let texts = texts.chain(std::fs::read_to_string("/etc/apt/sources.list").ok());
+    for text in texts {
+        for line in text.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let uri = match words.as_slice() {
+                ["URIs:", uri, ..] | ["deb", uri, ..] => uri.trim_end_matches('/'),
+                _ => continue,
+            };
+            if uri.ends_with("/debian") {
+                return uri.to_owned();
+            }
+        }
+    }
+    DEFAULT_MIRROR.to_owned()
+}

@@ -11,13 +11,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{run, workspace_root};
+use crate::{run, toolchain, workspace_root};
 
 const CACHE: &str = "/var/cache/memtrace-kernels/matrix";
 /// What mounts the host's root in the guest; modprobe --show-depends adds what they need.
 const MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
-/// Used when this machine's apt sources name no Debian mirror.
-const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Where a kernel package comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +91,7 @@ impl Suite {
         }
         fs::create_dir_all(lists.join("partial"))?;
         fs::create_dir_all(state.join("archives/partial"))?;
-        fs::write(state.join("sources.list"), self.sources(&mirror()))?;
+        fs::write(state.join("sources.list"), self.sources(&toolchain::debian_mirror()))?;
         eprintln!("xtask: matrix: fetching the {self:?} package lists into {}", state.display());
         run(self.apt("apt-get").arg("update"))
     }
@@ -108,26 +106,6 @@ impl Suite {
         let depends = text.lines().filter_map(|line| line.trim().strip_prefix("Depends: "));
         Some(depends.map(str::to_owned).collect())
     }
-}
-
-/// The mirror this machine's apt sources name (deb822 or one-line), else deb.debian.org.
-fn mirror() -> String {
-    let deb822 = fs::read_dir("/etc/apt/sources.list.d").into_iter().flatten().flatten();
-    let texts = deb822.filter_map(|entry| fs::read_to_string(entry.path()).ok());
-    let texts = texts.chain(fs::read_to_string("/etc/apt/sources.list").ok());
-    for text in texts {
-        for line in text.lines() {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let uri = match words.as_slice() {
-                ["URIs:", uri, ..] | ["deb", uri, ..] => uri.trim_end_matches('/'),
-                _ => continue,
-            };
-            if uri.ends_with("/debian") {
-                return uri.to_owned();
-            }
-        }
-    }
-    DEFAULT_MIRROR.to_owned()
 }
 
 /// The kernels to boot: `packages` (each looked up in Debian 12's lists, then unstable's, then
@@ -229,7 +207,11 @@ fn download_and_unpack(kernel: &Kernel, dir: &Path, root: &Path) -> Result<()> {
     if !download(kernel.suite)?.success() {
         kernel.suite.update(true)?;
         if !download(kernel.suite)?.success() {
-            bail!("apt-get download {} failed: is the mirror {} reachable?", packages.join(" "), mirror());
+            bail!(
+                "apt-get download {} failed: is the mirror {} reachable?",
+                packages.join(" "),
+                toolchain::debian_mirror()
+            );
         }
     }
     for deb in fs::read_dir(&debs)? {
