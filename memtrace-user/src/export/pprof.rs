@@ -35,9 +35,7 @@ pub fn write_gzipped(profile: &proto::Profile, out: impl Write) -> std::io::Resu
 
 /// The heap profile of the processes chosen, from the stacks the model holds, over `duration`.
 pub fn build_profile(model: &Model, duration: Duration, processes: Processes) -> proto::Profile {
-    let mut builder = ProfileBuilder::default();
-    builder.string(""); // string_table[0] must be empty
-    let sample_type = SAMPLE_TYPES.map(|(kind, unit)| builder.value_type(kind, unit)).to_vec();
+    let (mut builder, sample_type) = ProfileBuilder::with_sample_types(&SAMPLE_TYPES);
     let mut samples = Vec::new();
     for process in heap_profile::chosen(model, processes) {
         let labels = labels_of(&mut builder, &process.identity);
@@ -50,19 +48,13 @@ pub fn build_profile(model: &Model, duration: Duration, processes: Processes) ->
         }
     }
     let period_type = Some(builder.value_type("space", "bytes"));
-    let default_sample_type = builder.string(DEFAULT_SAMPLE_TYPE);
     let comment = heap_profile::estimate_note(model).map(|note| builder.string(&note)).into_iter().collect();
     proto::Profile {
-        sample_type,
-        sample: samples,
-        location: builder.locations,
-        function: builder.functions,
-        string_table: builder.strings,
         duration_nanos: duration.as_nanos() as i64,
         period_type,
         period: model.sampling.map_or(1, |sampling| sampling.mean_bytes as i64),
         comment,
-        default_sample_type,
+        ..builder.finish(sample_type, samples, DEFAULT_SAMPLE_TYPE)
     }
 }
 
@@ -80,9 +72,7 @@ pub fn profile_of<'a>(
     default: &str,
     samples: impl IntoIterator<Item = NamedSample<'a>>,
 ) -> proto::Profile {
-    let mut builder = ProfileBuilder::default();
-    builder.string(""); // string_table[0] must be empty
-    let sample_type = sample_types.iter().map(|(kind, unit)| builder.value_type(kind, unit)).collect();
+    let (mut builder, sample_type) = ProfileBuilder::with_sample_types(sample_types);
     let sample = samples
         .into_iter()
         .map(|sample| proto::Sample {
@@ -99,17 +89,7 @@ pub fn profile_of<'a>(
                 .collect(),
         })
         .collect();
-    let default_sample_type = builder.string(default);
-    proto::Profile {
-        sample_type,
-        sample,
-        location: builder.locations,
-        function: builder.functions,
-        string_table: builder.strings,
-        period: 1,
-        default_sample_type,
-        ..Default::default()
-    }
+    builder.finish(sample_type, sample, default)
 }
 
 /// A process's labels on its samples: the identity's, the pid as a number, the rest as strings
@@ -142,6 +122,36 @@ struct ProfileBuilder {
 }
 
 impl ProfileBuilder {
+    /// A builder whose string table starts with the empty string, as the format wants, and the
+    /// sample types (kind, unit) interned in it.
+    fn with_sample_types(types: &[(&str, &str)]) -> (Self, Vec<proto::ValueType>) {
+        let mut builder = Self::default();
+        builder.string("");
+        let sample_type = types.iter().map(|(kind, unit)| builder.value_type(kind, unit)).collect();
+        (builder, sample_type)
+    }
+
+    /// The profile of `sample`, of `sample_type`, `default` shown first; one sample a unit
+    /// (`period` 1) until the caller says otherwise.
+    fn finish(
+        mut self,
+        sample_type: Vec<proto::ValueType>,
+        sample: Vec<proto::Sample>,
+        default: &str,
+    ) -> proto::Profile {
+        let default_sample_type = self.string(default);
+        proto::Profile {
+            sample_type,
+            sample,
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings,
+            period: 1,
+            default_sample_type,
+            ..Default::default()
+        }
+    }
+
     fn string(&mut self, text: &str) -> i64 {
         if let Some(&id) = self.string_ids.get(text) {
             return id;
