@@ -247,7 +247,7 @@ pub mod unwind_stop {
 pub mod interpreter_stop {
     /// A frame (or the list of frames, a context) could not be read: the part ends before it.
     pub const UNREADABLE: usize = 0;
-    /// `PYTHON_MAX_FRAMES` interpreter frames were taken, or the stack's `STACK_DEPTH` frames
+    /// `INTERPRETER_MAX_FRAMES` interpreter frames were taken, or the stack's `STACK_DEPTH` frames
     /// were full with native ones: the outer ones are cut.
     pub const DEPTH_LIMIT: usize = 1;
     /// Counters.

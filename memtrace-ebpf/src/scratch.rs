@@ -20,9 +20,7 @@ use aya_ebpf::{
 
 use crate::{
     counters::compare_exchange,
-    interpreter::InterpreterFrames,
-    perl::PerlCursor,
-    python::PythonCursor,
+    interpreters::{InterpreterCursors, InterpreterFrames},
     stack_read::{Registers, StackWindow, WalkStart},
     vma::FoundMappings,
 };
@@ -70,8 +68,7 @@ pub(crate) struct Scratch {
     /// The interpreter frames of the stack, where the process runs CPython or Perl, and where
     /// each one's walk is.
     pub(crate) interpreter: InterpreterFrames,
-    pub(crate) python: PythonCursor,
-    pub(crate) perl: PerlCursor,
+    pub(crate) cursors: InterpreterCursors,
     /// The stack in the form it is stored: a shallow stack's frames are the first of these.
     pub(crate) frames: DeepStackFrames,
 }

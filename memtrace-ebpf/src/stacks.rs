@@ -37,9 +37,7 @@ use crate::{
     counters::{add, add_signed},
     frame_memo::FrameMemos,
     helpers::{loaded, map_value, now_ns},
-    interpreter::InterpreterFrames,
-    perl::read_perl_frames,
-    python::read_python_frames,
+    interpreters::{read_frames, InterpreterFrames},
     registers,
     scratch::{Locations, RawStack, Scratch, UnwindState},
     stack_read::{tables_epoch, Registers, WalkStart},
@@ -130,11 +128,10 @@ fn capture_in(
     let interpreter = table.map_or(interpreter::NONE, |table| unsafe { (*table).interpreter });
     scratch.interpreter.count = 0;
     // Its interpreter frames change under the same native frames: read each time, never memoized.
-    if interpreter == interpreter::PYTHON {
-        read_python_frames(tgid, stats.started_ns, &mut scratch.interpreter, &mut scratch.python);
-    } else if interpreter == interpreter::PERL {
-        read_perl_frames(tgid, &mut scratch.interpreter, &mut scratch.perl);
-    } else if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
+    let interpreted =
+        read_frames(interpreter, tgid, stats.started_ns, &mut scratch.interpreter, &mut scratch.cursors);
+    let recalled = if interpreted { None } else { scratch.window.recall(&scratch.start) };
+    if let Some((key, stop)) = recalled {
         count_stop(stats, stop as usize);
         return key;
     }

@@ -1,4 +1,4 @@
-//! Reads of a traced process's memory, for the interpreters' frames (python.rs, perl.rs): each
+//! Reads of a traced process's memory, for the interpreters' frames (interpreters/): each
 //! checks the user address and fails rather than faults. Nothing is ever written there.
 
 use core::ffi::c_void;

@@ -8,6 +8,7 @@ mod diff;
 mod doctor;
 mod export;
 mod follow;
+mod interpreters;
 mod kernel;
 mod model;
 mod plan;

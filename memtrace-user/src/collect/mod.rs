@@ -3,12 +3,9 @@
 
 mod cut_stacks;
 mod estimates;
-mod interpreter;
 pub mod oom;
 pub mod owners;
 pub mod peaks;
-mod perl;
-mod python;
 pub mod skipped_exits;
 pub mod stack_table;
 pub mod symbolize;
@@ -28,12 +25,12 @@ use crate::{
     attach::usdt::UsdtProbes,
     collect::cut_stacks::{merge_cut_consumers, merge_cut_stacks, merge_into_whole},
     collect::estimates::{apply_estimate, estimate_live, scale_totals, LiveEstimate},
-    collect::interpreter::InterpreterNames,
     collect::owners::{classify::SeenMapping, free_pool::LiveBlock, OwnersReader},
     collect::peaks::PeakTracker,
     collect::skipped_exits::SkippedExits,
     collect::stack_table::StackTable,
     collect::symbolize::StackSymbolizer,
+    interpreters::InterpreterNames,
     kernel::{Probes, Stack},
     model::{
         estimate::Estimator,

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use super::exporter::Exporter;
-use crate::model::{FunctionTotals, Model, Process, RunEnd};
+use crate::{
+    interpreters::LANGUAGES,
+    model::{FunctionTotals, Model, Process, RunEnd},
+};
 
 pub struct TextReport {
     /// How many leaking stacks and functions to list per process.
@@ -337,9 +340,9 @@ fn write_stacks(text: &mut String, process: &Process, top: usize) {
     let functions = process.function_totals();
     write_functions(text, "function", functions.iter().take(top));
     // A script's own functions, which the native ones above would crowd out.
-    for (interpreter, what) in [("python", "Python function"), ("perl", "Perl sub")] {
-        let script = functions.iter().filter(|f| f.interpreter.as_deref() == Some(interpreter));
-        write_functions(text, what, script.take(top));
+    for language in LANGUAGES {
+        let script = functions.iter().filter(|f| f.interpreter.as_deref() == Some(language.name));
+        write_functions(text, language.functions, script.take(top));
     }
 }
 

@@ -15,6 +15,7 @@ mod attach;
 mod embedded;
 pub mod features;
 mod health;
+pub mod interpreter_tables;
 mod kernel_btf;
 mod links;
 mod live_table;

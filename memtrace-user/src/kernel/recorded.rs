@@ -1,11 +1,9 @@
 //! What the probes recorded, read out of the kernel: live allocations, anonymous regions, the
-//! totals and frames of each call stack, and the interpreter names the kernel copied.
+//! totals and frames of each call stack (the interpreter names the kernel copied:
+//! interpreter_tables.rs).
 
 use anyhow::Result;
-use memtrace_common::{
-    Allocation, AllocationKey, InterpreterCodeKey, PerlSub, PythonCode, Region, RegionKey, StackKey,
-    StackTotals,
-};
+use memtrace_common::{Allocation, AllocationKey, Region, RegionKey, StackKey, StackTotals};
 
 use super::{tables, Probes, Stack, Taken};
 
@@ -43,16 +41,6 @@ impl Probes {
     ) -> Result<Taken<StackKey, StackTotals>> {
         tables::STACK_TOTALS
             .take(&self.ebpf, |key, totals| totals.live_allocations == 0 && settled(key, totals))
-    }
-
-    /// Takes the names of the Perl subs the kernel copied whole since the last call.
-    pub fn take_perl_subs(&self) -> Result<Vec<(InterpreterCodeKey, PerlSub)>> {
-        Ok(tables::PERL_SUBS.take(&self.ebpf, |_, sub| sub.complete != 0)?.taken)
-    }
-
-    /// Takes the names of the Python code objects the kernel copied whole since the last call.
-    pub fn take_python_codes(&self) -> Result<Vec<(InterpreterCodeKey, PythonCode)>> {
-        Ok(tables::PYTHON_CODES.take(&self.ebpf, |_, code| code.complete != 0)?.taken)
     }
 
     /// A stack's frames, from whichever of the kernel's tables holds it.

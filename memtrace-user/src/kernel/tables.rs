@@ -62,13 +62,13 @@ pub const UNWIND_MAPPINGS: Table<u32, UnwindMappings> =
 pub const UNWIND_FILE_SLOTS: Table<ImageKey, u32> =
     Table::new("UNWIND_FILE_SLOTS", "the unwind file slots by file");
 
-/// Each CPython process's runtime address and layout (memtrace-ebpf/src/python.rs).
+/// Each CPython process's runtime address and layout (memtrace-ebpf/src/interpreters/python.rs).
 pub const PYTHON_PROCESSES: Table<u32, PythonProcess> =
     Table::new("PYTHON_PROCESSES", "the map of Python processes");
 /// The names of the Python code objects stacks hold.
 pub const PYTHON_CODES: Table<InterpreterCodeKey, PythonCode> =
     Table::new("PYTHON_CODES", "the map of Python code objects");
-/// Each Perl process's `PL_curinterp` address and layout (memtrace-ebpf/src/perl.rs).
+/// Each Perl process's `PL_curinterp` address and layout (memtrace-ebpf/src/interpreters/perl.rs).
 pub const PERL_PROCESSES: Table<u32, PerlProcess> = Table::new("PERL_PROCESSES", "the map of Perl processes");
 /// The names of the Perl subs (and files) stacks hold.
 pub const PERL_SUBS: Table<InterpreterCodeKey, PerlSub> = Table::new("PERL_SUBS", "the map of Perl subs");

@@ -4,34 +4,22 @@
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
-use memtrace_common::{
-    interpreter, ImageKey, PerlProcess, PythonProcess, UnwindFile, UnwindMappings, UnwindRow,
-};
+use memtrace_common::{ImageKey, UnwindFile, UnwindMappings, UnwindRow};
 
 use super::{
-    tables::{
-        PERL_PROCESSES, PYTHON_PROCESSES, UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS,
-        UNWIND_PAGES, UNWIND_ROWS,
-    },
+    tables::{UNWIND_EPOCH, UNWIND_FILES, UNWIND_FILE_SLOTS, UNWIND_MAPPINGS, UNWIND_PAGES, UNWIND_ROWS},
     Probes,
 };
 
 /// The unwinder's tables, borrowed from a run's probes.
 pub struct UnwindTables<'a> {
-    ebpf: &'a mut Ebpf,
+    pub(super) ebpf: &'a mut Ebpf,
 }
 
 impl Probes {
     pub fn unwind_tables(&mut self) -> UnwindTables<'_> {
         UnwindTables { ebpf: &mut self.ebpf }
     }
-}
-
-/// A process's interpreter, whose frames the kernel reads beside the native ones.
-#[derive(Debug, Clone, Copy)]
-pub enum InterpreterTable {
-    Python(PythonProcess),
-    Perl(PerlProcess),
 }
 
 impl UnwindTables<'_> {
@@ -41,29 +29,12 @@ impl UnwindTables<'_> {
         Ok(UNWIND_MAPPINGS.writable(self.ebpf)?.insert(pid, mappings, 0).is_ok())
     }
 
-    /// Tells the kernel where `pid`'s interpreter keeps its frames; false where the map is full.
-    /// Written before the mapping table that has the kernel read it.
-    pub fn set_interpreter(&mut self, pid: u32, interpreter: InterpreterTable) -> Result<bool> {
-        Ok(match interpreter {
-            InterpreterTable::Python(python) => PYTHON_PROCESSES.writable(self.ebpf)?.insert(pid, python, 0),
-            InterpreterTable::Perl(perl) => PERL_PROCESSES.writable(self.ebpf)?.insert(pid, perl, 0),
-        }
-        .is_ok())
-    }
-
-    /// Forgets the tables of processes that are gone, each `(pid, interpreter)`: its mapping
-    /// table, and its interpreter's entry where it had one (`interpreter::PYTHON`, `PERL`).
-    pub fn forget(&mut self, gone: &[(u32, u32)]) -> Result<()> {
-        for &(pid, kind) in gone {
-            let _ = match kind {
-                interpreter::PYTHON => PYTHON_PROCESSES.writable(self.ebpf)?.remove(&pid),
-                interpreter::PERL => PERL_PROCESSES.writable(self.ebpf)?.remove(&pid),
-                _ => continue,
-            };
-        }
+    /// Forgets the mapping tables of processes that are gone (their interpreters' entries are
+    /// forgotten through interpreter_tables.rs).
+    pub fn forget(&mut self, gone: impl IntoIterator<Item = u32>) -> Result<()> {
         let mut mappings = UNWIND_MAPPINGS.writable(self.ebpf)?;
-        for (pid, _) in gone {
-            let _ = mappings.remove(pid);
+        for pid in gone {
+            let _ = mappings.remove(&pid);
         }
         Ok(())
     }

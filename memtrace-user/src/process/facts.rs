@@ -14,12 +14,14 @@ use memtrace_common::ThreadKeys;
 use super::{
     entry_points::{resolve_entry_points, ResolvedEntryPoint},
     file::{FileId, ObjectFile},
-    interpreter::Interpreter,
     map_sites::{resolve_library_loads, resolve_map_sites, LoadSite, MapSite},
     sparse::{self, SparseImage},
     thread_keys::thread_keys,
 };
-use crate::process::elf::{DynamicInfo, ElfObject};
+use crate::{
+    interpreters::image::Interpreter,
+    process::elf::{DynamicInfo, ElfObject},
+};
 
 /// Files remembered before the cache starts afresh: far more than a machine maps at once, and a
 /// bound on memtrace's memory over a long `--all` run that sees many short-lived programs.

@@ -23,16 +23,13 @@ mod file;
 #[cfg(test)]
 mod fuzz_tests;
 mod image;
-pub mod interpreter;
 pub mod map_calls;
 mod map_sites;
 pub mod memcg;
 mod objects;
 pub mod pagemap;
-pub mod perl;
 pub mod probe_point;
 pub mod procfs;
-pub mod python;
 pub mod remote;
 mod resolve;
 pub mod smaps;

@@ -24,9 +24,10 @@ use memtrace_common::{
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
-    kernel::{unwind_tables::InterpreterTable, Probes},
+    interpreters::image::InterpreterProcess,
+    kernel::Probes,
     model::Model,
-    process::{interpreter::InterpreterProcess, perl::with_thread_keys, procfs::Mapping},
+    process::procfs::Mapping,
     process::{open_mapping, FileCache, FileId, ObjectFile, Root},
 };
 
@@ -160,15 +161,13 @@ impl KernelTables {
             self.announce_if_ready(process.identity.pid);
         }
         if !gone.is_empty() {
-            let gone: Vec<(u32, u32)> = gone
-                .into_iter()
-                .map(|pid| {
-                    let table = self.processes.remove(&pid);
-                    let interpreter = table.and_then(|table| table.interpreter);
-                    (pid, interpreter.map_or(interpreter::NONE, |process| process.kind()))
-                })
-                .collect();
-            probes.unwind_tables().forget(&gone)?;
+            for &pid in &gone {
+                let interpreter = self.processes.remove(&pid).and_then(|table| table.interpreter);
+                if let Some(interpreter) = interpreter {
+                    interpreter.forget(&mut probes.unwind_tables(), pid)?;
+                }
+            }
+            probes.unwind_tables().forget(gone)?;
             self.changed = true;
         }
         self.publish(probes)
@@ -256,15 +255,7 @@ impl KernelTables {
         value.mappings[..value.count as usize].sort_by_key(|m| m.start);
         if let Some(process) = &table.interpreter {
             // Before the flag that has the kernel read it. A full map leaves native frames alone.
-            let written = probes.unwind_tables().set_interpreter(
-                pid,
-                match process {
-                    InterpreterProcess::Python(python) => InterpreterTable::Python(*python),
-                    InterpreterProcess::Perl(perl) => {
-                        InterpreterTable::Perl(with_thread_keys(*perl, table.thread_keys))
-                    }
-                },
-            )?;
+            let written = process.write(&mut probes.unwind_tables(), pid, table.thread_keys)?;
             value.interpreter = if written { process.kind() } else { interpreter::NONE };
         }
         // A process that exited meanwhile, or a full map, keeps the frame-pointer walk.

@@ -1,14 +1,23 @@
 //! Perl frames named: the kernel stores a stack's Perl frames after its native ones (the sub's CV
 //! or the file's name, kind, line: `memtrace_common::FRAME_PERL`) and copies each sub's package,
 //! name and file once (PERL_SUBS); the names are taken at every sample and kept here for the
-//! process's life. Where they go among the native frames is interpreter.rs's.
+//! process's life. Where they go among the native frames is ../frames.rs's.
 
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
 use memtrace_common::{perl_frame, until_nul, PerlSub};
 
-use crate::{kernel::Probes, model::frame::Frame};
+use super::tables::Perl;
+use crate::{interpreters::language::Language, kernel::Probes, model::frame::Frame};
+
+/// How memtrace shows Perl: each run of Perl frames ran in one call of its op loop (standard, or
+/// under `-d`).
+pub const LANGUAGE: Language = Language {
+    name: "perl",
+    functions: "Perl sub",
+    loop_functions: &["Perl_runops_standard", "Perl_runops_debug"],
+};
 
 /// A sub's names (a file's, for another kind of frame), as the kernel copied them.
 struct Sub {
@@ -27,7 +36,7 @@ pub struct PerlNames {
 impl PerlNames {
     /// Takes what the kernel copied since the last sample.
     pub fn drain(&mut self, probes: &Probes) -> Result<()> {
-        for (key, sub) in probes.take_perl_subs()? {
+        for (key, sub) in probes.take_codes::<Perl>()? {
             self.subs.insert((key.tgid, key.code, key.fingerprint), Sub::from_kernel(&sub));
         }
         Ok(())
@@ -40,7 +49,7 @@ impl PerlNames {
 
     /// A Perl frame of `kind` (`perl_frame`) at `line`, named by its code where the kernel copied it:
     /// `package::sub`, or as `caller` and NYTProf name the rest.
-    pub(super) fn frame(&self, tgid: u32, code: u64, fingerprint: u64, kind: u8, line: u64) -> Frame {
+    pub fn frame(&self, tgid: u32, code: u64, fingerprint: u64, kind: u8, line: u64) -> Frame {
         let known = self.subs.get(&(tgid, code, fingerprint));
         let function = match kind {
             perl_frame::MAIN => "main::RUNTIME".to_owned(),
@@ -52,9 +61,9 @@ impl PerlNames {
             function: Some(function),
             file: Some(known.map_or_else(|| "?".to_owned(), |sub| sub.file.clone())),
             line: u32::try_from(line).ok(),
-            module: "perl".to_owned(),
+            module: LANGUAGE.name.to_owned(),
             offset: line,
-            interpreter: Some("perl".to_owned()),
+            interpreter: Some(LANGUAGE.name.to_owned()),
         }
     }
 }

@@ -1,9 +1,10 @@
-//! The interpreters whose frames the kernel side reads (CPython, Perl): which one a file is, and
-//! what the kernel reads of it in a process that maps it.
+//! Which interpreter a file is, and what the kernel reads of it in a process that maps it: each
+//! interpreter's own image.rs, listed.
 
 use memtrace_common::{interpreter, PerlProcess, PythonProcess};
 
-use super::{elf::ElfObject, perl::PerlImage, python::PythonImage};
+use super::{perl::image::PerlImage, python::image::PythonImage};
+use crate::process::elf::ElfObject;
 
 /// An interpreter's file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,7 +13,7 @@ pub enum Interpreter {
     Perl(PerlImage),
 }
 
-/// What the kernel reads of a process's interpreter (PYTHON_PROCESSES or PERL_PROCESSES).
+/// What the kernel reads of a process's interpreter (its entry in the interpreter's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterpreterProcess {
     Python(PythonProcess),

@@ -1,4 +1,4 @@
-//! Interpreter frames named (python.rs, perl.rs) and put where they ran among the native frames.
+//! Interpreter frames put where they ran among the native frames.
 //!
 //! The kernel stores a stack's interpreter frames after its native ones, innermost first, each
 //! run of them that one native call of the interpreter's loop ran marked at its outermost frame
@@ -6,64 +6,14 @@
 //! the next entry frame, as `py-spy --native` and `memray --native` show them. Frames past the last
 //! loop frame the native walk reached (it was cut) go at the end.
 
-use std::{collections::HashSet, sync::Arc};
+use std::sync::Arc;
 
-use anyhow::Result;
-use memtrace_common::{StackFrame, FRAME_PERL, FRAME_PYTHON};
+use memtrace_common::StackFrame;
 
-use super::{perl::PerlNames, python::PythonNames};
-use crate::{kernel::Probes, model::frame::Frame};
-
-/// The native functions each run of Python frames ran in: CPython's eval loop.
-const PYTHON_LOOP: &[&str] = &["_PyEval_EvalFrameDefault"];
-/// Perl's: its op loops (standard, and under `-d`).
-const PERL_LOOP: &[&str] = &["Perl_runops_standard", "Perl_runops_debug"];
-
-/// The names of every traced process's interpreter frames.
-#[derive(Default)]
-pub struct InterpreterNames {
-    python: PythonNames,
-    perl: PerlNames,
-}
-
-impl InterpreterNames {
-    /// Takes what the kernel copied since the last sample.
-    pub fn drain(&mut self, probes: &Probes) -> Result<()> {
-        self.python.drain(probes)?;
-        self.perl.drain(probes)
-    }
-
-    /// Forgets the names of processes gone.
-    pub fn forget(&mut self, tgids: &HashSet<u32>) {
-        self.python.forget(tgids);
-        self.perl.forget(tgids);
-    }
-
-    /// `native` (the stack's native frames, resolved) with the stack's interpreter frames where
-    /// they ran.
-    pub fn interleave(&self, tgid: u32, stack: &[StackFrame], native: Vec<Arc<Frame>>) -> Vec<Arc<Frame>> {
-        let mut loop_functions = PYTHON_LOOP;
-        let interpreted: Vec<(Arc<Frame>, bool)> = stack
-            .iter()
-            .filter_map(|stored| {
-                let (code, entry, kind, fingerprint, at) = stored_frame(stored);
-                let frame = match stored.status {
-                    FRAME_PYTHON => self.python.frame(tgid, code, fingerprint, at),
-                    FRAME_PERL => {
-                        loop_functions = PERL_LOOP;
-                        self.perl.frame(tgid, code, fingerprint, kind, at)
-                    }
-                    _ => return None,
-                };
-                Some((Arc::new(frame), entry))
-            })
-            .collect();
-        place(native, interpreted, loop_functions)
-    }
-}
+use crate::model::frame::Frame;
 
 /// The native frames with the interpreter's before each of its loop's frames in turn.
-fn place(
+pub fn place(
     native: Vec<Arc<Frame>>,
     interpreted: Vec<(Arc<Frame>, bool)>,
     loop_functions: &[&str],
@@ -90,7 +40,7 @@ fn place(
 
 /// A stored interpreter frame's code, entry flag, kind, fingerprint and instruction or line
 /// (`FRAME_PYTHON`, `FRAME_PERL`).
-fn stored_frame(frame: &StackFrame) -> (u64, bool, u8, u64, u64) {
+pub fn stored_frame(frame: &StackFrame) -> (u64, bool, u8, u64, u64) {
     let id = &frame.build_id;
     let word = |at: usize| u64::from_le_bytes(id[at..at + 8].try_into().expect("8 bytes"));
     (word(0), id[8] != 0, id[9], word(12), frame.offset_or_ip)
@@ -99,6 +49,7 @@ fn stored_frame(frame: &StackFrame) -> (u64, bool, u8, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::interpreters::{perl::LANGUAGE as PERL, python::LANGUAGE as PYTHON};
 
     fn frame(name: &str, interpreter: Option<&str>) -> Arc<Frame> {
         Arc::new(Frame {
@@ -118,9 +69,10 @@ mod tests {
         let python = |name: &str, entry| (frame(name, Some("python")), entry);
         let interpreted =
             vec![python("make_cache", false), python("<module>", true), python("handler", true)];
-        let natives = ["PyByteArray_Resize", PYTHON_LOOP[0], "map_next", PYTHON_LOOP[0], "main"]
-            .map(|name| frame(name, None));
-        let frames = place(natives.to_vec(), interpreted, PYTHON_LOOP);
+        let natives =
+            ["PyByteArray_Resize", PYTHON.loop_functions[0], "map_next", PYTHON.loop_functions[0], "main"]
+                .map(|name| frame(name, None));
+        let frames = place(natives.to_vec(), interpreted, PYTHON.loop_functions);
         let shown: Vec<String> = frames.iter().map(|f| f.name()).collect();
         assert_eq!(
             shown,
@@ -128,10 +80,10 @@ mod tests {
                 "PyByteArray_Resize",
                 "make_cache (app.py:1)",
                 "<module> (app.py:1)",
-                PYTHON_LOOP[0],
+                PYTHON.loop_functions[0],
                 "map_next",
                 "handler (app.py:1)",
-                PYTHON_LOOP[0],
+                PYTHON.loop_functions[0],
                 "main"
             ]
         );
@@ -140,7 +92,7 @@ mod tests {
     #[test]
     fn frames_past_the_native_walk_go_at_the_end() {
         let interpreted = vec![(frame("main::make_cache", Some("perl")), false)];
-        let frames = place(vec![frame("Perl_sv_grow", None)], interpreted, PERL_LOOP);
+        let frames = place(vec![frame("Perl_sv_grow", None)], interpreted, PERL.loop_functions);
         let shown: Vec<String> = frames.iter().map(|f| f.name()).collect();
         assert_eq!(shown, ["Perl_sv_grow", "main::make_cache (app.py:1)"]);
     }

@@ -1,14 +1,19 @@
 //! Python frames named: the kernel stores a stack's Python frames after its native ones (code
 //! object, instruction, entry flag: `memtrace_common::FRAME_PYTHON`) and copies each code object's
 //! name, file and location table once (PYTHON_CODES); the names are taken at every sample and kept
-//! here for the process's life. Where they go among the native frames is interpreter.rs's.
+//! here for the process's life. Where they go among the native frames is ../frames.rs's.
 
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
 use memtrace_common::{until_nul, PythonCode};
 
-use crate::{kernel::Probes, model::frame::Frame, process::python::line_of};
+use super::{lines::line_of, tables::Python};
+use crate::{interpreters::language::Language, kernel::Probes, model::frame::Frame};
+
+/// How memtrace shows CPython: each run of Python frames ran in one call of its eval loop.
+pub const LANGUAGE: Language =
+    Language { name: "python", functions: "Python function", loop_functions: &["_PyEval_EvalFrameDefault"] };
 
 /// A code object's names, as the kernel copied them.
 struct Code {
@@ -29,7 +34,7 @@ pub struct PythonNames {
 impl PythonNames {
     /// Takes what the kernel copied since the last sample.
     pub fn drain(&mut self, probes: &Probes) -> Result<()> {
-        for (key, code) in probes.take_python_codes()? {
+        for (key, code) in probes.take_codes::<Python>()? {
             self.codes.insert((key.tgid, key.code, key.fingerprint), Code::from_kernel(&code));
         }
         Ok(())
@@ -41,16 +46,16 @@ impl PythonNames {
     }
 
     /// A Python frame, named by its code object where the kernel copied it.
-    pub(super) fn frame(&self, tgid: u32, code: u64, fingerprint: u64, instruction: u64) -> Frame {
+    pub fn frame(&self, tgid: u32, code: u64, fingerprint: u64, instruction: u64) -> Frame {
         let known = self.codes.get(&(tgid, code, fingerprint));
         let line = known.and_then(|code| line_of(&code.linetable, code.first_line, instruction));
         Frame {
             function: Some(known.map_or_else(|| format!("[code {code:#x}]"), |code| code.name.clone())),
             file: Some(known.map_or_else(|| "?".to_owned(), |code| code.file.clone())),
             line: line.or(known.map(|code| code.first_line)),
-            module: "python".to_owned(),
+            module: LANGUAGE.name.to_owned(),
             offset: instruction,
-            interpreter: Some("python".to_owned()),
+            interpreter: Some(LANGUAGE.name.to_owned()),
         }
     }
 }

@@ -31,7 +31,7 @@ use memtrace_common::{
 
 use crate::{
     helpers::map_value,
-    interpreter::{InterpreterFrame, InterpreterFrames},
+    interpreters::frames::{InterpreterFrame, InterpreterFrames},
     user_memory::{read_bytes, read_string, read_user, read_user_into},
 };
 
@@ -59,7 +59,7 @@ static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PYTHO
 /// of one frame and of its code object's names; and the code objects this slot's runs found in
 /// PYTHON_CODES or put there, by `known_tag`, so that a frame of one of them costs no map lookup.
 #[repr(C)]
-pub(crate) struct PythonCursor {
+pub(super) struct PythonCursor {
     next: u64,
     found: u64,
     read: [u64; PYTHON_FRAME_WORDS],
@@ -82,7 +82,7 @@ struct PythonWalk {
 /// Reads the current thread's Python frames into `frames` (none where the process runs no
 /// interpreter memtrace knows, or, on 3.11, another thread holds the GIL).
 #[inline(never)]
-pub(crate) fn read_python_frames(
+pub(super) fn read_python_frames(
     tgid: u32,
     started_ns: u64,
     frames: &mut InterpreterFrames,

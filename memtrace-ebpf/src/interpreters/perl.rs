@@ -33,7 +33,7 @@ use memtrace_common::{
 };
 
 use crate::{
-    interpreter::{InterpreterFrame, InterpreterFrames},
+    interpreters::frames::{InterpreterFrame, InterpreterFrames},
     kernel,
     user_memory::{read_string, read_user},
 };
@@ -56,7 +56,7 @@ static FRESH_PERL_SUB: Array<PerlSub> = Array::with_max_entries(1, 0);
 /// of the next one (-1 once they are all seen), the statement running in the frame it is in, and
 /// whether the main program runs.
 #[repr(C)]
-pub(crate) struct PerlCursor {
+pub(super) struct PerlCursor {
     stackinfo: u64,
     contexts: u64,
     index: i64,
@@ -76,7 +76,7 @@ struct PerlWalk {
 /// Reads the allocating thread's Perl frames into `frames` (none where the process runs no Perl
 /// memtrace knows, or the thread runs no interpreter).
 #[inline(never)]
-pub(crate) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PerlCursor) {
+pub(super) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor: &mut PerlCursor) {
     frames.begin(FRAME_PERL);
     let Some(process) = PERL_PROCESSES.get_ptr(&tgid) else { return };
     // SAFETY: a map value, valid while the program runs.

@@ -7,7 +7,7 @@
 
 use memtrace_common::{PerlLayout, PerlProcess, ThreadKeys};
 
-use super::elf::{load_bias, ElfObject};
+use crate::process::elf::{load_bias, ElfObject};
 
 /// A Perl interpreter's file (Debian's /usr/bin/perl, or a libperl.so), as its symbols describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]

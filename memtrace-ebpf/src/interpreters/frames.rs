@@ -1,7 +1,7 @@
 //! An interpreter's frames as the kernel side reads them (python.rs, perl.rs) and stores them
 //! after a stack's native frames (stacks.rs): the same four words a frame whichever interpreter.
 
-use memtrace_common::{interpreter_stop, FRAME_PERL, FRAME_PYTHON, PYTHON_MAX_FRAMES};
+use memtrace_common::{interpreter_stop, FRAME_PERL, FRAME_PYTHON, INTERPRETER_MAX_FRAMES};
 
 /// One interpreter frame as read: its code (a code object, a CV), where in it (an instruction, a
 /// line), whether it ends a run of the interpreter's loop and its kind (Perl's `perl_frame`), and
@@ -30,7 +30,7 @@ pub(crate) struct InterpreterFrames {
     pub(crate) count: u64,
     /// Why they end short: 1 + an `interpreter_stop`, 0 when they are whole.
     pub(crate) cut: u64,
-    pub(crate) frames: [InterpreterFrame; PYTHON_MAX_FRAMES],
+    pub(crate) frames: [InterpreterFrame; INTERPRETER_MAX_FRAMES],
 }
 
 impl InterpreterFrames {
@@ -45,8 +45,8 @@ impl InterpreterFrames {
     /// then cut at the depth limit).
     pub(crate) fn push(&mut self, frame: InterpreterFrame) -> bool {
         let index = self.count;
-        match self.frames.get_mut(index as usize & (PYTHON_MAX_FRAMES - 1)) {
-            Some(slot) if index < PYTHON_MAX_FRAMES as u64 => {
+        match self.frames.get_mut(index as usize & (INTERPRETER_MAX_FRAMES - 1)) {
+            Some(slot) if index < INTERPRETER_MAX_FRAMES as u64 => {
                 *slot = frame;
                 self.count = index + 1;
                 true
@@ -80,15 +80,15 @@ impl InterpreterFrames {
     /// Marks the last frame taken as ending a run of the interpreter's loop.
     pub(crate) fn mark_entry(&mut self) {
         let last = self.count.wrapping_sub(1);
-        if let Some(frame) = self.frames.get_mut(last as usize & (PYTHON_MAX_FRAMES - 1)) {
-            if last < PYTHON_MAX_FRAMES as u64 {
+        if let Some(frame) = self.frames.get_mut(last as usize & (INTERPRETER_MAX_FRAMES - 1)) {
+            if last < INTERPRETER_MAX_FRAMES as u64 {
                 frame.flags |= 1;
             }
         }
     }
 
     /// The frames as words, four a frame, `count` of them valid.
-    pub(crate) fn words(&self) -> &[u64; PYTHON_MAX_FRAMES * 4] {
+    pub(crate) fn words(&self) -> &[u64; INTERPRETER_MAX_FRAMES * 4] {
         // SAFETY: #[repr(C)] frames of four u64 words each.
         unsafe { &*(&raw const self.frames).cast() }
     }
@@ -98,7 +98,7 @@ impl InterpreterFrames {
     /// the offset.
     pub(crate) fn stored_words(&self, index: u64) -> [u64; 4] {
         let status = if self.status == FRAME_PERL as u64 { FRAME_PERL } else { FRAME_PYTHON };
-        match self.frames.get(index as usize & (PYTHON_MAX_FRAMES - 1)) {
+        match self.frames.get(index as usize & (INTERPRETER_MAX_FRAMES - 1)) {
             Some(frame) => [
                 status as u32 as u64 | (frame.code & 0xffff_ffff) << 32,
                 frame.code >> 32 | (frame.flags & 0xffff) << 32,
