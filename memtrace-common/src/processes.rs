@@ -163,9 +163,10 @@ pub struct KernelLayout {
     pub backing_user_path: u32,
     pub path_dentry: u32,
     pub dentry_inode: u32,
-    /// `task_struct.thread` . `thread_struct.fsbase`: a user thread's thread pointer on x86-64
-    /// (glibc's `struct pthread`); 0 where unknown.
-    pub task_fsbase: u32,
+    /// Where a task keeps its user thread pointer: `task_struct.thread` . `thread_struct.fsbase`
+    /// on x86-64 (the FS base), `.thread` . `.uw.tp_value` on arm64 (`TPIDR_EL0`); 0 where
+    /// unknown.
+    pub task_thread_pointer: u32,
     pub _pad: u32,
 }
 

@@ -39,7 +39,7 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout {
     backing_user_path: 0,
     path_dentry: 0,
     dentry_inode: 0,
-    task_fsbase: 0,
+    task_thread_pointer: 0,
     _pad: 0,
 };
 
@@ -100,7 +100,7 @@ fn inode_image(inode: u64) -> Option<ImageKey> {
 /// The current user thread's thread pointer (its FS base: glibc's `struct pthread`); None where
 /// the loader found no offset for it. Only that field is read, not the whole layout.
 pub(crate) fn thread_pointer() -> Option<u64> {
-    let offset = crate::helpers::loaded(&KERNEL_LAYOUT.task_fsbase);
+    let offset = crate::helpers::loaded(&KERNEL_LAYOUT.task_thread_pointer);
     if offset == 0 {
         return None;
     }

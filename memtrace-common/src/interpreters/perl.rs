@@ -64,12 +64,14 @@ pub struct PerlProcess {
 
 /// Where a C library keeps a thread's thread-specific data (what `pthread_getspecific` returns),
 /// as glibc describes it to libthread_db (its `_thread_db_*` symbols): the thread's `struct
-/// pthread` (at the thread pointer, the FS base on x86-64) holds at `specific` pointers to blocks
-/// of `keys_per_block` key records of `record_size` bytes each, whose `data` is the value.
+/// pthread` holds at `specific` pointers to blocks of `keys_per_block` key records of
+/// `record_size` bytes each, whose `data` is the value. `specific` is counted from the thread
+/// pointer: `struct pthread` lies at it on x86-64 (the FS base), and just below it on arm64
+/// (`TPIDR_EL0` points past it, at the TCB), so there it is negative.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadKeys {
-    pub specific: u32,
+    pub specific: i32,
     pub keys_per_block: u32,
     pub record_size: u32,
     pub data: u32,

@@ -108,7 +108,7 @@ pub(super) fn read_perl_frames(tgid: u32, frames: &mut InterpreterFrames, cursor
 }
 
 /// The interpreter the current thread runs: the one kept under `PL_thr_key` in its thread-specific
-/// data (glibc's `pthread_getspecific`, read from the thread's `struct pthread` at its FS base),
+/// data (glibc's `pthread_getspecific`, read from the thread's `struct pthread` by its thread pointer),
 /// or where that cannot be known, `PL_curinterp` for the main thread alone.
 #[inline(never)]
 fn thread_interpreter(process: *const PerlProcess, tgid: u32) -> Option<u64> {
@@ -124,7 +124,8 @@ fn thread_interpreter(process: *const PerlProcess, tgid: u32) -> Option<u64> {
     let key = read_user(thr_key)? as u32;
     let block_index = key.checked_div(keys.keys_per_block)?;
     let in_block = key.checked_rem(keys.keys_per_block)?;
-    let block = read_user(thread + u64::from(keys.specific) + u64::from(block_index) * 8)?;
+    let specific = thread.wrapping_add_signed(i64::from(keys.specific));
+    let block = read_user(specific + u64::from(block_index) * 8)?;
     let record = u64::from(in_block) * u64::from(keys.record_size) + u64::from(keys.data);
     read_user(block.checked_add(record)?).filter(|&at| at != 0 && block != 0)
 }

@@ -55,7 +55,7 @@ pub fn kernel_layout(path: &Path) -> Result<KernelLayout> {
             vma_end: btf.member_offset(vma, "vm_end")?,
             vma_pgoff: btf.member_offset(vma, "vm_pgoff")?,
             vma_file: btf.member_offset(vma, "vm_file")?,
-            task_fsbase: fsbase_offset(&btf).unwrap_or(0),
+            task_thread_pointer: thread_pointer_offset(&btf).unwrap_or(0),
             ..with_backing_files(&btf, memcg_layout(&btf).unwrap_or_default())
         })
     };
@@ -89,11 +89,16 @@ fn oom_victim_is_task(btf: &Btf<'_>) -> bool {
         .is_ok_and(|record| btf.member_offset(record, "total_vm").is_ok())
 }
 
-/// Where a task keeps its user thread pointer: `task_struct.thread` . `thread_struct.fsbase`
-/// (x86-64).
-fn fsbase_offset(btf: &Btf<'_>) -> Result<u32> {
-    let thread = btf.member_offset(btf.find_struct("task_struct")?, "thread")?;
-    Ok(thread + btf.member_offset(btf.find_struct("thread_struct")?, "fsbase")?)
+/// Where a task keeps its user thread pointer: `task_struct.thread` . `thread_struct.fsbase` on
+/// x86-64, `.thread` . `.uw.tp_value` on arm64 (`uw` is an unnamed struct).
+fn thread_pointer_offset(btf: &Btf<'_>) -> Result<u32> {
+    let (thread, thread_struct) = btf.member_composite(btf.find_struct("task_struct")?, "thread")?;
+    if cfg!(target_arch = "aarch64") {
+        let (user, registers) = btf.member_composite(thread_struct, "uw")?;
+        Ok(thread + user + btf.member_offset(registers, "tp_value")?)
+    } else {
+        Ok(thread + btf.member_offset(thread_struct, "fsbase")?)
+    }
 }
 
 /// `layout` with the way from an overlay's backing file to the file it was opened as, where the
@@ -238,6 +243,23 @@ impl<'a> Btf<'a> {
         Ok(None)
     }
 
+    /// Byte offset of the struct or union `member` of `composite` (a member named so, not one
+    /// inside an anonymous member) and its type.
+    fn member_composite(&self, composite: Composite, member: &str) -> Result<(u32, Composite)> {
+        let info = u32_at(self.types, composite.at + 4)?;
+        for index in 0..(info & 0xffff) as usize {
+            let entry = composite.at + TYPE_LEN + index * 12;
+            if self.string(u32_at(self.types, entry)?)? != member.as_bytes() {
+                continue;
+            }
+            let offset = u32_at(self.types, entry + 8)?;
+            let bits = if info >> 31 == 1 { offset & 0x00ff_ffff } else { offset };
+            let inner = self.composite(u32_at(self.types, entry + 4)?)?;
+            return inner.map(|inner| (bits / 8, inner)).context(format!("{member} is no struct or union"));
+        }
+        bail!("the kernel's BTF has no member {member} of that struct")
+    }
+
     /// The struct or union a type id names, if it is one.
     fn composite(&self, id: u32) -> Result<Option<Composite>> {
         let at = *self.offsets.get(id as usize).context("a BTF type id out of range")?;
@@ -334,8 +356,8 @@ mod tests {
     fn a_tasks_thread_pointer_is_found() {
         let layout = kernel_layout(Path::new(VMLINUX_BTF)).unwrap();
         let thread = offset("task_struct", "thread").unwrap();
-        assert_eq!(layout.task_fsbase, thread + offset("thread_struct", "fsbase").unwrap());
-        assert!(layout.task_fsbase > thread, "{layout:?}");
+        assert_eq!(layout.task_thread_pointer, thread + offset("thread_struct", "fsbase").unwrap());
+        assert!(layout.task_thread_pointer > thread, "{layout:?}");
     }
 
     #[test]

@@ -47,6 +47,11 @@ impl<'data> ElfObject<'data> {
         Ok(Self { file: ElfFile64::parse(data)?, data, code: None })
     }
 
+    /// The machine the file's code is for.
+    pub fn architecture(&self) -> object::Architecture {
+        self.file.architecture()
+    }
+
     /// Code bytes are read with `code` instead of from the parsed data (a sparse image).
     pub fn with_code_reader(mut self, code: CodeReader<'data>) -> Self {
         self.code = Some(code);

@@ -62,11 +62,14 @@ pub fn layout(version: (u8, u8)) -> Option<PerlLayout> {
     match version {
         // intrpvar.h, cop.h, cv.h, gv.h, hv.h and sv.h of 5.36 (offsetof, as compiled for x86-64
         // against Debian's perl headers, /usr/lib/x86_64-linux-gnu/perl/5.36/CORE, with
-        // `perl -MExtUtils::Embed -e ccopts`: threads and multiplicity).
+        // `perl -MExtUtils::Embed -e ccopts`: threads and multiplicity). Compiled the same way
+        // for arm64 against Debian 12's libperl-dev:arm64 headers, every offset is the same but
+        // `Iphase`'s, which lies past the interpreter's `Istart_env` (a JMPENV, whose sigjmp_buf
+        // is larger on arm64).
         (5, 36) => Some(PerlLayout {
             interp_curcop: 208,
             interp_curstackinfo: 224,
-            interp_phase: 2512,
+            interp_phase: if cfg!(target_arch = "aarch64") { 2608 } else { 2512 },
             phase_run: 4,
             si_cxstack: 8,
             si_prev: 16,
