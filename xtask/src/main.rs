@@ -84,8 +84,9 @@ enum Task {
     /// Build the guide (docs/, mdBook, installed when missing) into target/guide/ and check every
     /// internal link and anchor in it and in README.md
     Docs,
-    /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry:
-    /// localhost/memtrace:latest and its OCI archive target/deploy/memtrace-image.tar
+    /// Build memtrace's container image (deploy/Containerfile) from Debian packages, no registry,
+    /// for amd64 and arm64: the manifest list localhost/memtrace:latest and its OCI archive
+    /// target/deploy/memtrace-image.tar, read back and checked
     Image,
     /// memtrace --all for MINUTES (default 10) under a mixed load; memory, tables, losses, outputs
     Soak {
@@ -111,7 +112,7 @@ fn main() -> Result<()> {
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Docs => docs::build_and_check(),
-        Task::Image => image::build(&build()?),
+        Task::Image => image_of(&build()?, &cross::build(cross::AARCH64)?),
         Task::Bench { python, windowed, collector, servers } => {
             let part = match (python, windowed, collector, servers) {
                 (true, ..) => bench::Part::Python,
@@ -265,10 +266,11 @@ fn test(with_matrix: bool) -> Result<()> {
     // The arm64 build stays a build: its code under cfg(target_arch = "aarch64") and its BPF
     // programs for arm64's registers compile only there.
     eprintln!("xtask: the arm64 build (cross-built)");
-    let arm64 = cross::build(cross::AARCH64)
-        .map(drop)
-        .context("cargo xtask build --target aarch64-unknown-linux-gnu");
-    let host = host.and(arm64);
+    let arm64 = cross::build(cross::AARCH64).context("cargo xtask build --target aarch64-unknown-linux-gnu");
+    // The DaemonSet's image, for both architectures, each with its own binary.
+    eprintln!("xtask: the container image (amd64 and arm64)");
+    let image = arm64.and_then(|arm64| image_of(&memtrace, &arm64).context("cargo xtask image"));
+    let host = host.and(image);
     // CI gives the whole run a time limit: what each part took is on its record.
     eprintln!("xtask: the host's part took {}", minutes(started.elapsed()));
     if !with_matrix {
@@ -288,6 +290,15 @@ fn test(with_matrix: bool) -> Result<()> {
         (Ok(()), Err(matrix)) => Err(matrix),
         (Err(host), Err(matrix)) => bail!("{host:#}; and {matrix:#}"),
     }
+}
+
+/// Builds the container image from the two binaries and reads it back.
+fn image_of(amd64: &Path, arm64: &Path) -> Result<()> {
+    image::build([amd64, arm64])?;
+    for (architecture, bytes) in image::check(&image::archive())? {
+        eprintln!("xtask: the image for {architecture} holds its own memtrace ({bytes} bytes)");
+    }
+    Ok(())
 }
 
 /// A duration as `12m05s`.
