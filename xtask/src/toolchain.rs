@@ -53,6 +53,10 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "tmux",
     "mmdebstrap",
+    // the container image for both architectures (image.rs)
+    "buildah",
+    // arm64's glibc, read by a unit test of its thread keys (memtrace-user/src/process/thread_keys.rs)
+    "libc6-arm64-cross",
 ];
 
 pub fn setup() -> Result<()> {
