@@ -128,12 +128,11 @@ fn capture_in(
     let interpreter = table.map_or(interpreter::NONE, |table| unsafe { (*table).interpreter });
     scratch.interpreter.count = 0;
     // Its interpreter frames change under the same native frames: read each time, never memoized.
-    let interpreted =
-        read_frames(interpreter, tgid, stats.started_ns, &mut scratch.interpreter, &mut scratch.cursors);
-    let recalled = if interpreted { None } else { scratch.window.recall(&scratch.start) };
-    if let Some((key, stop)) = recalled {
-        count_stop(stats, stop as usize);
-        return key;
+    if !read_frames(interpreter, tgid, stats.started_ns, &mut scratch.interpreter, &mut scratch.cursors) {
+        if let Some((key, stop)) = scratch.window.recall(&scratch.start) {
+            count_stop(stats, stop as usize);
+            return key;
+        }
     }
     // A process with no mapping table yet (its first moments) is walked with the kernel's
     // mappings alone (vma.rs).
