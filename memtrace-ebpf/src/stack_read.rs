@@ -49,6 +49,9 @@ pub(crate) struct WalkStart {
     /// `UNWIND_EPOCH` when the walk began.
     pub(crate) epoch: u64,
     pub(crate) regs: Registers,
+    /// The innermost frame's link register (arm64's x30; 0 on x86-64), which its row may name as
+    /// where its return address is (`unwind_ra::LINK_REGISTER`).
+    pub(crate) link: u64,
 }
 
 impl WalkStart {
@@ -60,7 +63,8 @@ impl WalkStart {
             | (self.epoch ^ other.epoch)
             | (self.regs.rip ^ other.regs.rip)
             | (self.regs.rsp ^ other.regs.rsp)
-            | (self.regs.rbp ^ other.regs.rbp);
+            | (self.regs.rbp ^ other.regs.rbp)
+            | (self.link ^ other.link);
         differ == 0
     }
 }
@@ -141,6 +145,8 @@ pub(crate) struct StackWindow {
     memo: WalkMemo,
     /// The words the current frame's step read, for frame_memo.rs.
     pub(crate) frame: FrameWords,
+    /// The walk's start's link register while the walk is at its innermost frame; 0 after.
+    link: u64,
 }
 
 /// Words a frame's step reads at most: two, one read of two or two of one.
@@ -211,6 +217,7 @@ impl StackWindow {
         self.memo.valid = 0;
         self.memo.start = *start;
         self.memo.logged = 0;
+        self.link = start.link;
         // A region this walk does not fill is not read again by a recall.
         for region in &mut self.memo.regions {
             region.span = 0;
@@ -250,9 +257,22 @@ impl StackWindow {
         Ok(words)
     }
 
-    /// Starts the words of the walk's next frame.
-    pub(crate) fn begin_frame(&mut self) {
+    /// Starts the words of the walk's frame `depth`. Past the innermost frame no link register is
+    /// known: x30 there is that frame's own return address.
+    pub(crate) fn begin_frame(&mut self, depth: u64) {
         self.frame.count = 0;
+        if depth != 0 {
+            self.link = 0;
+        }
+    }
+
+    /// The innermost frame's link register, for a row that says its return address is still there
+    /// (0 past the innermost frame). A frame whose step takes it is not one the frame memo
+    /// (frame_memo.rs) may hand to another walk, whose link register may differ: it is marked as
+    /// having read more words than a kept frame holds.
+    pub(crate) fn take_link(&mut self) -> u64 {
+        self.frame.count = FRAME_WORDS as u64 + 1;
+        self.link
     }
 
     /// Notes words read for the current frame.
