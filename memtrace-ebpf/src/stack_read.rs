@@ -50,7 +50,9 @@ pub(crate) struct WalkStart {
     pub(crate) epoch: u64,
     pub(crate) regs: Registers,
     /// The innermost frame's link register (arm64's x30; 0 on x86-64), which its row may name as
-    /// where its return address is (`unwind_ra::LINK_REGISTER`).
+    /// where its return address is (`unwind_ra::LINK_REGISTER`). Not compared by `same_as`: a walk
+    /// that took it is not memoized (`StackWindow::take_link`), and one that did not went the same
+    /// way whatever it held.
     pub(crate) link: u64,
 }
 
@@ -63,8 +65,7 @@ impl WalkStart {
             | (self.epoch ^ other.epoch)
             | (self.regs.rip ^ other.regs.rip)
             | (self.regs.rsp ^ other.regs.rsp)
-            | (self.regs.rbp ^ other.regs.rbp)
-            | (self.link ^ other.link);
+            | (self.regs.rbp ^ other.regs.rbp);
         differ == 0
     }
 }
@@ -267,11 +268,12 @@ impl StackWindow {
     }
 
     /// The innermost frame's link register, for a row that says its return address is still there
-    /// (0 past the innermost frame). A frame whose step takes it is not one the frame memo
-    /// (frame_memo.rs) may hand to another walk, whose link register may differ: it is marked as
-    /// having read more words than a kept frame holds.
+    /// (0 past the innermost frame). A walk that takes it is no memo for another, whose link
+    /// register may differ: its frame is marked as having read more words than a kept frame holds
+    /// (frame_memo.rs), and the walk as having read more than `MEMO_WORDS`.
     pub(crate) fn take_link(&mut self) -> u64 {
         self.frame.count = FRAME_WORDS as u64 + 1;
+        self.memo.logged = MEMO_WORDS as u64 + 1;
         self.link
     }
 
