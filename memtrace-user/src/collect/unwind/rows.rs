@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
 use gimli::{
-    BaseAddresses, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, EndianSlice, LittleEndian,
-    UnwindContext, UnwindSection, Vendor,
+    BaseAddresses, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, LittleEndian, UnwindContext,
+    UnwindSection, Vendor,
 };
 use memtrace_common::{unwind_kind, UnwindRow};
 use object::{
@@ -17,7 +17,7 @@ use object::{
     Endianness, Object, ObjectSection, ReadRef,
 };
 
-use super::rules::{rule_of, Arch};
+use super::rules::{rule_of, Arch, Slice};
 
 /// Most address ranges (rows before merging) one file may produce: a hostile file cannot make the
 /// builder allocate without bound. Debian's libc gives 28,274 rows after merging, python3.11 64,576.
@@ -26,8 +26,6 @@ pub const MAX_ROWS: usize = 1 << 22;
 /// Most executable PT_LOAD segments a file may have (linkers make one; every span is placed by a
 /// scan of them).
 const MAX_CODE_SEGMENTS: usize = 16;
-
-pub(super) type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
 /// What the builder saw and set aside, for diagnostics and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,14 @@
 //! return address in a frame record, a slot near the CFA or still in x30, x29 like rbp). What
 //! the 8-byte row cannot say becomes UNSUPPORTED, never a guess.
 
-use gimli::{AArch64, CfaRule, Reader, Register, RegisterRule, UnwindSection, UnwindTableRow, X86_64};
+use gimli::{
+    AArch64, CfaRule, EndianSlice, LittleEndian, Reader, Register, RegisterRule, UnwindSection,
+    UnwindTableRow, X86_64,
+};
 use memtrace_common::{unwind_kind, unwind_ra, UnwindRow, UNWIND_RBP_LOST};
 
-use super::rows::Slice;
+/// The CFI sections' bytes as gimli reads them.
+pub(super) type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
 /// The instruction sets whose CFI the builder reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,8 +160,6 @@ fn plt_offset(mut expression: Slice<'_>) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use gimli::{EndianSlice, LittleEndian};
-
     use super::*;
 
     #[test]
