@@ -1,7 +1,8 @@
-//! From an x86-64 or arm64 ELF file's .eh_frame and .debug_frame (read with gimli) to `UnwindRow`s: one row per
-//! address range, keyed by file offset, adjacent identical rows merged, gaps marked. The file is
-//! treated as hostile: every count is bounded, a corrupt entry is skipped and counted, nothing
-//! panics, and what cannot be expressed becomes an UNSUPPORTED row rather than a guess.
+//! From an x86-64 or arm64 ELF file's .eh_frame and .debug_frame (read with gimli) to
+//! `UnwindRow`s (each range's rule by rules.rs): one row per address range, keyed by file offset,
+//! adjacent identical rows merged, gaps marked. The file is treated as hostile: every count is
+//! bounded, a corrupt entry is skipped and counted, nothing panics, and what cannot be expressed
+//! becomes an UNSUPPORTED row rather than a guess.
 
 use std::collections::HashMap;
 
