@@ -2,7 +2,8 @@
 //! `bpf_target_arch`, which memtrace-user's build sets to the architecture it is built for): the
 //! program counter, stack pointer and frame pointer (x86-64's rip, rsp and rbp; arm64's pc, sp and
 //! x29), and where a function stopped at its entry finds its return address (x86-64: on top of the
-//! stack, where `call` pushed it; arm64: in the link register, x30, where `bl` put it).
+//! stack, where `call` pushed it; arm64: in the link register, x30, where `bl` put it), and how a
+//! return address read from the stack becomes a code address.
 
 use aya_ebpf::bindings::pt_regs;
 
@@ -36,6 +37,22 @@ pub(crate) fn return_address_at_entry(regs: *const pt_regs) -> Option<u64> {
 pub(crate) fn return_address_at_entry(regs: *const pt_regs) -> Option<u64> {
     // SAFETY: as in `saved`.
     Some(unsafe { (*regs).regs[30] })
+}
+
+/// The link register where the probe stopped the thread, which the innermost frame's return
+/// address may still be in (`unwind_ra::LINK_REGISTER`): x86-64 has none (0).
+#[cfg(bpf_target_arch = "x86_64")]
+pub(crate) fn link_register(_regs: *const pt_regs) -> u64 {
+    0
+}
+
+/// The link register, x30. (In a return probe it holds the kernel's return trampoline, which the
+/// probed function returned through: no file maps it, so a stack whose innermost row says the
+/// return address is still in x30 ends there, `unwind_stop::NO_MAPPING`.)
+#[cfg(bpf_target_arch = "aarch64")]
+pub(crate) fn link_register(regs: *const pt_regs) -> u64 {
+    // SAFETY: as in `saved`.
+    unsafe { (*regs).regs[30] }
 }
 
 /// A return address read from the stack, as an address: x86-64's as it is.

@@ -49,6 +49,11 @@ pub(crate) struct WalkStart {
     /// `UNWIND_EPOCH` when the walk began.
     pub(crate) epoch: u64,
     pub(crate) regs: Registers,
+    /// The innermost frame's link register (arm64's x30; 0 on x86-64), which its row may name as
+    /// where its return address is (`unwind_ra::LINK_REGISTER`). Not compared by `same_as`: a walk
+    /// that took it is not memoized (`StackWindow::take_link`), and one that did not went the same
+    /// way whatever it held.
+    pub(crate) link: u64,
 }
 
 impl WalkStart {
@@ -141,6 +146,8 @@ pub(crate) struct StackWindow {
     memo: WalkMemo,
     /// The words the current frame's step read, for frame_memo.rs.
     pub(crate) frame: FrameWords,
+    /// The walk's start's link register while the walk is at its innermost frame; 0 after.
+    link: u64,
 }
 
 /// Words a frame's step reads at most: two, one read of two or two of one.
@@ -211,6 +218,7 @@ impl StackWindow {
         self.memo.valid = 0;
         self.memo.start = *start;
         self.memo.logged = 0;
+        self.link = start.link;
         // A region this walk does not fill is not read again by a recall.
         for region in &mut self.memo.regions {
             region.span = 0;
@@ -250,9 +258,23 @@ impl StackWindow {
         Ok(words)
     }
 
-    /// Starts the words of the walk's next frame.
-    pub(crate) fn begin_frame(&mut self) {
+    /// Starts the words of the walk's frame `depth`. Past the innermost frame no link register is
+    /// known: x30 there is that frame's own return address.
+    pub(crate) fn begin_frame(&mut self, depth: u64) {
         self.frame.count = 0;
+        if depth != 0 {
+            self.link = 0;
+        }
+    }
+
+    /// The innermost frame's link register, for a row that says its return address is still there
+    /// (0 past the innermost frame). A walk that takes it is no memo for another, whose link
+    /// register may differ: its frame is marked as having read more words than a kept frame holds
+    /// (frame_memo.rs), and the walk as having read more than `MEMO_WORDS`.
+    pub(crate) fn take_link(&mut self) -> u64 {
+        self.frame.count = FRAME_WORDS as u64 + 1;
+        self.memo.logged = MEMO_WORDS as u64 + 1;
+        self.link
     }
 
     /// Notes words read for the current frame.

@@ -121,8 +121,9 @@ fn capture_in(
     let regs = Registers { rip: saved.pc, rsp: saved.sp, rbp: saved.fp, rbp_known: 1 };
     // The epoch is read before any table the walk reads. The start is kept in the slot, not on
     // the BPF stack, which the walk's chain of calls needs.
+    let link = registers::link_register(ctx.regs);
     scratch.start =
-        WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs };
+        WalkStart { tgid: u64::from(tgid), started_ns: stats.started_ns, epoch: tables_epoch(), regs, link };
     let table = UNWIND_MAPPINGS.get_ptr(tgid);
     // SAFETY: a map value, valid while the program runs.
     let interpreter = table.map_or(interpreter::NONE, |table| unsafe { (*table).interpreter });

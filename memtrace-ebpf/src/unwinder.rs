@@ -18,10 +18,10 @@ use aya_ebpf::{
     maps::{Array, HashMap},
 };
 use memtrace_common::{
-    unwind_file_state, unwind_kind, unwind_stop, UnwindFile, UnwindMapping, UnwindMappings, UnwindRow,
-    UnwindTableInfo, STACK_DEPTH, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES, UNWIND_MAX_MAPPINGS,
-    UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE, UNWIND_RBP_LOST,
-    UNWIND_SEARCH_STEPS,
+    unwind_file_state, unwind_kind, unwind_ra, unwind_stop, UnwindFile, UnwindMapping, UnwindMappings,
+    UnwindRow, UnwindTableInfo, STACK_DEPTH, UNWIND_CFA_MASK, UNWIND_MAPPING_STEPS, UNWIND_MAX_FILES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MAX_PAGES, UNWIND_MAX_PROCESSES, UNWIND_MAX_ROWS, UNWIND_NO_FILE,
+    UNWIND_RA_SHIFT, UNWIND_RBP_LOST, UNWIND_SEARCH_STEPS,
 };
 
 use crate::{
@@ -231,7 +231,7 @@ fn unwind_frame(scratch: &mut Scratch, memos: &mut FrameMemos) -> bool {
     *slot = regs.rip;
     let base = mapping.file_offset.wrapping_sub(mapping.start);
     *location = FrameLocation { file: mapping.file, _pad: 0, offset: regs.rip.wrapping_add(base) };
-    window.begin_frame();
+    window.begin_frame(depth);
     memos.record(depth, &regs, location);
     match step(&regs, mapping.file, pc.wrapping_add(base), window) {
         Ok(caller) => {
@@ -323,31 +323,63 @@ fn read_stack(window: &mut StackWindow, address: u64) -> Result<u64, usize> {
 /// The steps on `UnwindRow`.
 fn step_by_row(row: UnwindRow, regs: &Registers, window: &mut StackWindow) -> Result<Registers, usize> {
     let offset = u64::from(row.cfa_offset);
-    let cfa = match row.kind {
+    let cfa = match row.kind & UNWIND_CFA_MASK {
         unwind_kind::CFA_RSP => regs.rsp.wrapping_add(offset),
         unwind_kind::CFA_RBP if regs.rbp_known != 0 => regs.rbp.wrapping_add(offset),
         unwind_kind::CFA_PLT => regs.rsp.wrapping_add(offset + if regs.rip & 15 >= 11 { 8 } else { 0 }),
         unwind_kind::END => return Err(unwind_stop::WHOLE),
         _ => return Err(unwind_stop::UNSUPPORTED),
     };
-    let (return_address, rbp, rbp_known) = match row.rbp {
-        // rbp pushed right below the return address (every `push %rbp` prologue): one read.
-        -2 => {
-            let [rbp, return_address] = window.read::<2>(cfa.wrapping_sub(16))?;
+    let (return_address, rbp, rbp_known) = match row.kind >> UNWIND_RA_SHIFT {
+        unwind_ra::LINK_REGISTER => {
+            let link = window.take_link();
+            if link == 0 {
+                return Err(unwind_stop::UNSUPPORTED);
+            }
+            let (rbp, rbp_known) = caller_frame_pointer(row.rbp, cfa, regs, window)?;
+            (link, rbp, rbp_known)
+        }
+        unwind_ra::FRAME_RECORD if row.rbp != 0 && row.rbp != UNWIND_RBP_LOST => {
+            // The frame pointer and the return address above it (x86-64's `push %rbp` prologue,
+            // arm64's `stp x29, x30`): one read.
+            let [rbp, return_address] =
+                window.read::<2>(cfa.wrapping_add((i64::from(row.rbp) * 8) as u64))?;
             (return_address, rbp, 1)
         }
-        0 => (read_stack(window, cfa.wrapping_sub(8))?, regs.rbp, regs.rbp_known),
-        UNWIND_RBP_LOST => (read_stack(window, cfa.wrapping_sub(8))?, 0, 0),
-        units => (
-            read_stack(window, cfa.wrapping_sub(8))?,
-            read_stack(window, cfa.wrapping_add((i64::from(units) * 8) as u64))?,
-            1,
-        ),
+        rule if rule <= unwind_ra::DEEPEST => {
+            // At CFA - 8 * (rule + 1); x86-64's rows all say rule 0, CFA-8.
+            let slot = cfa.wrapping_sub(8 * (u64::from(rule) + 1));
+            if row.rbp == -2 && rule == 0 {
+                // x86-64's `push %rbp` prologue: rbp right below the return address, one read.
+                let [rbp, return_address] = window.read::<2>(cfa.wrapping_sub(16))?;
+                (return_address, rbp, 1)
+            } else {
+                let return_address = read_stack(window, slot)?;
+                let (rbp, rbp_known) = caller_frame_pointer(row.rbp, cfa, regs, window)?;
+                (return_address, rbp, rbp_known)
+            }
+        }
+        _ => return Err(unwind_stop::UNSUPPORTED),
     };
+    let return_address = crate::registers::code_address(return_address);
     if return_address == 0 {
         return Err(unwind_stop::WHOLE);
     }
     Ok(Registers { rip: return_address, rsp: cfa, rbp, rbp_known })
+}
+
+/// The caller's frame pointer (rbp, x29) and whether it is known, per the row's `rbp`.
+fn caller_frame_pointer(
+    units: i8,
+    cfa: u64,
+    regs: &Registers,
+    window: &mut StackWindow,
+) -> Result<(u64, u64), usize> {
+    match units {
+        0 => Ok((regs.rbp, regs.rbp_known)),
+        UNWIND_RBP_LOST => Ok((0, 0)),
+        units => Ok((read_stack(window, cfa.wrapping_add((i64::from(units) * 8) as u64))?, 1)),
+    }
 }
 
 /// CFA = rbp + 16, where rbp must point into the stack above this frame. (arm64's frame record is

@@ -18,7 +18,9 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// the LLVM 22 libraries bpf-linker links against.
 const BPF_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"];
-/// What the test fixtures are built with: a C compiler with static glibc, the allocators memtrace
+/// What the test fixtures are built with: a C compiler with static glibc, the arm64 cross compiler
+/// and glibc (the arm64 unwind tables are tested on Debian's arm64 libc and a cross-compiled
+/// fixture), the allocators memtrace
 /// must find (jemalloc, tcmalloc, mimalloc; make builds the jemalloc tikv-jemallocator compiles into
 /// the Rust fixture rjem_leaks), and <sys/sdt.h> for USDT probes; and Debian's python3,
 /// the stock program without frame pointers the unwinder is tested on; Prometheus and Go's pprof,
@@ -46,6 +48,8 @@ const FIXTURE_PACKAGES: &[&str] = &[
     "gcc",
     "make",
     "libc6-dev",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     "libjemalloc-dev",
     "libgoogle-perftools-dev",
     "libmimalloc-dev",

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, fs::File, os::unix::fs::FileExt, path::PathBuf, rc::Rc};
 
 use anyhow::{Context, Result};
-use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
+use memtrace_common::{unwind_kind, unwind_ra, UnwindRow, UNWIND_RBP_LOST};
 
 use super::{build::table_of_file, index::UnwindTable};
 use crate::{
@@ -75,9 +75,20 @@ impl Memory for ProcessMemory {
     }
 }
 
-/// The caller's registers, per one row (the steps on `UnwindRow`).
+/// The caller's registers, per one row (the steps on `UnwindRow`), in a frame whose link register
+/// is not known (every frame but a walk's innermost, and x86-64's every frame).
 pub fn step(row: UnwindRow, regs: Registers, memory: &impl Memory) -> Result<Registers, StopReason> {
-    let cfa = match row.kind {
+    step_with_link(row, regs, None, memory)
+}
+
+/// `step`, with the link register where it is known (arm64's x30 in the innermost frame).
+pub fn step_with_link(
+    row: UnwindRow,
+    regs: Registers,
+    link: Option<u64>,
+    memory: &impl Memory,
+) -> Result<Registers, StopReason> {
+    let cfa = match row.cfa_rule() {
         unwind_kind::CFA_RSP => regs.rsp.checked_add(u64::from(row.cfa_offset)),
         unwind_kind::CFA_RBP => regs.rbp.ok_or(StopReason::RbpLost)?.checked_add(u64::from(row.cfa_offset)),
         unwind_kind::CFA_PLT => {
@@ -89,7 +100,7 @@ pub fn step(row: UnwindRow, regs: Registers, memory: &impl Memory) -> Result<Reg
         _ => return Err(StopReason::Unsupported),
     }
     .ok_or(StopReason::ReadFault)?;
-    let return_address = memory.read_u64(cfa.wrapping_sub(8)).ok_or(StopReason::ReadFault)?;
+    let return_address = code_address(return_address(row, cfa, link, memory)?);
     let rbp = match row.rbp {
         0 => regs.rbp,
         UNWIND_RBP_LOST => None,
@@ -102,6 +113,34 @@ pub fn step(row: UnwindRow, regs: Registers, memory: &impl Memory) -> Result<Reg
         return Err(StopReason::ZeroReturnAddress);
     }
     Ok(Registers { rip: return_address, rsp: cfa, rbp })
+}
+
+/// The return address per the row's `unwind_ra` rule, as it is stored (signed, on arm64).
+fn return_address(
+    row: UnwindRow,
+    cfa: u64,
+    link: Option<u64>,
+    memory: &impl Memory,
+) -> Result<u64, StopReason> {
+    let slot = match row.ra_rule() {
+        unwind_ra::LINK_REGISTER => return link.ok_or(StopReason::Unsupported),
+        unwind_ra::FRAME_RECORD if row.rbp != 0 && row.rbp != UNWIND_RBP_LOST => {
+            cfa.wrapping_add_signed(i64::from(row.rbp) * 8 + 8)
+        }
+        rule if rule <= unwind_ra::DEEPEST => cfa.wrapping_sub(8 * (u64::from(rule) + 1)),
+        _ => return Err(StopReason::Unsupported),
+    };
+    memory.read_u64(slot).ok_or(StopReason::ReadFault)
+}
+
+/// A return address as a code address: on arm64, without the pointer-authentication signature
+/// above bit 48 (as memtrace-ebpf's `registers::code_address`).
+fn code_address(return_address: u64) -> u64 {
+    if cfg!(target_arch = "aarch64") {
+        return_address & ((1 << 48) - 1)
+    } else {
+        return_address
+    }
 }
 
 /// The frame-pointer step where no row covers an address: CFA = rbp + 16.
@@ -239,5 +278,24 @@ mod tests {
         assert_eq!(step(row(unwind_kind::CFA_RSP, 8, 0), regs, &memory), Err(StopReason::ReadFault));
         let regs = Registers { rip: 0x10, rsp: u64::MAX - 4, rbp: None };
         assert_eq!(step(row(unwind_kind::CFA_RSP, 8, 0), regs, &memory), Err(StopReason::ReadFault));
+    }
+
+    #[test]
+    fn arm64_return_addresses_come_from_the_frame_record_a_slot_or_the_link_register() {
+        let kind = |ra| UnwindRow::kind_of(unwind_kind::CFA_RSP, ra);
+        // `stp x29, x30, [sp, #-96]!` at sp 0x1fa0: CFA = sp + 96 = 0x2000, x29 at CFA-96 = 0x1fa0
+        // (units -12), x30 above it at 0x1fa8.
+        let memory = Slots(HashMap::from([(0x1fa0, 0x3000), (0x1fa8, 0x4444), (0x1ff0, 0x5555)]));
+        let regs = Registers { rip: 0x10, rsp: 0x1fa0, rbp: Some(1) };
+        let caller = step(row(kind(unwind_ra::FRAME_RECORD), 96, -12), regs, &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0x4444, rsp: 0x2000, rbp: Some(0x3000) });
+        // `str x30, [sp, #-16]!`: x30 at CFA-16 = 0x1ff0, rule 1; x29 untouched.
+        let caller = step(row(kind(1), 96, 0), regs, &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0x5555, rsp: 0x2000, rbp: Some(1) });
+        // A leaf: CFA = sp, the return address still in x30, known in the innermost frame only.
+        let leaf = row(kind(unwind_ra::LINK_REGISTER), 0, 0);
+        let caller = step_with_link(leaf, regs, Some(0x6666), &memory).unwrap();
+        assert_eq!(caller, Registers { rip: 0x6666, rsp: 0x1fa0, rbp: Some(1) });
+        assert_eq!(step(leaf, regs, &memory), Err(StopReason::Unsupported));
     }
 }

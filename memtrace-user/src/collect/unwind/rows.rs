@@ -1,21 +1,24 @@
-//! From an x86-64 ELF file's .eh_frame and .debug_frame (read with gimli) to `UnwindRow`s: one row per
-//! address range, keyed by file offset, adjacent identical rows merged, gaps marked. The file is
-//! treated as hostile: every count is bounded, a corrupt entry is skipped and counted, nothing
-//! panics, and what cannot be expressed becomes an UNSUPPORTED row rather than a guess.
+//! From an x86-64 or arm64 ELF file's .eh_frame and .debug_frame (read with gimli) to
+//! `UnwindRow`s (each range's rule by rules.rs): one row per address range, keyed by file offset,
+//! adjacent identical rows merged, gaps marked. The file is treated as hostile: every count is
+//! bounded, a corrupt entry is skipped and counted, nothing panics, and what cannot be expressed
+//! becomes an UNSUPPORTED row rather than a guess.
 
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, EndianSlice, LittleEndian,
-    Reader, RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, LittleEndian, UnwindContext,
+    UnwindSection, Vendor,
 };
-use memtrace_common::{unwind_kind, UnwindRow, UNWIND_RBP_LOST};
+use memtrace_common::{unwind_kind, UnwindRow};
 use object::{
     elf,
     read::elf::{ElfFile64, ProgramHeader as _},
     Endianness, Object, ObjectSection, ReadRef,
 };
+
+use super::rules::{rule_of, Arch, Slice};
 
 /// Most address ranges (rows before merging) one file may produce: a hostile file cannot make the
 /// builder allocate without bound. Debian's libc gives 28,274 rows after merging, python3.11 64,576.
@@ -24,8 +27,6 @@ pub const MAX_ROWS: usize = 1 << 22;
 /// Most executable PT_LOAD segments a file may have (linkers make one; every span is placed by a
 /// scan of them).
 const MAX_CODE_SEGMENTS: usize = 16;
-
-type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
 /// What the builder saw and set aside, for diagnostics and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +99,23 @@ impl Placement {
 /// Builds the merged, sorted rows of an ELF file (the `pc` of every row is a file offset; see
 /// memtrace_common's unwind section). The last row, if any, is a NONE row. `data` is the file in
 /// memory or an `object::ReadCache`, which reads only the headers and the two CFI sections.
-pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, BuildStats)> {
+/// `only` refuses a file of another architecture (the rows' rules are the architecture's: the
+/// BPF side steps its own).
+pub fn build_rows<'data, R: ReadRef<'data>>(
+    data: R,
+    only: Option<Arch>,
+) -> Result<(Vec<UnwindRow>, BuildStats)> {
     let file = ElfFile64::<Endianness, R>::parse(data).context("not a 64-bit ELF file")?;
     let file_len = data.len().ok().context("cannot tell the file's length")?;
-    if file.architecture() != object::Architecture::X86_64 || !file.is_little_endian() {
-        bail!("not an x86-64 ELF file ({:?})", file.architecture());
-    }
+    let arch = Arch::of(file.architecture()).filter(|_| file.is_little_endian());
+    let Some(arch) = arch.filter(|arch| only.is_none_or(|only| only == *arch)) else {
+        bail!(
+            "not an ELF file of {} ({:?})",
+            only.map_or("x86-64 or arm64", Arch::name),
+            file.architecture()
+        );
+    };
+    let vendor = if arch == Arch::Aarch64 { Vendor::AArch64 } else { Vendor::Default };
     let segments = code_segments(&file);
     if segments.len() > MAX_CODE_SEGMENTS {
         bail!("{} executable segments (at most {MAX_CODE_SEGMENTS} are accepted)", segments.len());
@@ -115,15 +127,17 @@ pub fn build_rows<'data, R: ReadRef<'data>>(data: R) -> Result<(Vec<UnwindRow>, 
         if let Some(bytes) = section_bytes(&section) {
             let mut eh_frame = EhFrame::new(bytes, LittleEndian);
             eh_frame.set_address_size(8);
+            eh_frame.set_vendor(vendor);
             let bases = eh_frame_bases(&file, section.address());
-            collect_spans(&eh_frame, &bases, &placement, &mut spans, &mut stats);
+            collect_spans(arch, &eh_frame, &bases, &placement, &mut spans, &mut stats);
         }
     }
     if let Some(section) = file.section_by_name(".debug_frame") {
         if let Some(bytes) = section_bytes(&section) {
             let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
             debug_frame.set_address_size(8);
-            collect_spans(&debug_frame, &BaseAddresses::default(), &placement, &mut spans, &mut stats);
+            debug_frame.set_vendor(vendor);
+            collect_spans(arch, &debug_frame, &BaseAddresses::default(), &placement, &mut spans, &mut stats);
         }
     }
     Ok((sweep(spans, &mut stats), stats))
@@ -174,6 +188,7 @@ fn code_segments<'data, R: ReadRef<'data>>(file: &ElfFile64<'data, Endianness, R
 /// Appends the spans of every FDE of one CFI section. A corrupt entry header ends the section (the
 /// next entry's position is unknown); a corrupt FDE is skipped.
 fn collect_spans<'data, S>(
+    arch: Arch,
     section: &S,
     bases: &BaseAddresses,
     placement: &Placement,
@@ -213,7 +228,7 @@ fn collect_spans<'data, S>(
                     return Ok(());
                 }
                 if row.start_address() < row.end_address() {
-                    let rule = rule_of(row, section);
+                    let rule = rule_of(arch, row, section);
                     spans.extend(placement.span(row.start_address(), row.end_address(), rule, stats));
                 }
             }
@@ -231,55 +246,6 @@ fn collect_spans<'data, S>(
             break;
         }
     }
-}
-
-/// One gimli row as an `UnwindRow` without its `pc`.
-fn rule_of<'data, S: UnwindSection<Slice<'data>>>(row: &UnwindTableRow<usize>, section: &S) -> UnwindRow {
-    let unsupported = UnwindRow { kind: unwind_kind::UNSUPPORTED, ..UnwindRow::default() };
-    match row.register(X86_64::RA) {
-        Some(RegisterRule::Undefined) => {
-            return UnwindRow { kind: unwind_kind::END, ..UnwindRow::default() };
-        }
-        Some(RegisterRule::Offset(-8)) => {}
-        _ => return unsupported,
-    }
-    let (kind, offset) = match row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
-            (unwind_kind::CFA_RSP, *offset)
-        }
-        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
-            (unwind_kind::CFA_RBP, *offset)
-        }
-        CfaRule::Expression(expression) => match expression.get(section).ok().and_then(|e| plt_offset(e.0)) {
-            Some(offset) => (unwind_kind::CFA_PLT, offset),
-            None => return unsupported,
-        },
-        CfaRule::RegisterAndOffset { .. } => return unsupported,
-    };
-    let Ok(cfa_offset) = u16::try_from(offset) else {
-        return unsupported;
-    };
-    let rbp = match row.register(X86_64::RBP) {
-        None | Some(RegisterRule::SameValue) => 0,
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
-            i8::try_from(offset / 8).ok().filter(|&units| units != UNWIND_RBP_LOST).unwrap_or(UNWIND_RBP_LOST)
-        }
-        _ => UNWIND_RBP_LOST,
-    };
-    UnwindRow { pc: 0, cfa_offset, kind, rbp }
-}
-
-/// The base offset of binutils' x86-64 PLT CFA expression, `DW_OP_breg7 (rsp): N; DW_OP_breg16
-/// (rip): 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus`,
-/// or None for any other expression.
-fn plt_offset(mut expression: Slice<'_>) -> Option<i64> {
-    const DW_OP_BREG7: u8 = 0x77;
-    const TAIL: [u8; 9] = [0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
-    if expression.read_u8().ok()? != DW_OP_BREG7 {
-        return None;
-    }
-    let offset = expression.read_sleb128().ok()?;
-    (expression.slice() == TAIL).then_some(offset)
 }
 
 /// Sorted, non-overlapping rows: earlier sections win over later ones at the same address (the
@@ -337,14 +303,16 @@ fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
 #[cfg(test)]
 pub(super) fn check_against_gimli(data: &[u8], table: &super::index::UnwindTable) -> Result<usize> {
     let file = ElfFile64::<Endianness>::parse(data)?;
+    let arch = Arch::of(file.architecture()).context("no architecture the builder reads")?;
     let placement = Placement { segments: code_segments(&file), file_len: data.len() as u64 };
     let section = file.section_by_name(".eh_frame").context("no .eh_frame")?;
     let mut eh_frame = EhFrame::new(section.data()?, LittleEndian);
     eh_frame.set_address_size(8);
+    eh_frame.set_vendor(if arch == Arch::Aarch64 { Vendor::AArch64 } else { Vendor::Default });
     let bases = eh_frame_bases(&file, section.address());
     let mut spans = Vec::new();
     let mut stats = BuildStats::default();
-    collect_spans(&eh_frame, &bases, &placement, &mut spans, &mut stats);
+    collect_spans(arch, &eh_frame, &bases, &placement, &mut spans, &mut stats);
     let mut checked = 0;
     for span in spans {
         for pc in [span.start(), u64::from(span.end) - 1] {
@@ -361,17 +329,6 @@ pub(super) fn check_against_gimli(data: &[u8], table: &super::index::UnwindTable
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plt_expression_is_recognised_and_others_are_not() {
-        let plt = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
-        assert_eq!(plt_offset(EndianSlice::new(&plt, LittleEndian)), Some(8));
-        let mut other = plt;
-        other[6] = 0x3a; // DW_OP_lit10
-        assert_eq!(plt_offset(EndianSlice::new(&other, LittleEndian)), None);
-        // The signal trampoline's `DW_OP_breg7 (rsp): 160; DW_OP_deref`.
-        assert_eq!(plt_offset(EndianSlice::new(&[0x77, 0xa0, 0x01, 0x06], LittleEndian)), None);
-    }
 
     #[test]
     fn merging_keeps_one_row_per_change_and_the_latest_at_one_address() {
