@@ -265,7 +265,8 @@ impl MemoryLevels {
 /// how much of each is resident (the summary's `memory.allocator_free_by_size`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FreePool {
-    /// glibc arenas seen (the main one and each thread arena's heaps' arena); 0 for other allocators.
+    /// glibc arenas seen (the main one and each thread arena's heaps' arena) when the process's
+    /// mappings were last read, which may be later than `measured_at_us`; 0 for other allocators.
     pub arenas: u32,
     /// When it was measured, in microseconds since tracing began: it is measured within a budget,
     /// so it may be older than the other levels (a process that exited keeps its last).

@@ -82,6 +82,11 @@ impl OwnersReader {
             let known = self.processes.entry(pid).or_default();
             known.read_at = key;
             known.classified = classified;
+            // Its arenas are the process's as last read, not as when its pool was last measured
+            // (the budget can leave that at the first sample, before its threads made theirs).
+            if let Some((_, pool)) = &mut known.free {
+                pool.arenas = known.classified.arenas;
+            }
         }
         self.last(pid, whole)
     }
