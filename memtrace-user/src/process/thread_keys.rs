@@ -11,18 +11,18 @@ use super::elf::ElfObject;
 
 /// The thread-specific keys of the C library `elf`, if it describes them (glibc does).
 pub fn thread_keys(elf: &ElfObject<'_>) -> Option<ThreadKeys> {
+    let word = |address: u64| Some(u32::from_le_bytes(elf.bytes_at(address, 4)?.try_into().ok()?));
     let descriptor = |name: &str| -> Option<[u32; 3]> {
-        let bytes = elf.bytes_at(elf.defined_data(name)?, 12)?;
-        let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-        Some([word(0)?, word(4)?, word(8)?])
+        let at = elf.defined_data(name)?;
+        Some([word(at)?, word(at + 4)?, word(at + 8)?])
     };
     // `struct pthread.specific`: an array of pointers to blocks of key records.
     let [_, _, specific] = descriptor("_thread_db_pthread_specific")?;
     let below_thread_pointer = match elf.architecture() {
-        object::Architecture::Aarch64 => elf.bytes_at(elf.defined_data("_thread_db_sizeof_pthread")?, 4)?,
-        _ => vec![0; 4],
+        object::Architecture::Aarch64 => word(elf.defined_data("_thread_db_sizeof_pthread")?)?,
+        _ => 0,
     };
-    let specific = i64::from(specific) - i64::from(u32::from_le_bytes(below_thread_pointer.try_into().ok()?));
+    let specific = i64::from(specific) - i64::from(below_thread_pointer);
     // A block: `keys_per_block` records (`struct pthread_key_data`) of `bits / 8` bytes each.
     let [record_bits, keys_per_block, _] = descriptor("_thread_db_pthread_key_data_level2_data")?;
     let [_, _, data] = descriptor("_thread_db_pthread_key_data_data")?;
