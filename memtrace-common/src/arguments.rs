@@ -30,7 +30,8 @@ pub mod register {
 
 /// For each of a function's first `COUNT` arguments, the register that holds it at the probe:
 /// 4 bits an argument, 0 for the calling convention's own register (rdi, rsi, rdx, rcx, r8) and
-/// otherwise 1 + the register's `register` index. All zero (`AT_ENTRY`) at a function's entry.
+/// otherwise 1 + the register's `register` index (on arm64, whose convention puts argument n in
+/// xn, the index of xi is i, for x0..x14). All zero (`AT_ENTRY`) at a function's entry.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ArgumentRegisters(pub u32);

@@ -66,19 +66,53 @@ fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
     }
 }
 
-/// Argument `n` on arm64, whose probes stay at the function's entry (memtrace-user's
-/// probe_point.rs), where argument n is in x<n>. One arm an argument, each a read at a constant
-/// offset of the context.
+/// Argument `n` on arm64: in x<n> at the entry, or in the register the probe's cookie names
+/// (memtrace-user's probe_point/arm64.rs: index i is xi, x0..x14).
 #[cfg(bpf_target_arch = "aarch64")]
 #[inline(always)]
-pub(crate) fn argument(ctx: &ProbeContext, _registers: ArgumentRegisters, n: usize) -> u64 {
-    let value: Option<u64> = match n {
-        0 => ctx.arg(0),
-        1 => ctx.arg(1),
-        2 => ctx.arg(2),
-        3 => ctx.arg(3),
-        4 => ctx.arg(4),
-        _ => None,
-    };
-    value.unwrap_or(0)
+pub(crate) fn argument(ctx: &ProbeContext, registers: ArgumentRegisters, n: usize) -> u64 {
+    if n >= ArgumentRegisters::COUNT {
+        return 0;
+    }
+    general_register(ctx, registers.register(n).unwrap_or(n as u8))
+}
+
+/// x<index> of the probe's saved registers: arm64's pt_regs starts with `regs[31]`, x<i> at byte
+/// 8 * i. One arm a register, an assembly load at a constant offset of the context, as on x86.
+#[cfg(bpf_target_arch = "aarch64")]
+fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
+    macro_rules! saved {
+        ($offset:literal) => {{
+            let value: u64;
+            // SAFETY: a read of the probe's saved registers, valid while the program runs, at an
+            // offset inside pt_regs; it writes nothing.
+            unsafe {
+                core::arch::asm!(
+                    concat!("{value} = *(u64 *)({regs} + ", $offset, ")"),
+                    regs = in(reg) ctx.regs,
+                    value = out(reg) value,
+                    options(readonly, nostack, preserves_flags),
+                );
+            }
+            value
+        }};
+    }
+    match index {
+        0 => saved!(0),
+        1 => saved!(8),
+        2 => saved!(16),
+        3 => saved!(24),
+        4 => saved!(32),
+        5 => saved!(40),
+        6 => saved!(48),
+        7 => saved!(56),
+        8 => saved!(64),
+        9 => saved!(72),
+        10 => saved!(80),
+        11 => saved!(88),
+        12 => saved!(96),
+        13 => saved!(104),
+        14 => saved!(112),
+        _ => 0,
+    }
 }

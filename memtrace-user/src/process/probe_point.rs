@@ -22,7 +22,8 @@
 //!   register but rax, rcx and r11 (glibc's munmap has no emulated point but the `jae` after it).
 //!
 //! Where no such point exists the probe stays at the entry (`emulated` says whether the kernel
-//! emulates what is there), and doctor and the summary name it.
+//! emulates what is there), and doctor and the summary name it. arm64's walk, by the same rules
+//! with arm64's instructions, is in probe_point/arm64.rs.
 
 use std::collections::HashSet;
 
@@ -65,47 +66,9 @@ pub struct SingleStepped {
 /// `arguments`.
 pub fn place(code: &[u8], address: u64, arguments: ArgumentsRead) -> ProbePoint {
     if cfg!(target_arch = "aarch64") {
-        return arm64_entry(code);
+        return arm64::place(code, arguments);
     }
     walk(code, address, arguments).unwrap_or_else(|| at_entry(code, address))
-}
-
-/// arm64: the probe stays at the entry (no walk yet: issue 38's placement past `paciasp` and
-/// before `stp x29, x30` is to come), all arguments where the calling convention puts them. The
-/// kernel simulates branches, `adr`/`adrp` and literal loads (arch/arm64/kernel/probes/
-/// decode-insn.c, since 4.x) and single-steps the rest; an instruction not known to be simulated
-/// counts as single-stepped.
-fn arm64_entry(code: &[u8]) -> ProbePoint {
-    let word = code.get(..4).map(|bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
-    let simulated = word.and_then(arm64_simulated);
-    ProbePoint {
-        delta: 0,
-        registers: ArgumentRegisters::AT_ENTRY,
-        emulated: simulated.is_some(),
-        instruction: match (simulated, word) {
-            (Some(name), _) => name.to_owned(),
-            (None, Some(word)) => format!("{word:#010x}"),
-            (None, None) => "?".to_owned(),
-        },
-    }
-}
-
-/// The name of an arm64 instruction the kernel simulates under a uprobe, if `word` is one.
-fn arm64_simulated(word: u32) -> Option<&'static str> {
-    let name = match word {
-        _ if word & 0x7c00_0000 == 0x1400_0000 => "b/bl",
-        _ if word & 0xff00_0010 == 0x5400_0000 => "b.cond",
-        _ if word & 0x7e00_0000 == 0x3400_0000 => "cbz/cbnz",
-        _ if word & 0x7e00_0000 == 0x3600_0000 => "tbz/tbnz",
-        _ if word & 0xffff_fc1f == 0xd61f_0000 => "br",
-        _ if word & 0xffff_fc1f == 0xd63f_0000 => "blr",
-        _ if word & 0xffff_fc1f == 0xd65f_0000 => "ret",
-        _ if word & 0x1f00_0000 == 0x1000_0000 => "adr/adrp",
-        _ if word & 0xbf00_0000 == 0x1800_0000 => "ldr (literal)",
-        _ if word & 0xff00_0000 == 0x9800_0000 => "ldrsw (literal)",
-        _ => return None,
-    };
-    Some(name)
 }
 
 /// A probe that cannot move (a USDT site: its arguments are where its note says, at that
@@ -113,7 +76,7 @@ fn arm64_simulated(word: u32) -> Option<&'static str> {
 /// (`nop5_optimized`: 6.18's optimized uprobes) calls into it where it is a 5-byte nop.
 pub fn fixed(code: &[u8], nop5_optimized: bool) -> ProbePoint {
     if cfg!(target_arch = "aarch64") {
-        return arm64_entry(code);
+        return arm64::at_entry(code);
     }
     let mut point = at_entry(code, 0);
     point.emulated |= nop5_optimized && code.starts_with(&NOP5);
@@ -305,5 +268,6 @@ fn register_index(register: Register) -> Option<u8> {
     })
 }
 
+mod arm64;
 #[cfg(test)]
 mod tests;
