@@ -307,8 +307,8 @@ pub fn verdict(missing_privileges: &[&str], refusal: Option<&str>, programs: &Pr
 /// on its own architecture's processes: an arm64 build on arm64, an x86-64 build on x86-64.
 fn architecture() -> String {
     match std::env::consts::ARCH {
-        "aarch64" => "aarch64 (arm64: probes at each function's entry, stacks by frame pointers, no USDT or \
-                      interpreter frames yet)"
+        "aarch64" => "aarch64 (arm64: a function that starts with paciasp or stp x29, x30 keeps its probes \
+                      there, single-stepped, as a return probe must come before them)"
             .to_owned(),
         arch => arch.to_owned(),
     }

@@ -57,6 +57,13 @@ enum Task {
         #[arg(long, default_value_t = 1)]
         repeat: u32,
     },
+    /// Cross-build memtrace for arm64 and boot Debian's arm64 kernel packages in QEMU over Debian's
+    /// arm64 glibc and jemalloc (12 and 13): doctor, exact counts, single-steps, a clean kernel log
+    /// (tests/matrix-arm64/run.sh; default: Debian 12's 6.12)
+    MatrixArm64 {
+        /// Kernel packages to boot instead, e.g. linux-image-arm64 (6.1) linux-image-6.12-arm64
+        packages: Vec<String>,
+    },
     /// Print the circles between modules of memtrace-user and memtrace-ebpf (a module that imports
     /// one that imports it back), failing when there is one
     Circles {
@@ -110,6 +117,7 @@ fn main() -> Result<()> {
         Task::Demo => demo(),
         Task::Test { no_matrix } => test(!no_matrix),
         Task::Matrix { packages, only, repeat } => matrix(&packages, &matrix::Selection { only, repeat }),
+        Task::MatrixArm64 { packages } => matrix_arm64(&cross::build(cross::AARCH64)?, &packages),
         Task::Circles { dirs } => circles::check(&workspace_root(), &dirs),
         Task::Docs => docs::build_and_check(),
         Task::Image => image_of(&build()?, &cross::build(cross::AARCH64)?),
@@ -269,7 +277,10 @@ fn test(with_matrix: bool) -> Result<()> {
     let arm64 = cross::build(cross::AARCH64).context("cargo xtask build --target aarch64-unknown-linux-gnu");
     // The DaemonSet's image, for both architectures, each with its own binary.
     eprintln!("xtask: the container image (amd64 and arm64)");
-    let image = arm64.and_then(|arm64| image_of(&memtrace, &arm64).context("cargo xtask image"));
+    let image = arm64
+        .as_ref()
+        .map_err(|error| anyhow::anyhow!("{error:#}"))
+        .and_then(|arm64| image_of(&memtrace, arm64).context("cargo xtask image"));
     let host = host.and(image);
     // CI gives the whole run a time limit: what each part took is on its record.
     eprintln!("xtask: the host's part took {}", minutes(started.elapsed()));
@@ -278,7 +289,15 @@ fn test(with_matrix: bool) -> Result<()> {
     }
     eprintln!("xtask: the kernel matrix");
     let matrix_started = std::time::Instant::now();
-    let matrix = matrix::run(&memtrace, &[], &matrix::Selection::default());
+    let x86 = matrix::run(&memtrace, &[], &matrix::Selection::default());
+    // One arm64 kernel, Debian 12's 6.12 (the others: `cargo xtask matrix-arm64 PACKAGE...`).
+    eprintln!("xtask: the arm64 matrix (Debian 12's 6.12)");
+    let arm64 = arm64.and_then(|arm64| matrix_arm64(&arm64, &[]));
+    let matrix = match (x86, arm64) {
+        (Ok(()), arm64) => arm64,
+        (Err(x86), Ok(())) => Err(x86),
+        (Err(x86), Err(arm64)) => Err(anyhow::anyhow!("{x86:#}; and {arm64:#}")),
+    };
     eprintln!(
         "xtask: the matrix took {}; the whole test {}",
         minutes(matrix_started.elapsed()),
@@ -290,6 +309,16 @@ fn test(with_matrix: bool) -> Result<()> {
         (Ok(()), Err(matrix)) => Err(matrix),
         (Err(host), Err(matrix)) => bail!("{host:#}; and {matrix:#}"),
     }
+}
+
+/// The arm64 matrix (tests/matrix-arm64/run.sh) with an arm64 build, on `packages` (none: its
+/// default, Debian 12's 6.12).
+fn matrix_arm64(memtrace: &Path, packages: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the arm64 matrix installs packages and boots VMs: run `sudo cargo xtask matrix-arm64`");
+    }
+    let script = workspace_root().join("tests/matrix-arm64/run.sh");
+    run(Command::new("bash").arg(script).arg(memtrace).args(packages)).context("the arm64 matrix failed")
 }
 
 /// Builds the container image from the two binaries and reads it back.

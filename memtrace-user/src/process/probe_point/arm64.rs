@@ -151,7 +151,7 @@ fn step(word: u32) -> Option<Step> {
         // Hints: nop (#0) and bti (#32, #34, #36, #38); paciasp and the rest touch x30 or more.
         _ if word & 0xffff_f01f == 0xd503_201f => {
             let imm = (word >> 5) & 0x7f;
-            return (imm == 0 || (32..=38).contains(&imm) && imm % 2 == 0).then_some(Step::NOTHING);
+            return (imm == 0 || ((32..=38).contains(&imm) && imm.is_multiple_of(2))).then_some(Step::NOTHING);
         }
         // mrs Xt, <system register>.
         _ if word & 0xfff0_0000 == 0xd530_0000 => Step::writes(rd),
@@ -214,7 +214,9 @@ fn load(word: u32) -> Option<Step> {
     let prefetch = word >> 30 == 0b11 && opc == 0b10 && !simd;
     match word & 0x3b20_0c00 {
         // Unsigned offset (bits 25:24 = 01), any imm12.
-        _ if word & 0x3b00_0000 == 0x3900_0000 => written(loads).map(|s| if prefetch { Step::NOTHING } else { s }),
+        _ if word & 0x3b00_0000 == 0x3900_0000 => {
+            written(loads).map(|s| if prefetch { Step::NOTHING } else { s })
+        }
         // Unscaled (ldur) and register offset.
         0x3800_0000 | 0x3820_0800 => written(loads).map(|s| if prefetch { Step::NOTHING } else { s }),
         _ => None,
