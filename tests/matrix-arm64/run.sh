@@ -1,9 +1,9 @@
 #!/bin/bash
 # The arm64 matrix (`cargo xtask matrix-arm64`, and on Debian 12's arm64 6.12 in `cargo xtask test`): boots
 # Debian's arm64 kernel packages in qemu-system-aarch64 (-M virt -cpu max: emulated, pointer authentication
-# and BTI on) over an initramfs of Debian's own arm64 packages, unpacked, never installed: busybox-static,
-# Debian 12's libjemalloc2, Debian 13's libc6 and libjemalloc2 (built with -mbranch-protection=standard), and
-# the cross toolchain's Debian 12 glibc. In it (init.sh): memtrace doctor, then fixtures.c, cross-compiled,
+# and BTI on) over an initramfs of Debian's own arm64 packages, extracted, never installed: Debian 12's libc6,
+# python3-minimal, perl, libjemalloc2 and busybox-static (mmdebstrap --variant=extract), and Debian 13's libc6 and
+# libjemalloc2 (built with -mbranch-protection=standard). In it (init.sh): memtrace doctor, then fixtures.c, cross-compiled,
 # under memtrace with Debian 12's glibc (one thread and four), with Debian 12's jemalloc, with Debian 13's
 # jemalloc and glibc, and with Debian 13's glibc, the kernel's single-steps counted by a kprobe on
 # arch_uprobe_pre_xol. One line a kernel, and a non-zero exit when any check fails:
@@ -15,6 +15,10 @@
 #   single-stepped; under glibc, whose malloc starts with `stp x29, x30` (12) or `paciasp` (13), at least
 #   its 100 mallocs, and malloc named so (which shows the count counts);
 # - the kernel log has no warning, BUG or Oops, and the kernel is not tainted.
+#
+# The same userland runs Debian 12's python3 and perl with scripts whose allocations are known (cache.py, from
+# tests/tests/python.rs, and threads.pl, from tests/tests/perl.rs): each function's live bytes must be exact, and
+# the interpreters' frames read.
 #
 # usage: run.sh MEMTRACE_AARCH64_BINARY [KERNEL_PACKAGE...]  (default: Debian 12's linux-image-6.12-arm64;
 #   a metapackage stands for the build it depends on; a kernel Debian 12 lacks comes from unstable)
@@ -81,23 +85,45 @@ build_of() {  # PACKAGE -> the kernel build it names (a metapackage: the build i
 }
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-bb=$(unpacked bookworm busybox-static) && jem12=$(unpacked bookworm libjemalloc2) && libc13=$(unpacked trixie libc6) \
-  && jem13=$(unpacked trixie libjemalloc2) || { echo "matrix-arm64: could not fetch Debian's arm64 packages from $mirror"; exit 2; }
+# Debian 12's arm64 userland: glibc, python3, perl, jemalloc and busybox, extracted by mmdebstrap once
+userland=(busybox-static python3-minimal perl libjemalloc2)
+base=$cache/arm64-userland-bookworm
+if [ "$(cat "$base.packages" 2>/dev/null)" != "${userland[*]}" ]; then
+  command -v mmdebstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends mmdebstrap >/dev/null 2>&1
+  rm -rf "$base"
+  mmdebstrap --variant=extract --mode=root --architectures=arm64 --include="$(IFS=,; echo "${userland[*]}")" \
+    bookworm "$base" "$mirror" >"$work/mmdebstrap.log" 2>&1 \
+    || { echo "matrix-arm64: mmdebstrap could not extract Debian 12's arm64 ${userland[*]}: $(tail -1 "$work/mmdebstrap.log")"; exit 2; }
+  rm -rf "$base"/usr/share/{doc,man,locale,info} "$base"/usr/share/perl/5.36*/pod
+  echo "${userland[*]}" >"$base.packages"
+fi
+# Debian 13's python3-minimal and its glibc, a root the guest enters with chroot, in trixie/ of its directory
+# as the guest sees it (merged /usr: the links too)
+trixie=$cache/arm64-userland-trixie
+if [ ! -e "$trixie/trixie/usr/bin/python3" ]; then
+  rm -rf "$trixie"; mkdir -p "$trixie"
+  mmdebstrap --variant=extract --mode=root --architectures=arm64 --include=python3-minimal trixie "$trixie/trixie" "$mirror" \
+    >"$work/mmdebstrap.log" 2>&1 \
+    || { echo "matrix-arm64: mmdebstrap could not extract Debian 13's arm64 python3-minimal: $(tail -1 "$work/mmdebstrap.log")"; exit 2; }
+  rm -rf "$trixie"/trixie/usr/share/{doc,man,locale,info}
+  for d in bin lib sbin; do [ -e "$trixie/trixie/$d" ] || ln -s "usr/$d" "$trixie/trixie/$d"; done
+fi
+libc13=$(unpacked trixie libc6) && jem13=$(unpacked trixie libjemalloc2) \
+  || { echo "matrix-arm64: could not fetch Debian 13's arm64 libc6 and libjemalloc2 from $mirror"; exit 2; }
+# What the guest adds to the two userlands: the last cpio archive, which the kernel unpacks over them
 r=$work/root
-mkdir -p "$r"/{bin,lib/aarch64-linux-gnu,d12,d13,proc,sys,dev,tmp}
-cp "$bb/bin/busybox" "$r/bin/"; for t in sh mount poweroff cat uname dmesg sed tr grep head rm echo; do ln -s busybox "$r/bin/$t"; done
-cp "$bin" "$r/bin/memtrace"; cp "$here/init.sh" "$r/init"; chmod +x "$r/init"
-# jemalloc needs libstdc++, which the fixtures' RUNPATH does not reach (it serves their own NEEDED only)
-for l in libc.so.6 libm.so.6 libgcc_s.so.1 libstdc++.so.6; do cp -L "$xlib/$l" "$r/lib/aarch64-linux-gnu/"; done
-cp -L "$xlib/ld-linux-aarch64.so.1" "$r/lib/"
-cp -L "$jem12/usr/lib/aarch64-linux-gnu/libjemalloc.so.2" "$r/d12/"
+mkdir -p "$r"/{bin,d13,proc,sys,dev,tmp,trixie}
+for t in sh mount poweroff cat uname dmesg sed tr grep head rm echo mkfifo chroot; do ln -s busybox "$r/bin/$t"; done
+cp "$here/cache.py" "$r/trixie/"
+cp "$bin" "$r/bin/memtrace"; cp "$here/init.sh" "$r/init"; chmod +x "$r/init"; cp "$here"/cache.py "$here"/threads.pl "$r/"
 cp -L "$jem13/usr/lib/aarch64-linux-gnu/libjemalloc.so.2" "$libc13"/usr/lib/aarch64-linux-gnu/{libc.so.6,libm.so.6} \
   "$libc13/usr/lib/ld-linux-aarch64.so.1" "$r/d13/"
 cc() { aarch64-linux-gnu-gcc -O1 -pthread -o "$r/bin/$1" "$here/fixtures.c" "${@:2}" || { echo "matrix-arm64: aarch64-linux-gnu-gcc failed"; exit 2; }; }
 d13=(-Wl,-rpath,/d13 -Wl,--dynamic-linker=/d13/ld-linux-aarch64.so.1)
-cc fixture; cc fixture-jemalloc12 "$r/d12/libjemalloc.so.2" -Wl,-rpath,/d12
+cc fixture; cc fixture-jemalloc12 "$base/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"
 cc fixture-jemalloc13 "$r/d13/libjemalloc.so.2" "${d13[@]}"; cc fixture-glibc13 "${d13[@]}"
-(cd "$r" && find . | cpio -o -H newc 2>/dev/null | gzip -1) >"$work/initrd.gz"
+# three cpio archives, one after another, which the kernel unpacks in turn
+{ for d in "$base" "$trixie" "$r"; do (cd "$d" && find . | cpio -o -H newc 2>/dev/null); done; } | gzip -1 >"$work/initrd.gz"
 
 (($#)) || set -- linux-image-6.12-arm64
 status=0

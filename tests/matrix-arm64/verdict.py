@@ -16,10 +16,10 @@ def field(name):
     return next((line.split(prefix, 1)[1] for line in lines if prefix in line), None)
 
 
-def fixture(name):
-    """The fixture's process in run NAME's summary, with the run's single-stepped functions."""
+def fixture(name, comm="fixture"):
+    """The process COMM in run NAME's summary, with the run's single-stepped functions."""
     summary = json.loads(field(f"{name}-SUMMARY") or "{}")
-    process = next(p for p in summary.get("processes", []) if p.get("comm", "").startswith("fixture"))
+    process = next(p for p in summary.get("processes", []) if p.get("comm", "").startswith(comm))
     stepped = {(s["function"], s["instruction"]) for s in summary.get("single_stepped", [])}
     return process, stepped
 
@@ -66,6 +66,24 @@ try:
 except (StopIteration, ValueError):
     failed.append(f"4 threads: no summary (exit {field('THREADS-RC')})")
 
+# Interpreter frames: each function's live bytes, as tests/tests/python.rs and perl.rs have them on x86-64
+for run, comm, rows in [
+    ("PYTHON", "python3", {"make_cache (/cache.py)": (400 * 10001, 400 * 10001)}),
+    ("PYTHON313", "python3", {"make_cache (/cache.py)": (400 * 10001, 400 * 10001)}),
+    ("PERL", "perl", {"main::fill_a (/threads.pl)": (100 * 30008,) * 2, "main::fill_b (/threads.pl)": (100 * 50008,) * 2}),
+]:
+    try:
+        process, _ = fixture(run, comm)
+    except (StopIteration, ValueError):
+        failed.append(f"{run}: no summary (exit {field(run + '-RC')}: {field(run + '-ERR')})")
+        continue
+    functions = {f["name"]: (f["live_inclusive_bytes"], f["live_exclusive_bytes"]) for f in process.get("functions", [])}
+    for name, want in rows.items():
+        if functions.get(name) != want:
+            failed.append(f"{run}: {name} holds {functions.get(name)} live (inclusive, exclusive; want {want})")
+    if process.get("unwind_stops", {}).get("interpreter_unreadable"):
+        failed.append(f"{run}: {process['unwind_stops']['interpreter_unreadable']} interpreter frames unreadable")
+
 dmesg = [line.split("ARM64-DMESG ", 1)[1] for line in lines if "ARM64-DMESG " in line]
 bad = [line for line in dmesg if re.search(r"WARNING|BUG|Oops|Internal error|Call trace", line)]
 if bad:
@@ -78,5 +96,5 @@ if not any("ARM64-END" in line for line in lines):
 stepped = ", ".join(f"{run.lower()} {count}" for run, count in steps.items())
 verdict = "PASS" if not failed else "FAIL: " + "; ".join(failed)
 print(f"Linux {kernel}: doctor, exact with 1 and 4 threads under glibc 12/13 and jemalloc 12/13, "
-      f"single-steps {stepped}, kernel log clean; {SECONDS} s: {verdict}")
+      f"single-steps {stepped}, python3 3.11 (launched) and 3.13 (--pid) and perl frames, kernel log clean; {SECONDS} s: {verdict}")
 sys.exit(1 if failed else 0)
