@@ -33,22 +33,7 @@ use iced_x86::{
 };
 use memtrace_common::{arguments::register, ArgumentRegisters, ArgumentsRead};
 
-/// How far from the entry the walk looks: past the longest prologue seen before a branch
-/// (jemalloc's free, whose first `jne` is at +0x30).
-pub const WALK_BYTES: usize = 96;
-
-/// Where a function's probes sit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbePoint {
-    /// Bytes past the function's first instruction.
-    pub delta: u64,
-    /// Where the function's arguments are there.
-    pub registers: ArgumentRegisters,
-    /// Whether the kernel emulates the instruction there; if not, it single-steps it.
-    pub emulated: bool,
-    /// The instruction there: its mnemonic (`ja`, `push`, `cmp`).
-    pub instruction: String,
-}
+pub use point::{ProbePoint, WALK_BYTES};
 
 /// A probe the kernel single-steps: no point of its function has an instruction it emulates where
 /// the arguments and the stack are still as the caller left them (summary `single_stepped`, doctor).
@@ -269,5 +254,6 @@ fn register_index(register: Register) -> Option<u8> {
 }
 
 mod arm64;
+mod point;
 #[cfg(test)]
 mod tests;

@@ -18,7 +18,7 @@
 
 use memtrace_common::{ArgumentRegisters, ArgumentsRead};
 
-use super::{ProbePoint, WALK_BYTES};
+use super::point::{ProbePoint, WALK_BYTES};
 
 /// Registers an argument can be named in: `ArgumentRegisters` has 4 bits an argument, so x0..x14.
 const NAMEABLE: u32 = (1 << 15) - 1;
@@ -151,7 +151,8 @@ fn step(word: u32) -> Option<Step> {
         // Hints: nop (#0) and bti (#32, #34, #36, #38); paciasp and the rest touch x30 or more.
         _ if word & 0xffff_f01f == 0xd503_201f => {
             let imm = (word >> 5) & 0x7f;
-            return (imm == 0 || ((32..=38).contains(&imm) && imm.is_multiple_of(2))).then_some(Step::NOTHING);
+            return (imm == 0 || ((32..=38).contains(&imm) && imm.is_multiple_of(2)))
+                .then_some(Step::NOTHING);
         }
         // mrs Xt, <system register>.
         _ if word & 0xfff0_0000 == 0xd530_0000 => Step::writes(rd),
