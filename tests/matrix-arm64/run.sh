@@ -65,11 +65,14 @@ lists() {  # SUITE: its package lists, fetched once a week (the security archive
   esac >"$s/sources.list"
   apt64 "$1" apt-get update >/dev/null 2>&1 && touch "$s/updated"
 }
-unpacked() {  # SUITE PACKAGE -> a directory holding the package unpacked (downloaded once)
-  local dir=$cache/arm64-$1-$2 tmp
+unpacked() {  # SUITE PACKAGE [ALSO] -> a directory holding PACKAGE (and ALSO, where the suite has it) unpacked, once
+  local dir=$cache/arm64-$1-$2 tmp deb
   if [ ! -d "$dir" ]; then
     tmp=$(mktemp -d); lists "$1"
-    (cd "$tmp" && apt64 "$1" apt-get download "$2") >/dev/null 2>&1 && dpkg -x "$tmp"/*.deb "$tmp/x" && mv "$tmp/x" "$dir"
+    if (cd "$tmp" && apt64 "$1" apt-get download "$2") >/dev/null 2>&1; then
+      [ -n "${3:-}" ] && (cd "$tmp" && apt64 "$1" apt-get download "$3") >/dev/null 2>&1
+      for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done && mv "$tmp/x" "$dir"
+    fi
     rm -rf "$tmp"
   fi
   [ -d "$dir" ] && echo "$dir"
@@ -128,10 +131,11 @@ cc fixture-jemalloc13 "$r/d13/libjemalloc.so.2" "${d13[@]}"; cc fixture-glibc13 
 (($#)) || set -- linux-image-6.12-arm64
 status=0
 for pkg; do
-  read -r suite build < <(build_of "$pkg")
+  suite=; build=; read -r suite build < <(build_of "$pkg")
   [ -n "${build:-}" ] || { echo "$pkg: no such arm64 kernel package in Debian 12's or unstable's lists"; status=1; continue; }
-  k=$(unpacked "$suite" "$build") && k=$(find "$k" -name 'vmlinuz*' -type f | head -1)
-  [ -n "$k" ] || { echo "$build: could not fetch the kernel package"; status=1; continue; }
+  # unstable's kernels keep their image in linux-binary-<release>
+  k=; dir=$(unpacked "$suite" "$build" "${build/linux-image/linux-binary}") && k=$(find "$dir" -name 'vmlinuz*' -type f | head -1)
+  [ -n "${k:-}" ] || { echo "$build: could not fetch the kernel package"; rm -rf "${dir:-}"; status=1; continue; }
   log=$out/$build.log
   start=$(date +%s)
   # Debian's arm64 vmlinuz is an uncompressed Image: QEMU's -kernel boots it as it is
