@@ -209,9 +209,10 @@ fn load(word: u32) -> Option<Step> {
     if is_literal_load(word) {
         return Some(if simd || word >> 30 == 0b11 { Step::NOTHING } else { Step::writes(rt) });
     }
-    // size 111 V 0 opc ...: opc 00 stores, 01 loads, 1x loads signed (or prefetches).
+    // size 111 V 0 opc ...: general registers' opc 00 stores, 01 loads, 1x loads signed (or
+    // prefetches); SIMD's low bit of opc says load (its 10 stores a q register).
     let opc = (word >> 22) & 0b11;
-    let loads = opc != 0b00;
+    let loads = if simd { opc & 1 == 1 } else { opc != 0b00 };
     let prefetch = word >> 30 == 0b11 && opc == 0b10 && !simd;
     match word & 0x3b20_0c00 {
         // Unsigned offset (bits 25:24 = 01), any imm12.

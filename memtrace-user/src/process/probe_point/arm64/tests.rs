@@ -75,6 +75,10 @@ fn a_moved_stack_pointer_or_link_register_ends_the_walk() {
     assert_eq!(placed(&[0xaa01_03fe, 0x5400_0121], AllocatorFunction::Free.arguments()).delta, 0);
     // str x19, [sp, #16] ; b.ne: a store
     assert_eq!(placed(&[0xf900_0bf3, 0x5400_0121], AllocatorFunction::Free.arguments()).delta, 0);
+    // str q0, [sp, #16] ; b.ne: a SIMD store (opc 10)
+    assert_eq!(placed(&[0x3d80_07e0, 0x5400_0121], AllocatorFunction::Free.arguments()).delta, 0);
+    // ldr q0, [x1] ; b.ne: a SIMD load passes
+    assert_eq!(placed(&[0x3dc0_0020, 0x5400_0121], AllocatorFunction::Free.arguments()).delta, 4);
 }
 
 #[test]
