@@ -12,7 +12,8 @@
 //! before `stp x29, x30` saves it and before `paciasp` signs it): hints `nop` and `bti`,
 //! arithmetic, logic, moves, bit fields, `mrs`, loads without write-back, and `svc` (which returns
 //! its result in x0 and keeps every other register). Anything else ends the walk. A literal load
-//! is passed, never probed: kernels from 6.12 (and stable updates before) refuse uprobes on it.
+//! is passed, never probed: recent kernels refuse uprobes on it ("Remove broken LDR (literal)
+//! uprobe support", 2024, taken into stable kernels too; not checked here per kernel).
 //! The decoding is by the Arm ARM's encoding classes (A64, "Top-level encodings"), just the
 //! classes the walk needs.
 

@@ -133,7 +133,7 @@ fn branches_adrp_and_literal_loads_are_simulated_and_a_prologue_is_not() {
 
 #[test]
 fn a_literal_load_is_passed_not_probed() {
-    // ldr x1, <literal> ; cbz x0: kernels from 6.12 refuse a uprobe on the load
+    // ldr x1, <literal> ; cbz x0: recent kernels refuse a uprobe on the load
     let point = placed(&[0x5800_0041, 0xb400_0040], AllocatorFunction::Free.arguments());
     assert_eq!(at(&point), (4, true, "cbz/cbnz"));
 }
