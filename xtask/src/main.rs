@@ -293,21 +293,21 @@ fn test(with_matrix: bool) -> Result<()> {
     // One arm64 kernel, Debian 12's 6.12 (the others: `cargo xtask matrix-arm64 PACKAGE...`).
     eprintln!("xtask: the arm64 matrix (Debian 12's 6.12)");
     let arm64 = arm64.and_then(|arm64| matrix_arm64(&arm64, &[]));
-    let matrix = match (x86, arm64) {
-        (Ok(()), arm64) => arm64,
-        (Err(x86), Ok(())) => Err(x86),
-        (Err(x86), Err(arm64)) => Err(anyhow::anyhow!("{x86:#}; and {arm64:#}")),
-    };
+    let matrix = both(x86, arm64);
     eprintln!(
         "xtask: the matrix took {}; the whole test {}",
         minutes(matrix_started.elapsed()),
         minutes(started.elapsed())
     );
-    match (host, matrix) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(host), Ok(())) => Err(host),
-        (Ok(()), Err(matrix)) => Err(matrix),
-        (Err(host), Err(matrix)) => bail!("{host:#}; and {matrix:#}"),
+    both(host, matrix)
+}
+
+/// One verdict of two parts that both ran: the failure of either, or both failures in one error.
+fn both(first: Result<()>, second: Result<()>) -> Result<()> {
+    match (first, second) {
+        (Ok(()), second) => second,
+        (Err(first), Ok(())) => Err(first),
+        (Err(first), Err(second)) => bail!("{first:#}; and {second:#}"),
     }
 }
 

@@ -206,24 +206,23 @@ fn register_operands(word: u32) -> Option<Step> {
 /// register.
 fn load(word: u32) -> Option<Step> {
     let (rt, simd) = (word & 0x1f, (word >> 26) & 1 == 1);
-    let written = |loads: bool| loads.then(|| if simd { Step::NOTHING } else { Step::writes(rt) });
+    // A SIMD load or a prefetch writes no general register.
+    let loaded = |writes_none: bool| Some(if writes_none { Step::NOTHING } else { Step::writes(rt) });
     if is_literal_load(word) {
-        return Some(if simd || word >> 30 == 0b11 { Step::NOTHING } else { Step::writes(rt) });
+        return loaded(simd || word >> 30 == 0b11);
     }
     // size 111 V 0 opc ...: general registers' opc 00 stores, 01 loads, 1x loads signed (or
     // prefetches); SIMD's low bit of opc says load (its 10 stores a q register).
     let opc = (word >> 22) & 0b11;
     let loads = if simd { opc & 1 == 1 } else { opc != 0b00 };
     let prefetch = word >> 30 == 0b11 && opc == 0b10 && !simd;
-    match word & 0x3b20_0c00 {
-        // Unsigned offset (bits 25:24 = 01), any imm12.
-        _ if word & 0x3b00_0000 == 0x3900_0000 => {
-            written(loads).map(|s| if prefetch { Step::NOTHING } else { s })
-        }
-        // Unscaled (ldur) and register offset.
-        0x3800_0000 | 0x3820_0800 => written(loads).map(|s| if prefetch { Step::NOTHING } else { s }),
-        _ => None,
+    // Unsigned offset (bits 25:24 = 01, any imm12), unscaled (ldur) and register offset.
+    let no_write_back =
+        word & 0x3b00_0000 == 0x3900_0000 || matches!(word & 0x3b20_0c00, 0x3800_0000 | 0x3820_0800);
+    if !(no_write_back && loads) {
+        return None;
     }
+    loaded(simd || prefetch)
 }
 
 /// For each argument the programs read, the registers (x0..x14) that hold it, a bit each.
