@@ -23,49 +23,6 @@ pub(crate) fn argument(ctx: &ProbeContext, registers: ArgumentRegisters, n: usiz
     general_register(ctx, registers.register(n).unwrap_or(at_entry))
 }
 
-/// The general register with `register` index `index`: x86-64's pt_regs keeps register i at
-/// byte 8 * i. One arm a register, each an assembly load at a constant offset of the context: the
-/// verifier refuses a context read at a variable offset, and plain loads (even volatile ones)
-/// were merged by the compiler into one load through a moved context pointer, which it refuses too.
-#[cfg(bpf_target_arch = "x86_64")]
-fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
-    use memtrace_common::arguments::register::*;
-    macro_rules! saved {
-        ($offset:literal) => {{
-            let value: u64;
-            // SAFETY: a read of the probe's saved registers, valid while the program runs, at an
-            // offset inside pt_regs; it writes nothing.
-            unsafe {
-                core::arch::asm!(
-                    concat!("{value} = *(u64 *)({regs} + ", $offset, ")"),
-                    regs = in(reg) ctx.regs,
-                    value = out(reg) value,
-                    options(readonly, nostack, preserves_flags),
-                );
-            }
-            value
-        }};
-    }
-    match index {
-        R15 => saved!(0),
-        R14 => saved!(8),
-        R13 => saved!(16),
-        R12 => saved!(24),
-        RBP => saved!(32),
-        RBX => saved!(40),
-        R11 => saved!(48),
-        R10 => saved!(56),
-        R9 => saved!(64),
-        R8 => saved!(72),
-        RAX => saved!(80),
-        RCX => saved!(88),
-        RDX => saved!(96),
-        RSI => saved!(104),
-        RDI => saved!(112),
-        _ => 0,
-    }
-}
-
 /// Argument `n` on arm64: in x<n> at the entry, or in the register the probe's cookie names
 /// (memtrace-user's probe_point/arm64.rs: index i is xi, x0..x14).
 #[cfg(bpf_target_arch = "aarch64")]
@@ -77,9 +34,12 @@ pub(crate) fn argument(ctx: &ProbeContext, registers: ArgumentRegisters, n: usiz
     general_register(ctx, registers.register(n).unwrap_or(n as u8))
 }
 
-/// x<index> of the probe's saved registers: arm64's pt_regs starts with `regs[31]`, x<i> at byte
-/// 8 * i. One arm a register, an assembly load at a constant offset of the context, as on x86.
-#[cfg(bpf_target_arch = "aarch64")]
+/// The general register with index `index` (memtrace-common's `register` on x86-64, xi on arm64):
+/// both architectures' pt_regs keep register i at byte 8 * i (x86-64's orders r15..rdi so;
+/// arm64's starts with `regs[31]`). One arm a register, each an assembly load at a constant offset
+/// of the context: the verifier refuses a context read at a variable offset, and plain loads (even
+/// volatile ones) were merged by the compiler into one load through a moved context pointer, which
+/// it refuses too.
 fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
     macro_rules! saved {
         ($offset:literal) => {{
@@ -116,3 +76,9 @@ fn general_register(ctx: &ProbeContext, index: u8) -> u64 {
         _ => 0,
     }
 }
+
+// x86-64's indices are its pt_regs slots, r15 first and rdi last, as `general_register` reads them.
+const _: () = {
+    use memtrace_common::arguments::register::*;
+    assert!(R15 == 0 && RBP == 4 && R8 == 9 && RAX == 10 && RDI == 14 && COUNT == 15);
+};
